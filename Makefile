@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` and `make test`. Each creates .venv when missing and
+# reinstalls only when pyproject.toml changed (the stamp files record that).
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run serve test lint bench clean
+
+$(BIN)/python:
+	@test -n "$(PYTHON)" || { echo "aiops needs Python >= 3.11 on PATH"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.run-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.test-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@ $(VENV)/.run-stamp
+
+run: $(VENV)/.run-stamp
+	$(BIN)/aiops $(ARGS)
+
+serve: $(VENV)/.run-stamp
+	$(BIN)/aiops serve $(ARGS)
+
+test: $(VENV)/.test-stamp
+	$(BIN)/ruff check aiops tests benchmarks
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.test-stamp
+	$(BIN)/python -m benchmarks.run $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

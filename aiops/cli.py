@@ -1,0 +1,423 @@
+"""The `aiops` command.
+
+Argument parsing comes first and heavy imports happen inside each sub-command, so `aiops --help`
+and `aiops config paths` stay instant and `aiops serve` never imports Textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiops import __version__
+
+
+class CliError(Exception):
+    """Printed as one line on stderr; exit status 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    # The common options are accepted before or after the sub-command; SUPPRESS keeps a value
+    # given before it from being reset by the sub-parser's default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config-dir", default=argparse.SUPPRESS,
+                        help="config directory (default: $AIOPS_CONFIG_DIR or the XDG dir)")
+    common.add_argument("--data-dir", default=argparse.SUPPRESS,
+                        help="data directory (default: $AIOPS_DATA_DIR or the XDG dir)")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="debug logging (to the log file)")
+    p = argparse.ArgumentParser(prog="aiops", description="Operator console for a multi-client AI agent.",
+                                parents=[common])
+    p.add_argument("--version", action="version", version=f"aiops {__version__}")
+    sub = p.add_subparsers(dest="command", parser_class=lambda **kw: argparse.ArgumentParser(
+        parents=[common], **kw))
+
+    c = sub.add_parser("console", help="the full-screen console (the default)")
+    _server_args(c)
+    c.add_argument("--no-server", action="store_true", help="do not start the HTTP server")
+
+    s = sub.add_parser("serve", help="headless: the engine and the HTTP server, no console")
+    _server_args(s)
+
+    ch = sub.add_parser("chat", help="run one turn and stream it to stdout")
+    ch.add_argument("text", help="the message (text starting with ! or @ is a command)")
+    ch.add_argument("--session", help="session id (full or shorthand); default: a new one")
+    ch.add_argument("--model", help="model key for this turn")
+    ch.add_argument("--json", action="store_true", help="print events as JSON lines")
+
+    m = sub.add_parser("models", help="list the model registry")
+    m.add_argument("--json", action="store_true")
+
+    cfg = sub.add_parser("config", help="configuration: paths, check")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    cfg_sub.add_parser("paths", help="print every path in use")
+    cfg_sub.add_parser("check", help="validate every config file")
+    ini = cfg_sub.add_parser("init", help="copy the shipped defaults into the config dir for editing")
+    ini.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    a = sub.add_parser("audit", help="print the gate audit log")
+    a.add_argument("--session", help="only this session (full or shorthand id)")
+    a.add_argument("--since", help="only entries since T (ISO time, or an age like 10m, 2h, 1d)")
+    a.add_argument("--json", action="store_true", help="JSON lines")
+
+    pl = sub.add_parser("plugins", help="list plugins and their state")
+    pl.add_argument("--json", action="store_true")
+
+    at = sub.add_parser("attach", help="watch a running aiops's session stream (read-only)")
+    at.add_argument("session", help="session id")
+    at.add_argument("--url", default=None, help="server URL (default: from aiops.toml)")
+    return p
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", help="bind address (default from aiops.toml; loopback)")
+    p.add_argument("--port", type=int, help="port (default from aiops.toml)")
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from aiops.config import load_config, resolve_paths
+
+    paths = resolve_paths(args.config_dir, args.data_dir)
+    return load_config(paths)
+
+
+def _setup_file_logging(cfg: Any, verbose: bool) -> None:
+    """Logs go to a file in the data dir, never to the terminal a console draws on."""
+    cfg.paths.data_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(cfg.paths.log_path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("httpx", "httpcore", "openai", "google_genai", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def parse_since(text: str) -> float:
+    from datetime import datetime
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"--since {text!r}: expected an ISO time (2026-01-31T12:00) or an age (10m, 2h, 1d)") from None
+    return dt.timestamp()
+
+
+# ---- sub-commands -------------------------------------------------------------------------------------
+
+
+def cmd_config_paths(args: argparse.Namespace) -> int:
+    from aiops.config import CONFIG_FILES, resolve_paths
+
+    paths = resolve_paths(args.config_dir, args.data_dir)
+    print(f"config dir       {paths.config_dir}")
+    print(f"shipped defaults {paths.shipped_config_dir}")
+    for name in CONFIG_FILES:
+        p = paths.config_file(name)
+        origin = "user" if p.parent == paths.config_dir else "default"
+        print(f"  {name:<14} {p}  ({origin})")
+    print(f"data dir         {paths.data_dir}")
+    print(f"  database       {paths.db_path}")
+    print(f"  log file       {paths.log_path}")
+    print(f"system prompts   {paths.prompt_dir}")
+    envs = [str(p) + ("" if p.exists() else " (absent)") for p in paths.env_files()]
+    print(f".env files       {', '.join(envs)}")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    from aiops.prompts.tree import load_tree
+
+    problems = 0
+    for name, path in cfg.sources.items():
+        print(f"ok  {name:<14} {path}")
+    for key, m in cfg.models.models.items():
+        if m.enabled and m.key_status() == "missing":
+            print(f"warn model {key}: {m.api_key_env} is not set (calls to it will fail)")
+    seen: set[Path] = set()
+    for key, m in cfg.models.models.items():
+        folder = cfg.paths.prompt_folder(m.system_prompt_folder)
+        if folder is None or folder in seen:
+            continue
+        seen.add(folder)
+        if not folder.exists():
+            print(f"ERR model {key}: system_prompt_folder {folder} does not exist")
+            problems += 1
+            continue
+        tree = load_tree(folder)
+        for e in tree.errors:
+            print(f"ERR system prompt {folder}: {e.message}")
+            problems += 1
+    from aiops.engine.plugins import PluginUnavailable, discover, validate_settings
+
+    for name, cls in discover().items():
+        if isinstance(cls, Exception):
+            print(f"ERR plugin {name}: cannot load: {cls}")
+            problems += 1
+            continue
+        try:
+            validate_settings(cls, cfg.plugin_settings(cls.name), str(cfg.sources["plugins.toml"]))
+        except PluginUnavailable as e:
+            print(f"ERR {e}")
+            problems += 1
+    print("configuration is valid" if not problems else f"{problems} problem(s)")
+    return 1 if problems else 0
+
+
+def cmd_config_init(args: argparse.Namespace) -> int:
+    import shutil
+
+    from aiops.config import CONFIG_FILES, resolve_paths
+
+    paths = resolve_paths(args.config_dir, args.data_dir)
+    paths.config_dir.mkdir(parents=True, exist_ok=True)
+    for name in CONFIG_FILES:
+        dest = paths.config_dir / name
+        if dest.exists() and not args.force:
+            print(f"kept    {dest}")
+            continue
+        shutil.copyfile(paths.shipped_config_dir / name, dest)
+        print(f"wrote   {dest}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    models = cfg.models
+    if args.json:
+        print(json.dumps([{"key": k, **m.model_dump(), "default": k == models.default_model,
+                           "key_status": m.key_status()} for k, m in models.models.items()], indent=2))
+        return 0
+    print(f"{'':2} {'key':<14} {'type':<7} {'model_id':<30} {'enabled':<8} {'api key':<11} url")
+    for k, m in models.models.items():
+        mark = "* " if k == models.default_model else "  "
+        print(f"{mark}{k:<14} {m.type:<7} {m.model_id:<30} {'yes' if m.enabled else 'no':<8} "
+              f"{m.key_status():<11} {m.display_url()}")
+    print("\n* default model. Keys come from the environment or .env (api_key_env in models.toml).")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+
+    async def run() -> list[Any]:
+        from aiops.engine.engine import Engine
+
+        engine = Engine(cfg)
+        await engine.start()
+        try:
+            return list(engine.plugin_status)
+        finally:
+            await engine.stop()
+
+    statuses = asyncio.run(run())
+    if args.json:
+        print(json.dumps([s.to_dict() for s in statuses], indent=2))
+        return 0
+    for s in statuses:
+        print(f"{s.name:<12} {s.state:<9} {s.reason}")
+    if not statuses:
+        print("no plugins found")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    since = parse_since(args.since) if args.since else None
+
+    async def run() -> list[Any]:
+        from aiops.engine.store import Store
+
+        if not cfg.paths.db_path.exists():
+            return []
+        store = Store(cfg.paths.db_path)
+        await store.open()
+        try:
+            sid = None
+            if args.session:
+                row = await store.get_session(args.session)
+                if row is None:
+                    raise CliError(f"no session {args.session!r}")
+                sid = row.id
+            return await store.audit(sid, since)
+        finally:
+            await store.close()
+
+    rows = asyncio.run(run())
+    if args.json:
+        for r in rows:
+            print(json.dumps(r.to_dict(), default=str))
+        return 0
+    if not rows:
+        print("no audit entries")
+    for r in rows:
+        t = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.ts))
+        what = " ".join(x for x in (r.tool, r.operation) if x)
+        decision = f"{r.decision}" + (f" ({r.scope})" if r.scope else "") if r.decision else ""
+        by = f"by {r.actor}" if r.actor else ""
+        detail = ""
+        gate = r.data.get("gate") if isinstance(r.data, dict) else None
+        if gate:
+            detail = gate.get("summary", "")
+        elif r.event == "prompt_edit":
+            detail = f"section {r.data.get('section')} {r.data.get('operation')}"
+        print(f"{t}  {r.session_id or '-':<18} {r.event:<14} {what:<24} {decision:<18} {by:<16} {detail}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _setup_file_logging(cfg, args.verbose)
+    from aiops.engine.lock import AlreadyRunning, DataDirLock
+
+    # Another aiops on this data dir owns its sessions and gates: talk to it, don't share its files.
+    lock = DataDirLock(cfg.paths.lock_path)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        raise CliError(f"{e}; send the message through its API instead "
+                       f"(POST /api/v1/submit, or aiops.client.AgentClient)") from None
+    try:
+        return asyncio.run(_chat(cfg, args))
+    finally:
+        lock.release()
+
+
+async def _chat(cfg: Any, args: argparse.Namespace) -> int:
+    from aiops.engine import events as ev
+    from aiops.engine.engine import Engine, EngineError
+
+    engine = Engine(cfg)
+    await engine.start()
+    out = sys.stdout
+    status = 0
+    try:
+        for p in engine.plugin_status:
+            if p.state in ("skipped", "failed"):
+                print(f"[plugin {p.name} {p.state}: {p.reason}]", file=sys.stderr)
+        session = args.session
+        if session:
+            live = await engine.session(session)
+            if live is None:
+                raise CliError(f"no session {session!r}")
+            session = live.id
+        else:
+            session = f"console-{__import__('uuid').uuid4().hex[:8]}"
+        sub = engine.bus.subscribe(session)
+        try:
+            turn = await engine.submit(session, args.text, kind="console", model=args.model,
+                                       is_operator=True)
+        except EngineError as e:
+            raise CliError(str(e)) from None
+        live = await engine.session(session)
+        if not args.json and live is not None:
+            print(f"[session {live.row.short_id} · {live.model_key(engine)}]", file=sys.stderr)
+        async for e in sub:
+            if e.turn_id != turn.id and e.name != ev.ERROR:
+                continue
+            if args.json:
+                out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
+            elif e.name == ev.TOK:
+                out.write(e.data["text"])
+            elif e.name == ev.TOOL_CALL:
+                out.write(f"\n→ {e.data['name']}({json.dumps(e.data['arguments'])[:200]})\n")
+            elif e.name == ev.TOOL_RESULT:
+                first = (e.data["content"].strip().splitlines() or [""])[0][:200]
+                mark = "✗" if e.data["is_error"] else "←"
+                out.write(f"{mark} {e.data['name']}: {first} ({e.data['duration_ms']:.0f} ms)\n")
+            elif e.name == ev.NOTICE:
+                out.write(f"\n[{e.data['text']}]\n")
+            elif e.name == ev.GATE:
+                out.write(f"\n[gate {e.data['id']}: {e.data['summary']} — approve from the console or "
+                          f"the API]\n")
+            elif e.name == ev.ERROR:
+                out.write(f"\nerror: {e.data['message']}\n")
+                status = 1
+            elif e.name == ev.DONE:
+                if not args.json:
+                    out.write("\n")
+                break
+            out.flush()
+        sub.close()
+    finally:
+        await engine.stop()
+    return status
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _setup_file_logging(cfg, args.verbose)
+    try:
+        from aiops.integrations.server.run import serve
+    except ImportError:
+        raise CliError("the HTTP server is not available in this build") from None
+    return serve(cfg, host=args.host, port=args.port)
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    _setup_file_logging(cfg, args.verbose)
+    try:
+        from aiops.tui.app import run_console
+    except ImportError as e:
+        raise CliError(f"the console is not available: {e}") from None
+    return run_console(cfg, host=getattr(args, "host", None), port=getattr(args, "port", None),
+                       server=not getattr(args, "no_server", False))
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    url = args.url or f"http://{cfg.app.server.host}:{cfg.app.server.port}"
+
+    async def run() -> int:
+        from aiops.client import AgentClient
+
+        async with AgentClient(url) as client:
+            async for e in client.stream(args.session):
+                print(json.dumps({"event": e["event"], **e["data"]}, default=str), flush=True)
+        return 0
+
+    return asyncio.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    for name, default in (("config_dir", None), ("data_dir", None), ("verbose", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    from aiops.config import ConfigError
+
+    handlers = {
+        None: cmd_console, "console": cmd_console, "serve": cmd_serve, "chat": cmd_chat,
+        "models": cmd_models, "audit": cmd_audit, "plugins": cmd_plugins, "attach": cmd_attach,
+    }
+    try:
+        if args.command == "config":
+            fn = {"paths": cmd_config_paths, "check": cmd_config_check,
+                  "init": cmd_config_init}[args.config_command]
+        else:
+            fn = handlers[args.command]
+        return fn(args)
+    except (ConfigError, CliError) as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

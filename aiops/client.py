@@ -1,0 +1,339 @@
+"""`AgentClient`: an async Python client for the aiops API (`/api/v1`).
+
+    async with AgentClient("http://127.0.0.1:8765", token="...") as agent:
+        reply = await agent.send("how many users signed up today?")
+        print(reply["status"], reply["text"])
+
+        async with agent.stream("api-build-bot") as events:        # subscribed once this returns
+            await agent.submit("run the nightly check", client_id="api-build-bot")
+            async for e in events:
+                print(e["event"], e["data"])
+                if e["event"] == "done":
+                    break
+
+With an operator token, a gate policy answers the gates of the client's own turns:
+
+    def policy(gate: dict) -> str | None:
+        return "approve" if gate["operation"] == "read" else None   # None: leave it to a human
+
+    async with AgentClient(url, token=ops_token, gate_policy=policy) as agent:
+        reply = await agent.send("archive last year's orders", auto_resolve=True)
+
+It needs nothing from aiops but aiohttp, so scripts may copy it. The token defaults to the
+`AIOPS_TOKEN` environment variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+Decision = str | tuple[str, str] | None
+GatePolicy = Callable[[dict[str, Any]], "Decision | Awaitable[Decision]"]
+
+DEFAULT_URL = "http://127.0.0.1:8765"
+
+
+class AgentError(Exception):
+    """The server answered with an error (`status`, and our `code` and `message`)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _error_from(status: int, body: str) -> AgentError:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return AgentError(status, str(err.get("code") or err.get("type") or "error"),
+                          str(err.get("message", "")))
+    if isinstance(err, str):
+        return AgentError(status, "error", err)
+    return AgentError(status, "http_error", body.strip()[:500] or f"HTTP {status}")
+
+
+class EventStream:
+    """The server-sent events of one session: `{"event": name, "data": {...}}` items.
+
+    Use as an async context manager to be sure the server has subscribed before you submit, or
+    iterate it directly (it connects on the first item). It ends when the server ends the stream
+    (shutdown, or an `error` event with code `slow_consumer` for a reader that fell behind).
+    """
+
+    def __init__(self, client: AgentClient, client_id: str) -> None:
+        self._client = client
+        self.client_id = client_id
+        self._resp: aiohttp.ClientResponse | None = None
+        self._buffer = b""
+        self._eof = False
+
+    async def open(self) -> Self:
+        if self._resp is not None:
+            return self
+        http = self._client._require_session()
+        resp = await http.get(self._client._url(f"/api/v1/stream/{self.client_id}"),
+                              headers={"Accept": "text/event-stream"},
+                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._client.timeout))
+        if resp.status != 200:
+            body = await resp.text()
+            resp.release()
+            raise _error_from(resp.status, body)
+        self._resp = resp
+        return self
+
+    async def aclose(self) -> None:
+        if self._resp is not None:
+            self._resp.close()
+        self._eof = True
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self
+
+    async def _readline(self) -> str | None:
+        assert self._resp is not None
+        while b"\n" not in self._buffer:
+            if self._eof:
+                break
+            chunk = await self._resp.content.readany()
+            if not chunk:
+                self._eof = True
+                break
+            self._buffer += chunk
+        if b"\n" not in self._buffer:
+            if not self._buffer:
+                return None
+            line, self._buffer = self._buffer, b""
+        else:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.rstrip(b"\r").decode("utf-8")
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._resp is None:
+            if self._eof:
+                raise StopAsyncIteration
+            await self.open()
+        name: str | None = None
+        data: list[str] = []
+        while True:
+            try:
+                line = await self._readline()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+                line = None
+            if line is None:
+                await self.aclose()
+                raise StopAsyncIteration
+            if line == "":
+                if data:
+                    return {"event": name or "message", "data": json.loads("\n".join(data))}
+                name = None
+                continue
+            if line.startswith(":"):
+                continue  # a comment: keep-alive
+            key, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+
+
+class AgentClient:
+    """An async client for `/api/v1`. Use it as an async context manager."""
+
+    def __init__(self, base_url: str = DEFAULT_URL, token: str | None = None, *,
+                 gate_policy: GatePolicy | None = None, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token if token is not None else (os.environ.get("AIOPS_TOKEN") or None)
+        self.gate_policy = gate_policy
+        self.timeout = timeout
+        self._http: aiohttp.ClientSession | None = None
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> Self:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self._http = aiohttp.ClientSession(headers=headers)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _require_session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise RuntimeError("use AgentClient as `async with AgentClient(...) as client:`")
+        return self._http
+
+    def _url(self, path: str) -> str:
+        return self.base_url + path
+
+    async def _call(self, method: str, path: str, *, body: dict[str, Any] | None = None,
+                    params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        http = self._require_session()
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        async with http.request(method, self._url(path), json=body, params=query or None,
+                                timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise _error_from(resp.status, text)
+            return json.loads(text) if text else {}
+
+    # -- turns --
+
+    async def submit(self, text: str, client_id: str | None = None, model: str | None = None) -> dict[str, Any]:
+        """Queue a message; returns `{client_id, status: "accepted", turn_id}` at once."""
+        body: dict[str, Any] = {"text": text}
+        if client_id is not None:
+            body["client_id"] = client_id
+        if model is not None:
+            body["model"] = model
+        return await self._call("POST", "/api/v1/submit", body=body)
+
+    async def send(self, text: str, client_id: str | None = None, model: str | None = None,
+                   timeout: float = 120.0, *, auto_resolve: bool = False,
+                   policy: GatePolicy | None = None) -> dict[str, Any]:
+        """Submit and wait for the end of the turn: `{client_id, status, text, turn_id, …}`.
+
+        status is "complete", "cancelled", "error" or "timeout" (the turn goes on after a timeout).
+        With `auto_resolve`, gates of this turn are answered by `policy` (default: `gate_policy`).
+        """
+        if auto_resolve or policy is not None:
+            return await self.run_with_policy(text, policy, client_id=client_id, model=model, timeout=timeout)
+        body: dict[str, Any] = {"text": text, "wait": True, "timeout": timeout}
+        if client_id is not None:
+            body["client_id"] = client_id
+        if model is not None:
+            body["model"] = model
+        return await self._call("POST", "/api/v1/submit", body=body, timeout=timeout + self.timeout)
+
+    async def run_with_policy(self, text: str, policy: GatePolicy | None = None, *,
+                              client_id: str | None = None, model: str | None = None,
+                              timeout: float = 120.0) -> dict[str, Any]:
+        """Submit, answer this turn's gates with `policy`, and return when the turn ends.
+
+        `policy(gate)` returns "approve", "deny", ("approve", "session") or None (leave the gate to
+        a human operator). Resolving gates needs an operator token: without one this raises
+        AgentError (403) before submitting anything.
+        """
+        policy = policy or self.gate_policy
+        if policy is None:
+            raise ValueError("run_with_policy needs a policy (pass one, or gate_policy= to AgentClient)")
+        role = (await self.health()).get("role")
+        if role != "operator":
+            raise AgentError(403, "forbidden",
+                             "auto-resolving gates needs an operator token; this client "
+                             + (f"has the {role} role" if role else "sent no valid token"))
+        cid = client_id or f"api-{secrets.token_hex(4)}"
+        async with self.stream(cid) as events:
+            accepted = await self.submit(text, cid, model)
+            turn_id = accepted["turn_id"]
+            try:
+                async with asyncio.timeout(timeout):
+                    async for e in events:
+                        data = e["data"]
+                        if data.get("turn_id") != turn_id:
+                            continue
+                        if e["event"] == "gate":
+                            await self._apply_policy(policy, data)
+                        elif e["event"] == "done":
+                            out = {"client_id": accepted["client_id"], "status": data.get("status", "complete"),
+                                   "text": data.get("text", ""), "turn_id": turn_id}
+                            for key in ("error", "usage"):
+                                if key in data:
+                                    out[key] = data[key]
+                            return out
+            except TimeoutError:
+                return {"client_id": accepted["client_id"], "status": "timeout", "text": "", "turn_id": turn_id}
+        raise AgentError(0, "stream_ended", f"the event stream of {cid} ended before the turn did")
+
+    async def _apply_policy(self, policy: GatePolicy, gate: dict[str, Any]) -> None:
+        answer = policy(gate)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if answer is None:
+            return
+        decision, scope = answer if isinstance(answer, tuple) else (answer, "once")
+        if decision not in ("approve", "deny"):
+            raise ValueError(f"gate policy returned {answer!r}; expected 'approve', 'deny' or None")
+        try:
+            await self.resolve_gate(gate["id"], decision, scope)
+        except AgentError as e:
+            if e.status not in (404, 409):  # someone else answered first, or it expired: fine
+                raise
+
+    def stream(self, client_id: str) -> EventStream:
+        """The session's events (`async with` to subscribe before submitting, or `async for`)."""
+        return EventStream(self, client_id)
+
+    # -- sessions --
+
+    async def sessions(self, kind: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        return (await self._call("GET", "/api/v1/sessions", params={"kind": kind, "limit": limit}))["sessions"]
+
+    async def session(self, client_id: str, limit: int | None = None,
+                      before: int | None = None) -> dict[str, Any]:
+        """`{session, messages, has_more, next_before}`: the latest `limit` messages (before `before`)."""
+        return await self._call("GET", f"/api/v1/sessions/{client_id}",
+                                params={"limit": limit, "before": before})
+
+    async def history(self, client_id: str, page: int = 200) -> list[dict[str, Any]]:
+        """Every message of a session, oldest first (read page by page)."""
+        messages: list[dict[str, Any]] = []
+        before: int | None = None
+        while True:
+            got = await self.session(client_id, limit=page, before=before)
+            messages[:0] = got["messages"]
+            if not got["has_more"]:
+                return messages
+            before = got["next_before"]
+
+    async def delete_session(self, client_id: str) -> dict[str, Any]:
+        return await self._call("DELETE", f"/api/v1/sessions/{client_id}")
+
+    async def stop(self, client_id: str) -> dict[str, Any]:
+        """Cancel the session's running turn: `{client_id, stopped}`."""
+        return await self._call("POST", f"/api/v1/sessions/{client_id}/stop")
+
+    # -- gates --
+
+    async def gates(self) -> list[dict[str, Any]]:
+        """Pending gates of every session."""
+        return (await self._call("GET", "/api/v1/gates"))["gates"]
+
+    async def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> dict[str, Any]:
+        """Approve or deny a gate (operator token); returns the resolved gate."""
+        return (await self._call("POST", f"/api/v1/gates/{gate_id}",
+                                 body={"decision": decision, "scope": scope}))["gate"]
+
+    # -- server --
+
+    async def health(self) -> dict[str, Any]:
+        return await self._call("GET", "/api/v1/health")
+
+    async def openapi(self) -> dict[str, Any]:
+        return await self._call("GET", "/api/v1/openapi.json")

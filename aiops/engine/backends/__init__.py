@@ -1,0 +1,5 @@
+"""Provider backends: each adapts one provider SDK to the engine's neutral types."""
+
+from aiops.engine.backends.base import Backend, ModelError, make_backend
+
+__all__ = ["Backend", "ModelError", "make_backend"]

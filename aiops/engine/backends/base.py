@@ -1,0 +1,61 @@
+"""The backend interface every provider adapter implements."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Protocol
+
+from aiops.config import ModelConfig
+from aiops.engine.types import Message, StreamItem, ToolSpec
+
+
+class ModelError(Exception):
+    """A model call failed. The message names the model, the URL and what failed."""
+
+    def __init__(self, model_key: str, url: str, reason: str, *, status: int | None = None,
+                 retryable: bool = False) -> None:
+        self.model_key = model_key
+        self.url = url
+        self.reason = reason
+        self.status = status
+        self.retryable = retryable
+        super().__init__(f"model {model_key!r} at {url}: {reason}")
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes/contexts, once each: backends read the root cause of a failure
+    (a refused connection under an SDK error) to say what failed in plain words."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+class Backend(Protocol):
+    key: str
+    config: ModelConfig
+
+    def stream(self, messages: list[Message], tools: list[ToolSpec], *,
+               system: str | None = None) -> AsyncIterator[StreamItem]:
+        """Stream one model call.
+
+        Yields TextDelta / ThinkingDelta as they arrive and exactly one Completion last.
+        `messages` holds only model roles (user, assistant, tool). Raises ModelError.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_backend(key: str, config: ModelConfig, env: dict[str, str] | None = None) -> Backend:
+    if config.type == "openai":
+        from aiops.engine.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(key, config, env)
+    if config.type == "gemini":
+        from aiops.engine.backends.gemini_backend import GeminiBackend
+
+        return GeminiBackend(key, config, env)
+    raise ValueError(f"unknown model type {config.type!r}")

@@ -1,0 +1,121 @@
+"""`!commands` and `@model` one-turn switches.
+
+A message may mix command lines and plain lines: each `!` line runs in order, and the remaining
+plain lines go to the model as one message. Commands never reach the model. Plugins add commands
+through the same registry, and the API and console call them programmatically.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiops.engine.engine import Engine
+
+
+class CommandError(Exception):
+    """A command failed in a way the user can fix; the message says how."""
+
+
+@dataclass(slots=True)
+class CommandContext:
+    engine: Engine
+    session_id: str
+    client_kind: str
+    is_operator: bool
+    turn_id: str | None = None
+
+
+Handler = Callable[[CommandContext, list[str], str], Awaitable[str]]
+
+
+@dataclass(slots=True)
+class Command:
+    name: str
+    usage: str
+    help: str
+    handler: Handler  # (ctx, argv, raw argument text) -> output text
+    operator_only: bool = False
+    plugin: str = "core"
+
+
+NOT_PERMITTED = "not permitted: {name} is an operator command (console or operator token only)"
+
+
+class CommandRegistry:
+    def __init__(self) -> None:
+        self._commands: dict[str, Command] = {}
+
+    def register(self, cmd: Command) -> None:
+        if cmd.name in self._commands:
+            raise ValueError(f"command !{cmd.name} is already registered (by {self._commands[cmd.name].plugin})")
+        self._commands[cmd.name] = cmd
+
+    def get(self, name: str) -> Command | None:
+        return self._commands.get(name)
+
+    def all(self) -> list[Command]:
+        return [self._commands[n] for n in sorted(self._commands)]
+
+    def names(self) -> list[str]:
+        return sorted(self._commands)
+
+    def help_text(self, is_operator: bool = True) -> str:
+        lines = ["Commands:"]
+        for c in self.all():
+            mark = " (operator)" if c.operator_only else ""
+            lines.append(f"  {c.usage:<34} {c.help}{mark}")
+        lines.append("  @<model> <prompt>                  one turn on another model, then back")
+        return "\n".join(lines)
+
+    async def run(self, ctx: CommandContext, line: str) -> str:
+        """Run one `!command` line and return its output (errors are output too)."""
+        body = line.strip()[1:].strip()
+        if not body:
+            return self.help_text(ctx.is_operator)
+        name, _, rest = body.partition(" ")
+        name = name.lower()
+        cmd = self._commands.get(name)
+        if cmd is None:
+            return f"unknown command !{name}\n\n" + self.help_text(ctx.is_operator)
+        if cmd.operator_only and not ctx.is_operator:
+            return NOT_PERMITTED.format(name=f"!{name}")
+        try:
+            argv = shlex.split(rest)
+        except ValueError as e:
+            return f"!{name}: {e}\nusage: {cmd.usage}"
+        try:
+            return await cmd.handler(ctx, argv, rest.strip())
+        except CommandError as e:
+            return f"!{name}: {e}\nusage: {cmd.usage}"
+
+
+@dataclass(slots=True)
+class ParsedInput:
+    commands: list[str]
+    text: str  # plain lines, joined, for the model ("" when none)
+    model: str | None  # from a leading @model
+
+
+def parse_input(text: str) -> ParsedInput:
+    """Split a message into command lines, an optional `@model` switch and plain text."""
+    commands: list[str] = []
+    plain: list[str] = []
+    model: str | None = None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith("!") and len(stripped) > 1 and not stripped.startswith("!="):
+            commands.append(stripped)
+        else:
+            plain.append(line)
+    body = "\n".join(plain).strip()
+    if body.startswith("@"):
+        first, _, rest = body.partition("\n")
+        key, _, prompt = first[1:].partition(" ")
+        if key:
+            model = key.strip()
+            body = (prompt + ("\n" + rest if rest else "")).strip()
+    return ParsedInput(commands, body, model)

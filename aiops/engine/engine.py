@@ -1,0 +1,521 @@
+"""The engine: sessions, turns, tools, commands and plugins, headless.
+
+Every client (console, API, proxy, Slack, swarm, MCP) goes through this facade: `submit` a message,
+watch the events on `bus`, `stop` a turn, read history. The engine never imports Textual or an
+integration; integrations arrive as plugins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiops.config import Config, ModelConfig
+from aiops.engine import events as ev
+from aiops.engine.backends import Backend, make_backend
+from aiops.engine.commands import CommandContext, CommandRegistry, parse_input
+from aiops.engine.events import EventBus
+from aiops.engine.gatekeeper import Gatekeeper
+from aiops.engine.plugins import (
+    Plugin,
+    PluginAPI,
+    PluginStatus,
+    PluginUnavailable,
+    check_requirements,
+    discover,
+    validate_settings,
+)
+from aiops.engine.store import SessionRow, Store
+from aiops.engine.tools import ToolRegistry
+from aiops.engine.turn import Turn, TurnResult, TurnRunner
+from aiops.engine.types import Message, ToolSpec, new_id
+
+log = logging.getLogger(__name__)
+
+SESSION_KINDS = ("console", "api", "proxy", "slack", "swarm", "mcp")
+
+
+def _warm_backend_imports(types: set[str]) -> None:
+    import importlib
+
+    for t in sorted(types):
+        try:
+            importlib.import_module(f"aiops.engine.backends.{t}_backend")
+        except Exception:  # noqa: BLE001 - the turn that needs it reports the real error
+            log.debug("could not pre-import the %s backend", t, exc_info=True)
+
+
+class EngineError(Exception):
+    """A request the engine refuses; the message is for the user."""
+
+
+@dataclass
+class LiveSession:
+    """A session in memory: its row, its (lazily loaded) history, its turn queue."""
+
+    row: SessionRow
+    state: str = "idle"  # idle | running | waiting
+    queue: deque[Turn] = field(default_factory=deque)
+    current: Turn | None = None
+    worker: asyncio.Task[None] | None = None
+    _history: list[Message] | None = None
+    _history_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def id(self) -> str:
+        return self.row.id
+
+    def model_key(self, engine: Engine) -> str:
+        key = self.row.model
+        if key and key in engine.config.models.models:
+            return key
+        return engine.config.models.default_model
+
+    async def history(self, engine: Engine) -> list[Message]:
+        if self._history is None:
+            async with self._history_lock:
+                if self._history is None:
+                    self._history = await engine.store.history(self.id)
+        return self._history
+
+    def to_dict(self, engine: Engine) -> dict[str, Any]:
+        d = self.row.to_dict()
+        d.update(model=self.model_key(engine), state=engine.session_state(self.id), queued=len(self.queue))
+        return d
+
+
+class Engine:
+    def __init__(self, config: Config, *, env: Mapping[str, str] | None = None,
+                 plugins: list[Plugin] | None = None, discover_plugins: bool = True) -> None:
+        self.config = config
+        self.env: Mapping[str, str] = env if env is not None else os.environ
+        self.bus = EventBus(config.app.engine.queue_size)
+        self.store = Store(config.paths.db_path)
+        self.tools = ToolRegistry()
+        self.commands = CommandRegistry()
+        self.limits = config.limits
+        self.gatekeeper = Gatekeeper(self, config.gates, config.limits)
+        self.plugin_status: list[PluginStatus] = []
+        self._extra_plugins = plugins or []
+        self._discover = discover_plugins
+        self._plugins: list[Plugin] = []
+        self._sessions: dict[str, LiveSession] = {}
+        self._backends: dict[str, Backend] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._prompts: Any = None
+        self.started = False
+        self.started_at = time.time()
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        await self.store.open()
+        from aiops.engine.builtin_commands import register_builtin_commands
+        from aiops.engine.gate_commands import register_gate_commands
+        from aiops.engine.prompt_tools import register_prompt_tools
+
+        register_builtin_commands(self)
+        register_gate_commands(self)
+        register_prompt_tools(self)
+        await self._load_plugins()
+        # Importing a provider SDK takes about a second; do it in a thread now rather than on the
+        # loop during the first turn (the import lock makes a turn that comes earlier just wait).
+        types = {m.type for m in self.config.models.enabled().values()}
+        self._spawn(asyncio.to_thread(_warm_backend_imports, types))
+        self.started = True
+
+    async def stop(self) -> None:
+        """Cancel running turns cleanly (recorded as cancelled), stop plugins, close the store."""
+        turns = [live.current.task for live in self._sessions.values()
+                 if live.current is not None and live.current.task is not None]
+        for live in self._sessions.values():
+            live.queue.clear()
+            if live.current and live.current.task:
+                live.current.task.cancel()
+        if turns:
+            await asyncio.wait(turns, timeout=10)
+        for live in self._sessions.values():
+            if live.worker:
+                live.worker.cancel()
+        for p in reversed(self._plugins):
+            try:
+                await p.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("plugin %s failed to stop", p.name)
+        for b in self._backends.values():
+            try:
+                await b.aclose()
+            except Exception:  # noqa: BLE001
+                pass
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
+        await self.gatekeeper.broker.drain()
+        await self.store.close()
+        self.started = False
+
+    async def _load_plugins(self) -> None:
+        classes: dict[str, type[Plugin] | Exception] = discover() if self._discover else {}
+        instances: list[tuple[Plugin, str]] = [(p, "programmatic") for p in self._extra_plugins]
+        plugins_file = str(self.config.sources.get("plugins.toml", "plugins.toml"))
+        for name, cls in sorted(classes.items()):
+            if isinstance(cls, Exception):
+                self.plugin_status.append(PluginStatus(name, "failed", f"cannot load: {cls}", "entry point"))
+                continue
+            if any(p.name == cls.name for p, _ in instances):
+                continue
+            instances.append((cls(), "entry point"))
+        for plugin, source in instances:
+            name = plugin.name
+            table = self.config.plugin_settings(name)
+            try:
+                plugin.settings = validate_settings(type(plugin), table, plugins_file)
+                if not plugin.settings.enabled:
+                    self.plugin_status.append(PluginStatus(name, "disabled", f"enabled = false in {plugins_file}",
+                                                           source))
+                    continue
+                missing = check_requirements(type(plugin))
+                if missing:
+                    raise PluginUnavailable(missing)
+                plugin.api = PluginAPI(self, plugin)
+                await plugin.setup(plugin.api)
+                await plugin.start()
+            except PluginUnavailable as e:
+                self.plugin_status.append(PluginStatus(name, "skipped", str(e), source))
+                log.warning("plugin %s skipped: %s", name, e)
+                continue
+            except Exception as e:  # noqa: BLE001 - the rest start
+                log.exception("plugin %s failed", name)
+                self.plugin_status.append(PluginStatus(name, "failed", f"{type(e).__name__}: {e}", source))
+                continue
+            self._plugins.append(plugin)
+            self.plugin_status.append(PluginStatus(name, "started", "", source))
+
+    def plugin(self, name: str) -> Plugin | None:
+        return next((p for p in self._plugins if p.name == name), None)
+
+    # ---- models ----
+
+    def model_config(self, key: str) -> ModelConfig:
+        models = self.config.models.models
+        if key not in models:
+            raise EngineError(f"unknown model {key!r}; known: {', '.join(sorted(models))}")
+        return models[key]
+
+    def check_model(self, key: str) -> str | None:
+        """Why `key` cannot be used, or None."""
+        models = self.config.models.models
+        if key not in models:
+            return f"unknown model {key!r}; models: {', '.join(sorted(self.config.models.enabled()))}"
+        if not models[key].enabled:
+            return f"model {key!r} is disabled in models.toml"
+        return None
+
+    def backend(self, key: str) -> Backend:
+        b = self._backends.get(key)
+        if b is None:
+            b = make_backend(key, self.model_config(key), dict(self.env))
+            self._backends[key] = b
+        return b
+
+    # ---- system prompt ----
+
+    @property
+    def prompts(self) -> Any:
+        if self._prompts is None:
+            from aiops.prompts.tree import PromptStore
+
+            self._prompts = PromptStore()
+        return self._prompts
+
+    def prompt_folder(self, model_key: str | None = None) -> Any:
+        key = model_key or self.config.models.default_model
+        return self.config.paths.prompt_folder(self.model_config(key).system_prompt_folder)
+
+    def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None) -> str | None:
+        folder = self.prompt_folder(model_key)
+        parts: list[str] = []
+        if folder is not None and folder.exists():
+            parts.append(self.prompts.get(folder).assemble())
+        if text_tools:
+            from aiops.engine.textcalls import describe_tools_for_prompt
+
+            parts.append(describe_tools_for_prompt(text_tools))
+        return "\n\n".join(p for p in parts if p) or None
+
+    # ---- sessions ----
+
+    async def session(self, ref: str, *, kind: str = "api", create: bool = False,
+                      model: str | None = None) -> LiveSession | None:
+        """A live session by full or shorthand id; created when asked and missing."""
+        live = self._sessions.get(ref)
+        if live is not None:
+            return live
+        if create and not ref.isdigit() and kind in SESSION_KINDS:
+            # One store round trip instead of a lookup and a create; a new session's history is
+            # known to be empty, so it is not loaded either.
+            row, created = await self.store.get_or_create_session(ref, kind, model)
+            if not created:
+                return self._sessions.setdefault(row.id, LiveSession(row))
+            live = self._sessions.setdefault(row.id, LiveSession(row, _history=[]))
+            self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
+            return live
+        row = await self.store.get_session(ref)
+        if row is None:
+            if not create:
+                return None
+            if kind not in SESSION_KINDS:
+                raise EngineError(f"unknown session kind {kind!r}")
+            if ref.isdigit():
+                raise EngineError(f"no session {ref}: all-digit ids are shorthand ids of existing sessions")
+            row = await self.store.create_session(ref, kind, model)
+            live = self._sessions.setdefault(row.id, LiveSession(row))
+            self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
+            return live
+        return self._sessions.setdefault(row.id, LiveSession(row))
+
+    async def open_session(self, client_id: str | None = None, *, kind: str = "console",
+                           model: str | None = None) -> LiveSession:
+        if model and (why := self.check_model(model)):
+            raise EngineError(why)
+        cid = client_id or f"{kind}-{new_id()[:8]}"
+        live = await self.session(cid, kind=kind, create=True, model=model)
+        assert live is not None
+        return live
+
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        rows = await self.store.list_sessions(kind, limit=limit)
+        out = []
+        for r in rows:
+            live = self._sessions.get(r.id)
+            d = r.to_dict()
+            d["model"] = r.model if r.model in self.config.models.models else self.config.models.default_model
+            d["state"] = self.session_state(r.id)
+            if live:
+                d["title"] = live.row.title or r.title
+            out.append(d)
+        return out
+
+    async def history(self, ref: str, *, limit: int | None = None,
+                      before_id: int | None = None) -> list[Message]:
+        live = await self.session(ref)
+        if live is None:
+            raise EngineError(f"no session {ref!r}")
+        return await self.store.history(live.id, limit=limit, before_id=before_id)
+
+    async def delete_session(self, ref: str) -> bool:
+        live = await self.session(ref)
+        if live is None:
+            return False
+        self.stop_turn(live.id, clear_queue=True)
+        if live.current and live.current.task:
+            await asyncio.wait([live.current.task], timeout=10)
+        self.gatekeeper.broker.cancel_session(live.id)
+        self._sessions.pop(live.id, None)
+        ok = await self.store.delete_session(live.id)
+        self.bus.publish(ev.SESSION, live.id, {"change": "deleted", "client_id": live.id,
+                                               "short_id": live.row.short_id})
+        return ok
+
+    async def reset_session(self, ref: str) -> None:
+        live = await self.session(ref)
+        if live is None:
+            raise EngineError(f"no session {ref!r}")
+        await self.store.reset_session(live.id)
+        live.row.title = ""
+        live._history = None
+        self._session_changed(live)
+
+    async def set_session_model(self, ref: str, model: str) -> None:
+        live = await self.session(ref)
+        if live is None:
+            raise EngineError(f"no session {ref!r}")
+        if why := self.check_model(model):
+            raise EngineError(why)
+        await self.store.update_session(live.id, model=model)
+        live.row.model = model
+        self._session_changed(live)
+
+    def _session_changed(self, live: LiveSession) -> None:
+        self.bus.publish(ev.SESSION, live.id, {"change": "updated", **live.to_dict(self)})
+
+    def live_state_changed(self, session_id: str | None) -> None:
+        live = self._sessions.get(session_id or "")
+        if live is not None:
+            self._session_changed(live)
+
+    def session_state(self, session_id: str) -> str:
+        live = self._sessions.get(session_id)
+        if live is None:
+            return "idle"
+        if live.state == "running" and self.gatekeeper.broker.pending(session_id):
+            return "waiting"
+        return live.state
+
+    # ---- history records ----
+
+    async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message:
+        """Commit a message; it is durable when this returns."""
+        await self.store.add_message(session_id, msg)
+        live = self._sessions.get(session_id)
+        if live is not None:
+            if live._history is not None:
+                live._history.append(msg)
+            if msg.role == "user" and not live.row.title and not msg.meta.get("command"):
+                live.row.title = " ".join(msg.content.split()[:8])[:60]
+            live.row.updated_at = msg.created_at
+        if publish:
+            self.bus.publish(msg.role if msg.role in (ev.NOTICE, ev.USER) else ev.NOTICE, session_id,
+                             {"text": msg.content}, msg.turn_id)
+        return msg
+
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
+               persist: bool = True) -> None:
+        self.bus.publish(ev.NOTICE, session_id, {"text": text}, turn_id)
+        if persist and session_id:
+            self._spawn(self.record(session_id, Message("notice", text, turn_id=turn_id)))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    # ---- turns ----
+
+    async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
+                     model: str | None = None, is_operator: bool = False, depth: int = 0,
+                     tools: bool = True) -> Turn:
+        """Take a message: run its commands now, queue its plain text as a turn.
+
+        The user message is committed before this returns, so acknowledging the returned turn to a
+        client is safe. A message that holds only commands returns an already finished turn whose
+        text is the commands' output.
+        """
+        if not text or not text.strip():
+            raise EngineError("empty message")
+        cid = client_id or f"{kind}-{new_id()[:8]}"
+        live = await self.session(cid, kind=kind, create=True, model=model)
+        assert live is not None
+        parsed = parse_input(text)
+        turn_id = new_id("turn_")
+        outputs: list[str] = []
+        if parsed.commands:
+            await self.record(live.id, Message("user", "\n".join(parsed.commands), turn_id=turn_id,
+                                               meta={"command": True}))
+            self.bus.publish(ev.USER, live.id, {"text": "\n".join(parsed.commands), "command": True}, turn_id)
+            ctx = CommandContext(self, live.id, kind, is_operator, turn_id)
+            for line in parsed.commands:
+                out = await self.commands.run(ctx, line)
+                outputs.append(out)
+                await self.record(live.id, Message("notice", out, turn_id=turn_id,
+                                                   meta={"kind": "command", "command": line}))
+                self.bus.publish(ev.NOTICE, live.id, {"text": out, "command": line}, turn_id)
+            if live.id not in self._sessions:  # the session deleted itself
+                return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs))
+        turn_model = parsed.model or (model if model != live.row.model else None)
+        if parsed.model is not None and not parsed.text:
+            outputs.append(f"@{parsed.model} needs a prompt after it (or use !model {parsed.model} "
+                           f"to switch this session)")
+            parsed.text = ""
+        if turn_model and (why := self.check_model(turn_model)):
+            outputs.append(why)
+            return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs), status="error")
+        if not parsed.text:
+            return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs))
+        await self.record(live.id, Message("user", parsed.text, turn_id=turn_id,
+                                           meta={"model": turn_model} if turn_model else {}))
+        self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)
+        turn = Turn(turn_id, live.id, parsed.text, kind, model=turn_model, is_operator=is_operator,
+                    depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
+        live.queue.append(turn)
+        if live.worker is None or live.worker.done():
+            live.worker = asyncio.get_running_loop().create_task(self._worker(live),
+                                                                 name=f"aiops-session-{live.id}")
+        elif live.current is not None:
+            self.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
+                        turn_id, persist=False)
+        return turn
+
+    def _finished_turn(self, turn_id: str, session_id: str, kind: str, text: str,
+                       status: str = "complete") -> Turn:
+        turn = Turn(turn_id, session_id, "", kind)
+        result = TurnResult(turn_id, status, text)
+        turn.future.set_result(result)
+        data: dict[str, Any] = {"text": text, "status": status, "command": True}
+        if status == "error":
+            data["error"] = {"code": "bad_request", "message": text}
+            self.bus.publish(ev.ERROR, session_id, data["error"], turn_id)
+        self.bus.publish(ev.DONE, session_id, data, turn_id)
+        return turn
+
+    async def run(self, client_id: str | None, text: str, *, timeout: float | None = None,
+                  **kw: Any) -> TurnResult:
+        turn = await self.submit(client_id, text, **kw)
+        return await turn.wait(timeout)
+
+    async def _worker(self, live: LiveSession) -> None:
+        while live.queue:
+            turn = live.queue.popleft()
+            live.current = turn
+            runner = TurnRunner(self, live, turn)
+            turn.task = asyncio.get_running_loop().create_task(runner.run(), name=f"aiops-turn-{turn.id}")
+            try:
+                result = await asyncio.shield(turn.task)
+            except asyncio.CancelledError:
+                # The worker itself is being cancelled (shutdown): let the turn finish cancelling.
+                turn.task.cancel()
+                result = await turn.task
+                if not turn.future.done():
+                    turn.future.set_result(result)
+                live.current = None
+                raise
+            except Exception as e:  # noqa: BLE001
+                log.exception("turn crashed")
+                result = TurnResult(turn.id, "error", "", {"code": "internal_error", "message": str(e)})
+            if not turn.future.done():
+                turn.future.set_result(result)
+            live.current = None
+
+    def stop_turn(self, ref: str, *, clear_queue: bool = False) -> bool:
+        """Cancel the running turn of a session (its pending gates are cancelled too)."""
+        live = self._sessions.get(ref) or next(
+            (s for s in self._sessions.values() if str(s.row.short_id) == ref), None)
+        if live is None:
+            return False
+        if clear_queue:
+            for t in live.queue:
+                if not t.future.done():
+                    t.future.set_result(TurnResult(t.id, "cancelled", ""))
+            live.queue.clear()
+        if live.current and live.current.task and not live.current.task.done():
+            # Gates first, as a stop (not as a side effect of the cancelled wait), so they are
+            # attributed to the stop and the turn can say how many it cancelled.
+            live.current.cancelled_gates += self.gatekeeper.broker.cancel_turn(live.current.id)
+            live.current.task.cancel()
+            return True
+        return False
+
+    async def complete_plain(self, model_key: str, messages: list[Message],
+                             system: str | None = None) -> str:
+        """One model call with no tools, no gates and no session: chat UIs' background tasks."""
+        from aiops.engine.types import Completion
+
+        text = ""
+        async for item in self.backend(model_key).stream(messages, [], system=system):
+            if isinstance(item, Completion):
+                text = item.text
+        return text
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "sessions_live": len(self._sessions),
+            "running": sum(1 for s in self._sessions.values() if s.state == "running"),
+            "pending_gates": len(self.gatekeeper.broker.pending()),
+            "plugins": [p.to_dict() for p in self.plugin_status],
+        }

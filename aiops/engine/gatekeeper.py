@@ -1,0 +1,105 @@
+"""The check every tool call passes between argument validation and execution.
+
+Order: rate limit (a refused call does not use a slot and opens no gate), then the policy decision
+(allow / ask / deny), then for "ask" the broker, which waits for exactly one resolution. Nothing
+bypasses this: `@model` turns and delegated calls run under the caller's session and come here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from aiops.engine.tools import Classification, Tool, ToolContext
+from aiops.engine.types import Message
+from aiops.gates.broker import GateBroker, denial_message, summarize, waiting_notice
+from aiops.gates.limits import LimitsConfig, RateLimiter
+from aiops.gates.rules import GatesConfig
+
+if TYPE_CHECKING:
+    from aiops.engine.engine import Engine
+
+
+@dataclass(slots=True)
+class GateOutcome:
+    allowed: bool
+    message: str = ""  # for the model when not allowed
+    decision: str = "allow"  # allow | approved | denied | timeout | cancelled | rate_limited | policy
+
+
+class Gatekeeper:
+    def __init__(self, engine: Engine, rules: GatesConfig, limits: LimitsConfig) -> None:
+        self.engine = engine
+        self.rules = rules
+        self.limits = limits
+        self.limiter = RateLimiter(limits, on_change=self._rate_changed)
+        self.broker = GateBroker(publish=self._publish, record=self._record)
+
+    def _rate_changed(self, session_id: str) -> None:
+        self.engine.bus.publish("rate", session_id, {
+            "usage": [dataclasses.asdict(u) for u in self.limiter.usage(session_id)],
+        })
+
+    def _publish(self, name: str, data: dict[str, Any]) -> None:
+        session_id = data.get("session_id")
+        gate = self.broker.get(data["id"])
+        turn_id = gate.turn_id if gate is not None else None
+        self.engine.bus.publish(name, session_id, data, turn_id)
+        if name == "gate" and gate is not None:
+            self.engine.live_state_changed(session_id)
+            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False)
+        elif name == "gate_resolved":
+            self.engine.live_state_changed(session_id)
+
+    async def _record(self, what: str, gate: Any, resolution: Any) -> None:
+        gd = gate.to_dict()
+        gd["turn_id"] = gate.turn_id
+        res = resolution.to_dict() if resolution is not None else {}
+        await self.engine.store.add_audit(
+            f"gate_{what}", session_id=gd.get("session_id"), gate_id=gd.get("id"), tool=gd.get("tool"),
+            operation=gd.get("operation"), decision=res.get("decision"), scope=res.get("scope"),
+            actor=res.get("by"), data={"gate": gd, "resolution": res},
+        )
+        if what == "resolved":
+            await self.engine.record(gd["session_id"], Message(
+                "gate", f"{res.get('decision')}: {gd.get('summary')}", turn_id=gd.get("turn_id"),
+                meta={**gd, **res},
+            ), publish=False)
+
+    async def check(self, tool: Tool, args: dict[str, Any], cls: Classification,
+                    ctx: ToolContext) -> GateOutcome:
+        refusal = self.limiter.check(ctx.session_id, tool.tool_type)
+        if refusal:
+            return GateOutcome(False, refusal, "rate_limited")
+        decision = self.rules.decide(tool.name, tool.tool_type, cls.operation, cls.tables,
+                                     unknown_tables=cls.unknown_tables)
+        if decision == "allow":
+            return GateOutcome(True)
+        summary = cls.summary or summarize(tool.name, cls.operation, list(cls.tables), args)
+        if decision == "deny":
+            msg = (f"The gate policy denies {tool.name} {cls.operation}"
+                   f"{' on ' + ', '.join(cls.tables) if cls.tables else ''}. Do not retry this call; "
+                   f"tell the user it is not allowed by the operator's policy.")
+            await self.engine.store.add_audit(
+                "policy_denied", session_id=ctx.session_id, tool=tool.name, operation=cls.operation,
+                decision="denied", actor="policy", data={"args": args, "tables": list(cls.tables)})
+            await self.engine.record(ctx.session_id, Message(
+                "gate", f"denied by policy: {summary}", turn_id=ctx.turn_id,
+                meta={"tool": tool.name, "operation": cls.operation, "tables": list(cls.tables),
+                      "decision": "denied", "by": "policy", "summary": summary, "at": time.time()},
+            ), publish=False)
+            return GateOutcome(False, msg, "policy")
+        resolution = await self.broker.request(
+            session_id=ctx.session_id, client_id=ctx.session_id, client_kind=ctx.client_kind,
+            tool=tool.name, tool_type=tool.tool_type, args=args, operation=cls.operation,
+            tables=list(cls.tables), summary=summary, turn_id=ctx.turn_id,
+            wait_seconds=self.rules.wait_seconds(ctx.client_kind),
+        )
+        if resolution.decision == "approved":
+            return GateOutcome(True, decision="approved")
+        what = SimpleNamespace(tool=tool.name, operation=cls.operation,
+                               tables=list(cls.tables) if tool.tool_type == "db" else [])
+        return GateOutcome(False, denial_message(what, resolution), resolution.decision)  # type: ignore[arg-type]

@@ -1,0 +1,118 @@
+"""One aiops per data dir: an exclusive lock file holding the owner's pid and server URL.
+
+The lock is an advisory `fcntl.flock` on `<data dir>/aiops.lock`. The kernel drops it when the
+process exits, however it exits, so a crash never leaves a stale lock behind; the file's content
+(JSON: pid, url, started_at) only tells a second process who holds it and where to reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, no protection
+    fcntl = None  # type: ignore[assignment]
+
+
+class AlreadyRunning(Exception):
+    """Another process holds the data dir."""
+
+    def __init__(self, path: Path, info: dict[str, Any]) -> None:
+        super().__init__(path, info)
+        self.path = path
+        self.info = info
+
+    def __str__(self) -> str:
+        pid = self.info.get("pid")
+        url = self.info.get("url")
+        where = f" (pid {pid}" + (f", server {url}" if url else ", no server") + ")" if pid else ""
+        attach = f"; watch a session with `aiops attach SESSION --url {url}`" if url else ""
+        return (f"aiops is already running on the data dir {self.path.parent}{where}{attach}. "
+                f"Quit it first, or use another --data-dir.")
+
+
+class DataDirLock:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        self.info: dict[str, Any] = {}
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, url: str | None = None) -> None:
+        """Take the lock or raise AlreadyRunning with what the holder wrote."""
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                info = _read_info(fd)
+                os.close(fd)
+                raise AlreadyRunning(self.path, info) from None
+        self._fd = fd
+        self.info = {"pid": os.getpid(), "url": url, "started_at": time.time()}
+        self._write()
+
+    def update(self, **info: Any) -> None:
+        """Record more about the holder (the server URL once it listens)."""
+        if self._fd is None:
+            return
+        self.info.update(info)
+        self._write()
+
+    def _write(self) -> None:
+        assert self._fd is not None
+        data = json.dumps(self.info).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+        os.fsync(self._fd)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+        except OSError:
+            pass
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> DataDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_info(fd: int) -> dict[str, Any]:
+    try:
+        raw = os.pread(fd, 4096, 0)
+        info = json.loads(raw.decode() or "{}")
+        return info if isinstance(info, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def read_holder(path: Path) -> dict[str, Any]:
+    """What the current holder wrote (empty when nobody holds it or it wrote nothing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return {}
+    try:
+        return _read_info(fd)
+    finally:
+        os.close(fd)

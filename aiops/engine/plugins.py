@@ -1,0 +1,135 @@
+"""One plugin interface for built-in and third-party plugins.
+
+Built-in integrations are published through the same `aiops.plugins` entry-point group as
+third-party ones (see pyproject.toml), so the engine never imports an integration by name and the
+layering holds. A plugin is enabled and configured by its table in plugins.toml; a plugin whose
+dependency or secret is missing is reported with the reason and skipped, and the rest start.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from aiops.engine.commands import Command
+from aiops.engine.tools import Tool
+
+if TYPE_CHECKING:
+    from aiops.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+ENTRY_POINT_GROUP = "aiops.plugins"
+
+
+class PluginUnavailable(Exception):
+    """Raised by a plugin's setup when it cannot run here; the message is the reason shown."""
+
+
+class PluginSettings(BaseModel):
+    """Base for a plugin's plugins.toml table. `enabled` is common to all."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+
+
+class Plugin:
+    """Subclass and override what you need.
+
+    `setup` registers tools and commands; `start`/`stop` are lifecycle hooks for long-lived
+    resources (connections, client interfaces such as a Slack bot).
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    settings_model: ClassVar[type[PluginSettings]] = PluginSettings
+    # Python modules that must import for the plugin to work (reported when missing).
+    requires: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.settings: Any = None
+        self.api: PluginAPI | None = None
+
+    async def setup(self, api: PluginAPI) -> None:  # pragma: no cover - default is a no-op
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+
+class PluginAPI:
+    """What a plugin may touch: registration and read access, nothing that changes policy."""
+
+    def __init__(self, engine: Engine, plugin: Plugin) -> None:
+        self._engine = engine
+        self._plugin = plugin
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self._engine.env
+
+    def register_tool(self, tool: Tool) -> None:
+        tool.plugin = self._plugin.name
+        self._engine.tools.register(tool)
+
+    def register_command(self, cmd: Command) -> None:
+        cmd.plugin = self._plugin.name
+        self._engine.commands.register(cmd)
+
+    def require_env(self, var: str, what: str = "") -> str:
+        value = self.env.get(var)
+        if not value:
+            raise PluginUnavailable(f"secret {var} is not set{' (' + what + ')' if what else ''}")
+        return value
+
+
+@dataclass(slots=True)
+class PluginStatus:
+    name: str
+    state: str  # started | disabled | skipped | failed
+    reason: str = ""
+    source: str = "builtin"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "state": self.state, "reason": self.reason, "source": self.source}
+
+
+def discover() -> dict[str, type[Plugin] | Exception]:
+    """Every plugin class published in the entry-point group (or the error loading it)."""
+    found: dict[str, type[Plugin] | Exception] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            cls = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not stop the others
+            found[ep.name] = e
+            continue
+        found[ep.name] = cls
+    return found
+
+
+def check_requirements(cls: type[Plugin]) -> str | None:
+    import importlib.util
+
+    missing = [m for m in cls.requires if importlib.util.find_spec(m) is None]
+    return f"missing Python package(s): {', '.join(missing)}" if missing else None
+
+
+def validate_settings(cls: type[Plugin], table: dict[str, Any], source: str) -> Any:
+    try:
+        return cls.settings_model.model_validate(table)
+    except ValidationError as e:
+        errs = "; ".join(f"{'.'.join(map(str, x['loc']))}: "
+                         f"{'unknown key' if x['type'] == 'extra_forbidden' else x['msg']}"
+                         for x in e.errors())
+        raise PluginUnavailable(f"invalid settings in {source} [{cls.name}]: {errs}") from None

@@ -1,0 +1,156 @@
+"""The system-prompt tree as model tools and the operator's `!prompt` command.
+
+Reading is a plain read tool. Writing is tool type `system`, operation write, so it passes the gate
+(it asks by default) like any other write; every change lands in the audit log with its diff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, Field
+
+from aiops.engine.commands import Command, CommandContext, CommandError
+from aiops.engine.tools import Tool, ToolContext, ToolOutput
+from aiops.prompts.ops import OPERATIONS, EditResult, edit_section, read_section
+from aiops.prompts.tree import PromptEditError
+
+if TYPE_CHECKING:
+    from aiops.engine.engine import Engine
+
+
+class ReadPromptArgs(BaseModel):
+    section: str = Field("", description="section name or 1-based index; empty for the whole prompt")
+
+
+class UpdatePromptArgs(BaseModel):
+    section: str = Field(..., description="section name or 1-based index (for create: the new name)")
+    operation: Literal["append", "prepend", "replace", "delete_lines", "overwrite", "create", "remove"]
+    content: str = Field("", description="text to add, the replacement, or the new body")
+    target: str = Field("", description="replace: the text to replace; delete_lines: lines containing it")
+    confirm: bool = Field(False, description="overwrite needs confirm=true")
+
+
+async def apply_edit(engine: Engine, folder: Path, session_id: str | None, actor: str, ref: str,
+                     operation: str, content: str = "", target: str = "", confirm: bool = False,
+                     description: str = "", parent: str = "") -> EditResult:
+    """Edit one section (atomic write in a thread), audit the diff, refresh the cached tree."""
+    result = await asyncio.to_thread(edit_section, folder, ref, operation, content, target, confirm,
+                                     description, parent)
+    engine.prompts.reload(folder)
+    await engine.store.add_audit(
+        "prompt_edit", session_id=session_id, tool="update_system_prompt", operation="write",
+        actor=actor, data={"folder": str(folder), "section": result.section, "operation": operation,
+                           "diff": result.diff, "before": result.before, "after": result.after},
+    )
+    return result
+
+
+def _folder(engine: Engine, model_key: str | None) -> Path:
+    folder = engine.prompt_folder(model_key)
+    if folder is None:
+        raise PromptEditError("this model has no system prompt (system_prompt_folder = \"none\")")
+    return folder
+
+
+def register_prompt_tools(engine: Engine) -> None:
+    async def read_tool(args: ReadPromptArgs, ctx: ToolContext) -> ToolOutput:
+        try:
+            tree = engine.prompts.get(_folder(engine, ctx.model_key))
+            return ToolOutput(read_section(tree, args.section))
+        except PromptEditError as e:
+            return ToolOutput(f"error: {e}", is_error=True)
+
+    async def update_tool(args: UpdatePromptArgs, ctx: ToolContext) -> ToolOutput:
+        try:
+            result = await apply_edit(engine, _folder(engine, ctx.model_key), ctx.session_id,
+                                      f"model:{ctx.model_key}", args.section, args.operation,
+                                      args.content, args.target, args.confirm)
+        except PromptEditError as e:
+            return ToolOutput(f"error: {e}", is_error=True)
+        return ToolOutput(result.summary, data={"diff": result.diff})
+
+    engine.tools.register(Tool(
+        "read_system_prompt", "Read your own system prompt: the whole prompt, or one section by name or "
+        "index.", ReadPromptArgs, "system", read_tool, operation="read"))
+    engine.tools.register(Tool(
+        "update_system_prompt", "Change one section of your system prompt. Needs operator approval. "
+        f"Operations: {', '.join(OPERATIONS)}.", UpdatePromptArgs, "system", update_tool,
+        operation="write"))
+    engine.commands.register(Command(
+        "prompt", "!prompt [read REF|edit REF OP TEXT|create NAME DESC [--parent P]|reload]",
+        "the system-prompt tree: show, read, edit", _prompt_command))
+
+
+PROMPT_HELP = """\
+!prompt                          the tree with indexes and errors
+!prompt read REF                 one section (name or index)
+!prompt edit REF append TEXT     also: prepend TEXT, overwrite TEXT --confirm,
+                                 replace OLD => NEW, delete_lines TEXT, remove
+!prompt create NAME "DESC" [--parent P] [TEXT]
+!prompt reload                   re-read the files
+(\\n in TEXT is a newline)"""
+
+
+async def _prompt_command(ctx: CommandContext, argv: list[str], raw: str) -> str:
+    engine = ctx.engine
+    live = await engine.session(ctx.session_id)
+    model_key = live.model_key(engine) if live else None
+    try:
+        folder = _folder(engine, model_key)
+        if not argv:
+            return f"system prompt {folder}\n" + engine.prompts.get(folder).render_tree()
+        sub = argv[0]
+        if sub == "read":
+            return read_section(engine.prompts.get(folder), " ".join(argv[1:]))
+        if sub == "reload":
+            engine.prompts.reload(folder)
+            tree = engine.prompts.get(folder)
+            return f"reloaded: {len(tree.sections)} sections, {len(tree.errors)} errors"
+        if sub in ("edit", "create"):
+            if not ctx.is_operator:
+                return "not permitted: !prompt edit is an operator command"
+            return await _edit(ctx, folder, sub, raw)
+        if sub == "help":
+            return PROMPT_HELP
+    except PromptEditError as e:
+        raise CommandError(str(e)) from None
+    raise CommandError(f"unknown sub-command {sub!r}\n{PROMPT_HELP}")
+
+
+async def _edit(ctx: CommandContext, folder: Path, sub: str, raw: str) -> str:
+    import shlex
+
+    rest = raw.split(None, 1)[1] if len(raw.split(None, 1)) > 1 else ""
+    actor = "operator" if ctx.client_kind == "console" else f"operator:{ctx.client_kind}"
+    if sub == "create":
+        parts = shlex.split(rest)
+        if len(parts) < 2:
+            raise CommandError(PROMPT_HELP)
+        name, desc, *more = parts
+        parent = ""
+        if "--parent" in more:
+            i = more.index("--parent")
+            parent = more[i + 1] if i + 1 < len(more) else ""
+            del more[i:i + 2]
+        content = " ".join(more).replace("\\n", "\n")
+        result = await apply_edit(ctx.engine, folder, ctx.session_id, actor, name, "create", content,
+                                  description=desc, parent=parent)
+        return result.summary
+    ref, _, rest = rest.partition(" ")
+    op, _, text = rest.strip().partition(" ")
+    if not ref or not op:
+        raise CommandError(PROMPT_HELP)
+    confirm = "--confirm" in text.split()
+    text = " ".join(w for w in text.split(" ") if w != "--confirm").replace("\\n", "\n")
+    target = ""
+    if op == "replace":
+        if "=>" not in text:
+            raise CommandError("replace needs OLD => NEW")
+        target, _, text = (p.strip() for p in text.partition("=>"))
+    elif op == "delete_lines":
+        target, text = text.strip(), ""
+    result = await apply_edit(ctx.engine, folder, ctx.session_id, actor, ref, op, text, target, confirm)
+    return result.summary

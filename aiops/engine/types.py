@@ -1,0 +1,125 @@
+"""The engine's neutral message and tool-call model.
+
+Every provider backend converts its own wire shapes to and from these; nothing outside a backend
+ever sees an OpenAI or Gemini object.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool", "notice", "gate", "error"]
+
+# Roles that are conversation (sent to the model); the rest are history-only records.
+MODEL_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+def new_id(prefix: str = "") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A request by the model to run one tool."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    # Set when the arguments could not be decoded; the call is answered with this error.
+    parse_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.parse_error:
+            d["parse_error"] = self.parse_error
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        return cls(id=d["id"], name=d["name"], arguments=d.get("arguments") or {},
+                   parse_error=d.get("parse_error"))
+
+
+@dataclass(slots=True)
+class Message:
+    """One entry of a session's history.
+
+    `role` is "user" | "assistant" | "tool" | "system" for conversation, and "notice" | "gate" |
+    "error" for records that are history but never sent to the model.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # role == "tool": which call this answers
+    name: str | None = None  # role == "tool": the tool's name
+    thinking: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+    id: int | None = None  # row id once stored
+    turn_id: str | None = None
+    status: str = "complete"  # complete | cancelled | error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role,
+            "content": self.content,
+            "tool_calls": [tc.to_dict() for tc in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+            "thinking": self.thinking,
+            "meta": self.meta,
+            "created_at": self.created_at,
+            "turn_id": self.turn_id,
+            "status": self.status,
+        }
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+# ---- what a backend yields while streaming one model call -------------------------------------
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """A tool as offered to a model: name, description, JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Completion:
+    """The end of one model call: the whole assistant reply."""
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+    finish_reason: str = "stop"
+
+
+StreamItem = TextDelta | ThinkingDelta | Completion

@@ -1,0 +1,469 @@
+"""The aiops API, `/api/v1`: submit, stream, sessions, gates, health, and its OpenAPI document.
+
+Handlers are thin: validate at the edge (pydantic), call the engine, shape the answer with the
+response models the OpenAPI document is built from. `ROUTES` at the bottom is the one table both
+the router and the document read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+import aiops
+from aiops.engine import events as ev
+from aiops.engine.engine import Engine, EngineError, LiveSession
+from aiops.gates.broker import GateAlreadyResolved, GateNotFound
+from aiops.integrations.server.app import (
+    AUTHENTICATED_KEY,
+    CONFIG_KEY,
+    HttpError,
+    get_config,
+    get_engine,
+    is_operator,
+    mark_public,
+    parse_body,
+    prepare_stream,
+    require_operator,
+    server_state,
+    validate,
+)
+from aiops.integrations.server.openapi import ApiRoute, build_openapi
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/api/v1"
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$"
+
+# ---- request models --------------------------------------------------------------------------------
+
+
+class _Body(BaseModel):
+    # Strict: "true" is not a boolean and 5 is not a string; unknown fields are typos, refused.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Query(BaseModel):
+    # Query strings are text: numbers are parsed from them, unknown parameters refused.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitRequest(_Body):
+    text: str = Field(min_length=1, max_length=1_000_000,
+                      description="The message. Lines starting with `!` are commands and `@model …` "
+                                  "runs one turn on another model, as in the console.")
+    client_id: str | None = Field(None, min_length=1, max_length=128, pattern=CLIENT_ID_PATTERN,
+                                  description="Session id (full, or the shorthand number of an existing "
+                                              "session). Omitted: a new session `api-<8 hex>`.")
+    model: str | None = Field(None, min_length=1, max_length=200,
+                              description="Model key from models.toml: the model of a new session, or a "
+                                          "one-turn override for an existing one.")
+    wait: bool = Field(False, description="Answer when the turn ends (or `timeout` passes) instead of at once.")
+    timeout: float = Field(120, gt=0, le=3600, description="Seconds to wait with `wait`; the turn goes on "
+                                                           "after a timeout.")
+
+
+class GateDecisionRequest(_Body):
+    decision: Literal["approve", "deny"]
+    scope: Literal["once", "session"] = Field(
+        "once", description="`session` also approves the same tool, operation and tables for the rest "
+                            "of the session (denials are always `once`).")
+
+
+class SessionsQuery(_Query):
+    kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
+        None, description="Only sessions of this kind.")
+    limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
+
+
+class HistoryQuery(_Query):
+    limit: int = Field(50, ge=1, le=1000, description="At most this many messages: the latest ones.")
+    before: int | None = Field(None, ge=1, description="Only messages with an id below this (the "
+                                                       "`next_before` of the previous page).")
+
+
+# ---- response models -------------------------------------------------------------------------------
+
+
+class ErrorObject(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorObject
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class SubmitAccepted(BaseModel):
+    client_id: str
+    status: Literal["accepted"]
+    turn_id: str
+
+
+class SubmitResult(BaseModel):
+    """The turn ended, or the wait timed out (with `wait`)."""
+
+    client_id: str
+    status: Literal["complete", "timeout", "error", "cancelled"]
+    text: str
+    turn_id: str
+    error: ErrorObject | None = None
+    usage: UsageOut | None = None
+
+
+class SessionInfo(BaseModel):
+    client_id: str
+    short_id: int
+    kind: str
+    model: str
+    title: str
+    created_at: float
+    updated_at: float
+    message_count: int
+    state: Literal["idle", "running", "waiting"]
+
+
+class SessionList(BaseModel):
+    sessions: list[SessionInfo]
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    parse_error: str | None = None
+
+
+class MessageOut(BaseModel):
+    id: int | None
+    role: Literal["system", "user", "assistant", "tool", "notice", "gate", "error"]
+    content: str
+    tool_calls: list[ToolCallOut]
+    tool_call_id: str | None
+    name: str | None
+    thinking: str
+    meta: dict[str, Any]
+    created_at: float
+    turn_id: str | None
+    status: str
+
+
+class SessionDetail(BaseModel):
+    session: SessionInfo
+    messages: list[MessageOut] = Field(description="Oldest first.")
+    has_more: bool = Field(description="Older messages exist: ask again with `before=next_before`.")
+    next_before: int | None
+
+
+class SessionDeleted(BaseModel):
+    client_id: str
+    deleted: bool
+
+
+class SessionStopped(BaseModel):
+    client_id: str
+    stopped: bool = Field(description="A running turn was cancelled (false: nothing was running).")
+
+
+class GateOut(BaseModel):
+    """The DESIGN.md gate object; resolved gates add decision, scope, by and at."""
+
+    id: str
+    session_id: str
+    client_id: str
+    client_kind: str
+    tool: str
+    tool_type: str
+    args: dict[str, Any]
+    operation: Literal["read", "write"]
+    tables: list[str]
+    summary: str
+    created_at: float
+    expires_at: float | None
+    decision: Literal["approved", "denied", "timeout", "cancelled"] | None = None
+    scope: Literal["once", "session"] | None = None
+    by: str | None = None
+    at: float | None = None
+
+
+class GateList(BaseModel):
+    gates: list[GateOut]
+
+
+class GateResolved(BaseModel):
+    gate: GateOut
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    models: list[str] = Field(description="Enabled model keys.")
+    default_model: str
+    sessions: int
+    pending_gates: int
+    role: Literal["operator", "client"] | None = Field(
+        description="The caller's role, or null when no valid token was sent.")
+
+
+class StreamEvent(BaseModel):
+    """The data of one server-sent event. The event name is one of tok, thinking, tool_call,
+    tool_result, gate, gate_resolved, notice, error, done (see DESIGN.md); every data object
+    carries `session_id` and, for events of a turn, `turn_id`. tok/thinking/notice: `{text}`;
+    tool_call: `{id, name, arguments}`; tool_result: `{id, name, content, truncated, is_error,
+    duration_ms}`; gate/gate_resolved: the gate object; error: `{code, message}`; done: `{text,
+    status, model, error?, usage?}`."""
+
+    model_config = ConfigDict(extra="allow")
+    session_id: str | None
+    turn_id: str | None = None
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+def _json(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -> web.Response:
+    return web.json_response(model.model_dump(mode="json", exclude_none=exclude_none), status=status,
+                             dumps=_dumps)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+async def _live(engine: Engine, ref: str) -> LiveSession:
+    live = await engine.session(ref)
+    if live is None:
+        raise HttpError(404, "not_found", f"no session {ref!r}")
+    return live
+
+
+async def _session_info(engine: Engine, live: LiveSession) -> SessionInfo:
+    row = await engine.store.get_session(live.id)
+    d = (row or live.row).to_dict()
+    d.update(model=live.model_key(engine), state=engine.session_state(live.id))
+    if live.row.title:
+        d["title"] = live.row.title
+    return SessionInfo.model_validate(d)
+
+
+# ---- handlers --------------------------------------------------------------------------------------
+
+
+async def submit(request: web.Request) -> web.Response:
+    body = await parse_body(request, SubmitRequest)
+    engine = get_engine(request)
+    if body.model is not None and (why := engine.check_model(body.model)):
+        code = "unknown_model" if body.model not in engine.config.models.models else "model_disabled"
+        raise HttpError(400, code, why, param="model")
+    if body.client_id is not None and body.client_id.isdigit():
+        await _live(engine, body.client_id)  # a shorthand id must name an existing session
+    try:
+        # Shielded: a client hanging up must not interrupt the engine halfway through accepting.
+        turn = await asyncio.shield(engine.submit(body.client_id, body.text, kind="api", model=body.model,
+                                                  is_operator=is_operator(request)))
+    except EngineError as e:
+        raise HttpError(400, "bad_request", str(e)) from None
+    if not body.wait:
+        return _json(SubmitAccepted(client_id=turn.session_id, status="accepted", turn_id=turn.id), 202)
+    try:
+        result = await turn.wait(body.timeout)
+    except TimeoutError:
+        return _json(SubmitResult(client_id=turn.session_id, status="timeout", text="", turn_id=turn.id),
+                     exclude_none=True)
+    return _json(SubmitResult.model_validate({
+        "client_id": turn.session_id, "status": result.status, "text": result.text, "turn_id": turn.id,
+        "error": result.error, "usage": result.to_dict().get("usage"),
+    }), exclude_none=True)
+
+
+def _sse(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {_dumps(data)}\n\n".encode()
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    engine = get_engine(request)
+    ref = request.match_info["client_id"]
+    live = await engine.session(ref)
+    if live is None and ref.isdigit():
+        raise HttpError(404, "not_found", f"no session {ref!r} (all-digit ids are shorthand ids of "
+                                          f"existing sessions)")
+    session_id = live.id if live is not None else ref  # a session that does not exist yet: its id
+    keepalive = request.app[CONFIG_KEY].app.server.keepalive_seconds
+    sub = engine.bus.subscribe(session_id, names=ev.CONTRACT_EVENTS)
+    with server_state(request).track(sub):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await prepare_stream(request, resp)
+        try:
+            # The subscription exists once these headers arrive: a client may submit then.
+            await resp.write(b": connected\n\n")
+            while True:
+                try:
+                    event = await asyncio.wait_for(sub.get(), keepalive)
+                except TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+                    continue
+                if event is None:  # the server is shutting down
+                    break
+                await resp.write(_sse(event.name, event.payload()))
+                if event.name == ev.ERROR and event.data.get("code") == "slow_consumer":
+                    break
+        except (ConnectionResetError, ConnectionError):
+            log.debug("stream reader of %s went away", session_id)
+            return resp
+    try:
+        await resp.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        pass
+    return resp
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    q = validate(SessionsQuery, dict(request.query), "query string")
+    engine = get_engine(request)
+    rows = await engine.list_sessions(q.kind, limit=q.limit)
+    return _json(SessionList(sessions=[SessionInfo.model_validate(r) for r in rows]))
+
+
+async def get_session(request: web.Request) -> web.Response:
+    q = validate(HistoryQuery, dict(request.query), "query string")
+    engine = get_engine(request)
+    live = await _live(engine, request.match_info["id"])
+    messages = await engine.history(live.id, limit=q.limit + 1, before_id=q.before)
+    has_more = len(messages) > q.limit
+    if has_more:
+        messages = messages[1:]
+    return _json(SessionDetail(
+        session=await _session_info(engine, live),
+        messages=[MessageOut.model_validate(m.to_dict()) for m in messages],
+        has_more=has_more,
+        next_before=messages[0].id if has_more and messages else None,
+    ))
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    engine = get_engine(request)
+    live = await _live(engine, request.match_info["id"])
+    deleted = await asyncio.shield(engine.delete_session(live.id))
+    return _json(SessionDeleted(client_id=live.id, deleted=deleted))
+
+
+async def stop_session(request: web.Request) -> web.Response:
+    engine = get_engine(request)
+    live = await _live(engine, request.match_info["id"])
+    return _json(SessionStopped(client_id=live.id, stopped=engine.stop_turn(live.id)))
+
+
+async def list_gates(request: web.Request) -> web.Response:
+    broker = get_engine(request).gatekeeper.broker
+    return _json(GateList(gates=[GateOut.model_validate(g.to_dict()) for g in broker.pending()]))
+
+
+async def resolve_gate(request: web.Request) -> web.Response:
+    body = await parse_body(request, GateDecisionRequest)
+    broker = get_engine(request).gatekeeper.broker
+    gate_id = request.match_info["id"]
+    try:
+        broker.resolve(gate_id, body.decision, body.scope, by=request["principal"])
+    except GateNotFound:
+        raise HttpError(404, "not_found", f"no gate {gate_id!r}") from None
+    except GateAlreadyResolved as e:
+        raise HttpError(409, "already_resolved", str(e)) from None
+    gate = broker.get(gate_id)
+    assert gate is not None and gate.resolution is not None
+    return _json(GateResolved(gate=GateOut.model_validate(gate.resolved_dict())))
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = get_engine(request)
+    cfg = get_config(request)
+    return _json(Health(
+        status="ok", version=aiops.__version__, models=sorted(cfg.models.enabled()),
+        default_model=cfg.models.default_model, sessions=await engine.store.count_sessions(),
+        pending_gates=len(engine.gatekeeper.broker.pending()),
+        role=request["role"] if request.get(AUTHENTICATED_KEY) else None,
+    ))
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.json_response(openapi_spec())
+
+
+@functools.cache
+def openapi_spec() -> dict[str, Any]:
+    return build_openapi(ROUTES, ErrorBody)
+
+
+# ---- the route table -------------------------------------------------------------------------------
+
+_SESSION_ID = "Full session id (client_id) or its shorthand number."
+
+ROUTES: tuple[ApiRoute, ...] = (
+    ApiRoute("POST", f"{PREFIX}/submit", submit, "submit", "Submit a message", "turns",
+             description="Without `wait`, answers 202 as soon as the message is committed; follow the "
+                         "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes.",
+             body=SubmitRequest, response=SubmitAccepted, status=202, also={200: SubmitResult},
+             errors=(404,), content_description="Accepted: the turn is queued (without `wait`)"),
+    ApiRoute("GET", f"{PREFIX}/stream/{{client_id}}", stream, "stream", "Stream a session's events", "turns",
+             description="Server-sent events: `event:` is the event name, `data:` its JSON. A comment "
+                         "`: keep-alive` is sent every 15 s of silence (keepalive_seconds). Every reader "
+                         "gets every event; a reader that falls too far behind gets an `error` event with "
+                         "code `slow_consumer` and the stream ends. The id may name a session that does "
+                         "not exist yet (subscribe, then submit).",
+             event_model=StreamEvent, errors=(404,), path_params={"client_id": _SESSION_ID},
+             content_description="text/event-stream"),
+    ApiRoute("GET", f"{PREFIX}/sessions", list_sessions, "listSessions", "List sessions", "sessions",
+             query=SessionsQuery, response=SessionList),
+    ApiRoute("GET", f"{PREFIX}/sessions/{{id}}", get_session, "getSession", "A session with its history",
+             "sessions", description="History is paginated from the end: the latest `limit` messages, "
+                                     "then older pages with `before=next_before`.",
+             query=HistoryQuery, response=SessionDetail, errors=(404,), path_params={"id": _SESSION_ID}),
+    ApiRoute("DELETE", f"{PREFIX}/sessions/{{id}}", delete_session, "deleteSession", "Delete a session",
+             "sessions", description="Cancels its running turn and pending gates, then deletes its history.",
+             response=SessionDeleted, errors=(404,), path_params={"id": _SESSION_ID}),
+    ApiRoute("POST", f"{PREFIX}/sessions/{{id}}/stop", stop_session, "stopSession",
+             "Stop the running turn", "sessions",
+             description="Cancels the running turn cleanly: its partial answer is recorded as cancelled, its "
+                         "pending gates are cancelled, and `done` comes with status `cancelled`.",
+             response=SessionStopped, errors=(404,), path_params={"id": _SESSION_ID}),
+    ApiRoute("GET", f"{PREFIX}/gates", list_gates, "listGates", "Pending gates of every session", "gates",
+             response=GateList),
+    ApiRoute("POST", f"{PREFIX}/gates/{{id}}", resolve_gate, "resolveGate", "Approve or deny a gate", "gates",
+             body=GateDecisionRequest, response=GateResolved, errors=(404, 409), operator_only=True,
+             path_params={"id": "Gate id."}),
+    ApiRoute("GET", f"{PREFIX}/health", health, "health", "Health", "server", response=Health, public=True),
+    ApiRoute("GET", f"{PREFIX}/openapi.json", openapi_document, "openapi", "This OpenAPI document",
+             "server", content_description="An OpenAPI 3.1 document"),
+)
+
+
+def _guarded(route: ApiRoute) -> Any:
+    if not route.operator_only:
+        return route.handler
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        require_operator(request)
+        return await route.handler(request)
+
+    return handler
+
+
+def setup(app: web.Application) -> None:
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)
+        if route.public:
+            mark_public(app, route.method, route.path)
+
+
+__all__ = ["ROUTES", "openapi_spec", "setup"]

@@ -1,0 +1,334 @@
+"""The aiohttp application: one app for every HTTP surface, its middlewares and shared helpers.
+
+Three surfaces share the app and each keeps its own error shape: ours (`{"error": {"code",
+"message"}}`) on `/api/v1`, OpenAI's error object on `/v1`, Ollama's `{"error": "..."}` on `/api/*`
+(and `/`). Errors the middlewares produce (401, 403, 404, 405, 408, 413, malformed JSON, 500) take
+the shape of the path they answer. Handlers raise `HttpError` and get the same treatment.
+
+The auth middleware sets `request["role"]` ("operator" | "client") and `request["principal"]` (the
+token's name, or "loopback:<addr>" when no token is configured) on every request it lets through.
+
+For the proxy modules: `get_engine(request)`, `get_config(request)`, `require_operator(request)`,
+`read_json(request)`, `parse_body(request, Model)`, `mark_public(app, method, path)`,
+`prepare_stream(request, response)` and `server_state(request).track(subscription)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from aiohttp import web
+from aiohttp.web_exceptions import NotAppKeyWarning
+from pydantic import BaseModel, ValidationError
+
+from aiops.config import Config
+from aiops.engine.engine import Engine
+from aiops.engine.events import Subscription
+from aiops.integrations.server.auth import (
+    CLIENT,
+    OPERATOR,
+    Authenticator,
+    Identity,
+    Token,
+    bearer,
+    is_loopback_peer,
+    load_tokens,
+)
+
+log = logging.getLogger(__name__)
+
+# request["role"] and request["principal"] are plain string keys on purpose: they are the contract
+# every surface reads. aiohttp would rather see RequestKey objects; its hint is silenced for this module.
+warnings.filterwarnings("ignore", category=NotAppKeyWarning, module=__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Surface = Literal["api", "openai", "ollama"]
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class ServerState:
+    """What the app knows about itself: public routes, open streams, whether it is closing."""
+
+    public: set[tuple[str, str]] = field(default_factory=set)
+    streams: set[Subscription] = field(default_factory=set)
+    closing: bool = False
+
+    @contextmanager
+    def track(self, sub: Subscription) -> Iterator[Subscription]:
+        """Register a stream's subscription so shutdown can end it; closes it on exit."""
+        self.streams.add(sub)
+        try:
+            yield sub
+        finally:
+            self.streams.discard(sub)
+            sub.close()
+
+    def close_streams(self) -> None:
+        """Shutdown: refuse new requests and end every open stream (each drains what it holds)."""
+        self.closing = True
+        for sub in list(self.streams):
+            sub.close()
+
+
+ENGINE_KEY = web.AppKey("aiops_engine", Engine)
+CONFIG_KEY = web.AppKey("aiops_config", Config)
+AUTH_KEY = web.AppKey("aiops_auth", Authenticator)
+STATE_KEY = web.AppKey("aiops_state", ServerState)
+AUTHENTICATED_KEY = web.RequestKey("aiops_authenticated", bool)  # a valid token (or loopback, open mode)
+STREAMING_KEY = web.RequestKey("aiops_streaming", bool)  # headers sent: errors can no longer be answered
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+
+class HttpError(Exception):
+    """An HTTP error answered in the shape of the surface the request came to."""
+
+    def __init__(self, status: int, code: str, message: str, *, param: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = dict(headers or {})
+
+
+def surface_for(path: str) -> Surface:
+    """Which error shape a path answers in, by prefix (never by guessing from the body)."""
+    if path == "/api/v1" or path.startswith("/api/v1/"):
+        return "api"
+    if path.startswith("/v1/api/"):
+        return "ollama"  # the legacy alias of the Ollama routes
+    if path == "/v1" or path.startswith("/v1/"):
+        return "openai"
+    if path == "/" or path == "/api" or path.startswith("/api/"):
+        return "ollama"
+    return "api"
+
+
+_OPENAI_TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+def error_body(surface: Surface, err: HttpError) -> dict[str, Any]:
+    if surface == "openai":
+        etype = _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
+        code = "invalid_api_key" if err.status == 401 else err.code
+        return {"error": {"message": err.message, "type": etype, "param": err.param, "code": code}}
+    if surface == "ollama":
+        return {"error": err.message}
+    return {"error": {"code": err.code, "message": err.message}}
+
+
+def error_response(request: web.Request, err: HttpError) -> web.Response:
+    resp = web.json_response(error_body(surface_for(request.path), err), status=err.status)
+    resp.headers.update(err.headers)
+    return resp
+
+
+def _from_http_exception(request: web.Request, e: web.HTTPException) -> HttpError:
+    headers: dict[str, str] = {}
+    if e.status == 404:
+        return HttpError(404, "not_found", f"no route {request.method} {request.path}")
+    if e.status == 405:
+        allow = e.headers.get("Allow", "")
+        if allow:
+            headers["Allow"] = allow
+        return HttpError(405, "method_not_allowed",
+                         f"{request.method} is not allowed on {request.path}"
+                         + (f" (allowed: {allow})" if allow else ""), headers=headers)
+    if e.status == 413:
+        limit = request.app[CONFIG_KEY].app.server.max_body_bytes
+        return HttpError(413, "payload_too_large",
+                         f"request body too large: the limit is {limit} bytes (max_body_bytes in aiops.toml)")
+    code = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 408: "request_timeout",
+            409: "conflict", 429: "rate_limited", 503: "unavailable"}.get(e.status, "http_error")
+    return HttpError(e.status, code, e.text or e.reason)
+
+
+# ---- request helpers -------------------------------------------------------------------------------
+
+
+def get_engine(request: web.Request) -> Engine:
+    return request.app[ENGINE_KEY]
+
+
+def get_config(request: web.Request) -> Config:
+    return request.app[CONFIG_KEY]
+
+
+def server_state(request: web.Request) -> ServerState:
+    return request.app[STATE_KEY]
+
+
+def is_operator(request: web.Request) -> bool:
+    return request.get("role") == OPERATOR
+
+
+def require_operator(request: web.Request) -> None:
+    """403 unless the caller has the operator role."""
+    if not is_operator(request):
+        raise HttpError(403, "forbidden",
+                        f"this needs an operator token; {request.get('principal', 'the caller')} has the "
+                        f"{request.get('role', CLIENT)} role")
+
+
+def mark_public(app: web.Application, method: str, path: str) -> None:
+    """Let `method path` through without a token (health checks, Ollama's `GET /` probe)."""
+    app[STATE_KEY].public.add((method.upper(), path))
+
+
+async def prepare_stream(request: web.Request, response: web.StreamResponse) -> None:
+    """Send a streaming response's headers. After this, errors cannot become a new response."""
+    request[STREAMING_KEY] = True
+    await response.prepare(request)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The raw body, bounded by max_body_bytes (413) and request_timeout (408)."""
+    timeout = request.app[CONFIG_KEY].app.server.request_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise HttpError(408, "request_timeout",
+                        f"the request body did not arrive within {timeout:g} s") from None
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body parsed as JSON; 400 `invalid_json` with the position when it is not."""
+    raw = await read_body(request)
+    if not raw.strip():
+        raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise HttpError(400, "invalid_json",
+                        f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except UnicodeDecodeError:
+        raise HttpError(400, "invalid_json", "malformed JSON body: not valid UTF-8") from None
+
+
+def validation_message(err: ValidationError) -> tuple[str, str | None]:
+    """One line naming every bad field, and the first field's name."""
+    parts: list[str] = []
+    first: str | None = None
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "body"
+        first = first or loc
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "missing":
+            msg = "required field is missing"
+        parts.append(f"{loc}: {msg}")
+    return "invalid request: " + "; ".join(parts), first
+
+
+def validate(model: type[M], data: Any, what: str = "request body") -> M:
+    if not isinstance(data, dict):
+        raise HttpError(400, "invalid_request", f"the {what} must be a JSON object, not {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        message, param = validation_message(e)
+        raise HttpError(400, "invalid_request", message, param=param) from None
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    """The JSON body validated by `model`; 400 naming the field otherwise."""
+    return validate(model, await read_json(request))
+
+
+# ---- middlewares -----------------------------------------------------------------------------------
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except HttpError as e:
+        if request.get(STREAMING_KEY):
+            raise
+        return error_response(request, e)
+    except web.HTTPException as e:
+        if e.status < 400 or request.get(STREAMING_KEY):
+            raise
+        return error_response(request, _from_http_exception(request, e))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        if request.get(STREAMING_KEY):
+            raise
+        return error_response(request, HttpError(500, "internal_error",
+                                                 "internal server error (details are in the server log)"))
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    authn = request.app[AUTH_KEY]
+    public = (request.method, request.path) in state.public
+    peer = request.remote
+    if authn.open:
+        if not is_loopback_peer(peer):
+            raise HttpError(403, "forbidden", "no auth token is configured, so only loopback callers are "
+                                              "served")
+        ident = Identity(OPERATOR, f"loopback:{peer}", True)
+    else:
+        presented = bearer(request.headers.get("Authorization"))
+        token = authn.match(presented) if presented is not None else None
+        if token is not None:
+            ident = Identity(token.role, token.name, True)
+        elif public:
+            ident = Identity(CLIENT, f"anonymous:{peer}", False)
+        elif presented is None:
+            raise HttpError(401, "unauthorized", "missing bearer token: send 'Authorization: Bearer <token>'",
+                            headers={"WWW-Authenticate": 'Bearer realm="aiops"'})
+        else:
+            raise HttpError(401, "unauthorized", "invalid bearer token",
+                            headers={"WWW-Authenticate": 'Bearer realm="aiops", error="invalid_token"'})
+    request["role"] = ident.role
+    request["principal"] = ident.principal
+    request[AUTHENTICATED_KEY] = ident.authenticated
+    if state.closing:
+        raise HttpError(503, "unavailable", "the server is shutting down")
+    limit = request.app[CONFIG_KEY].app.server.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise HttpError(413, "payload_too_large",
+                        f"request body too large: {request.content_length} bytes, the limit is {limit} "
+                        f"(max_body_bytes in aiops.toml)", headers={"Connection": "close"})
+    return await handler(request)
+
+
+# ---- the app ---------------------------------------------------------------------------------------
+
+
+def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, str] | None = None,
+               tokens: list[Token] | None = None) -> web.Application:
+    """The application with every surface mounted.
+
+    Tokens are `tokens` when given, else loaded from `env` (default: the engine's environment).
+    """
+    from aiops.integrations.server import api, ollama_proxy, openai_proxy
+
+    cfg = cfg or engine.config
+    app = web.Application(client_max_size=cfg.app.server.max_body_bytes,
+                          middlewares=[error_middleware, auth_middleware])
+    app[ENGINE_KEY] = engine
+    app[CONFIG_KEY] = cfg
+    if tokens is None:
+        tokens = load_tokens(cfg.app.auth, env if env is not None else engine.env)
+    app[AUTH_KEY] = Authenticator(tokens)
+    app[STATE_KEY] = ServerState(public={("GET", "/"), ("HEAD", "/")})
+    api.setup(app)
+    openai_proxy.setup(app)
+    ollama_proxy.setup(app)
+    return app

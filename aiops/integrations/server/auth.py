@@ -1,0 +1,130 @@
+"""Who is calling: bearer tokens with roles, and the loopback rule when there are none.
+
+Tokens live in the environment (named by `token_env` in aiops.toml), are compared in constant time
+and are never logged. A token whose variable is unset does not count as configured: the operator is
+warned (by the variable's name) and, if no token is left, only loopback binds are allowed and
+loopback callers act as operators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from aiops.config import AuthConfig
+
+log = logging.getLogger(__name__)
+
+OPERATOR = "operator"
+CLIENT = "client"
+
+
+class BindRefused(Exception):
+    """Binding where the configuration does not allow it; the message is for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    name: str
+    role: str
+    secret: bytes  # the SHA-256 of the token: equal lengths make the comparison length-blind too
+
+    def __repr__(self) -> str:  # never show the secret, even in a traceback
+        return f"Token(name={self.name!r}, role={self.role!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    role: str  # operator | client
+    principal: str  # the token's name, "loopback:<addr>" or "anonymous:<addr>"
+    authenticated: bool
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) -> list[Token]:
+    """The configured tokens whose environment variable is set (the others are warned about)."""
+    tokens: list[Token] = []
+    for name, tc in auth.tokens.items():
+        value = env.get(tc.token_env, "")
+        if not value.strip():
+            if warn:
+                log.warning("auth token %r is not configured: environment variable %s is unset", name,
+                            tc.token_env)
+            continue
+        tokens.append(Token(name, tc.role, _digest(value.strip())))
+    return tokens
+
+
+def unset_token_vars(auth: AuthConfig, env: Mapping[str, str]) -> list[str]:
+    """The `token_env` names of configured tokens whose variable is unset."""
+    return [tc.token_env for tc in auth.tokens.values() if not env.get(tc.token_env, "").strip()]
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a bind address that only the local machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # "", "0.0.0.0"-like names and host names: assume reachable from outside
+
+
+def is_loopback_peer(addr: str | None) -> bool:
+    if not addr:
+        return False
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def check_bind(host: str, tokens: list[Token], auth: AuthConfig, env: Mapping[str, str]) -> None:
+    """Refuse a non-loopback bind when no token is configured."""
+    if tokens or is_loopback_host(host):
+        return
+    unset = unset_token_vars(auth, env)
+    hint = (f" (set {', '.join(unset)} in the environment or .env)" if unset
+            else " (add an [auth.tokens.NAME] table to aiops.toml with token_env and role, and set that "
+                 "variable)")
+    raise BindRefused(f"refusing to listen on {host or 'all interfaces'}: a non-loopback address needs "
+                      f"at least one auth token{hint}; or bind 127.0.0.1")
+
+
+class Authenticator:
+    def __init__(self, tokens: list[Token]) -> None:
+        self.tokens = tokens
+
+    @property
+    def open(self) -> bool:
+        """No tokens: loopback callers are operators."""
+        return not self.tokens
+
+    def match(self, presented: str) -> Token | None:
+        """The token equal to `presented`; every token is compared, each in constant time."""
+        given = _digest(presented)
+        found: Token | None = None
+        for t in self.tokens:
+            if hmac.compare_digest(t.secret, given):
+                found = t
+        return found
+
+
+def bearer(header: str | None) -> str | None:
+    """The credential of an `Authorization: Bearer …` header, or None."""
+    if not header:
+        return None
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()

@@ -1,0 +1,387 @@
+"""The Ollama-compatible surface: `/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`,
+`/api/version`, and `GET|HEAD /` ("Ollama is running"), shaped as Ollama's own API documents them.
+
+Models are published with a tag (`aiops:latest`, `aiops/<key>:latest`) and accepted with or
+without `:latest`. Streaming is on by default, as in Ollama: NDJSON lines, a final `done: true` line
+with `done_reason`, durations (ns) and token counts. While the agent waits (a gate, a slow model)
+the stream carries empty `done: false` lines; an error after the stream started is a final
+`{"error": "..."}` line. The legacy `/v1/api/*` paths map to the same handlers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from aiops import __version__ as aiops_version
+from aiops.engine import events as ev
+from aiops.integrations.server.app import (
+    HttpError,
+    get_engine,
+    parse_body,
+    prepare_stream,
+    server_state,
+)
+from aiops.integrations.server.proxy_sessions import (
+    SESSION_HEADER,
+    BufferedStreamResponse,
+    Channel,
+    ClientMessage,
+    Done,
+    PublishedModel,
+    StartedTurn,
+    answer_background_task,
+    cancel_turn,
+    conversation_id,
+    find_model,
+    install,
+    is_background_task,
+    proxy_state,
+    published_models,
+    tools_refused,
+    turn_output,
+    wait_done,
+)
+
+# The Ollama API version we speak; clients that gate features on the server version see a recent one.
+OLLAMA_VERSION = "0.11.4"
+NDJSON = "application/x-ndjson"
+
+
+# ---- request models ---------------------------------------------------------------------------------
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # options, format, think, keep_alive: the agent's business
+    model: str
+    messages: list[_Message] | None = None
+    stream: bool | None = True
+    tools: list[Any] | None = None
+    keep_alive: int | float | str | None = None
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | None = ""
+    system: str | None = None
+    stream: bool | None = True
+    images: list[Any] | None = None
+    keep_alive: int | float | str | None = None
+
+
+class ShowRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None  # the older spelling
+
+
+def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
+    if req.tools:
+        raise tools_refused("tools")
+    out: list[ClientMessage] = []
+    for i, m in enumerate(req.messages or []):
+        if m.role == "tool" or m.tool_calls:
+            raise HttpError(400, "tools_not_supported",
+                            f"messages.{i}: tool calls and tool results are not supported; the agent runs "
+                            f"its tools server-side")
+        if m.images:
+            raise HttpError(400, "unsupported_content", f"messages.{i}.images: images are not supported")
+        out.append(ClientMessage(m.role, m.content or ""))
+    return out
+
+
+def _generate_messages(req: GenerateRequest) -> list[ClientMessage]:
+    if req.images:
+        raise HttpError(400, "unsupported_content", "images are not supported")
+    out = [ClientMessage("system", req.system)] if req.system else []
+    return out + [ClientMessage("user", req.prompt or "")]
+
+
+# ---- shapes ------------------------------------------------------------------------------------------
+
+
+def _iso(ts: float) -> str:
+    """RFC 3339 with fractional seconds, as Ollama writes times."""
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _tagged(m: PublishedModel) -> str:
+    return f"{m.name}:latest"
+
+
+def _digest(m: PublishedModel) -> str:
+    return hashlib.sha256(f"{m.name}\x00{m.config.type}\x00{m.config.model_id}\x00"
+                          f"{m.config.base_url or ''}".encode()).hexdigest()
+
+
+def _details(m: PublishedModel) -> dict[str, Any]:
+    return {"parent_model": "", "format": "api", "family": m.config.type, "families": [m.config.type],
+            "parameter_size": "", "quantization_level": ""}
+
+
+def _modified_at(request: web.Request) -> str:
+    engine = get_engine(request)
+    path = engine.config.sources.get("models.toml")
+    try:
+        ts = path.stat().st_mtime if path is not None else engine.started_at
+    except OSError:
+        ts = engine.started_at
+    return _iso(ts)
+
+
+def _tag_entry(m: PublishedModel, modified_at: str) -> dict[str, Any]:
+    name = _tagged(m)
+    return {"name": name, "model": name, "modified_at": modified_at, "size": 0, "digest": _digest(m),
+            "details": _details(m)}
+
+
+def _find(request: web.Request, name: str) -> PublishedModel:
+    m = find_model(get_engine(request), name)
+    if m is None:
+        names = ", ".join(_tagged(p) for p in published_models(get_engine(request)))
+        raise HttpError(404, "model_not_found", f'model "{name}" not found; this server has {names}')
+    return m
+
+
+# ---- model routes -------------------------------------------------------------------------------------
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running", content_type="text/plain")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_VERSION, "aiops": aiops_version})
+
+
+async def tags(request: web.Request) -> web.Response:
+    modified = _modified_at(request)
+    return web.json_response({"models": [_tag_entry(m, modified) for m in published_models(get_engine(request))]})
+
+
+async def ps(request: web.Request) -> web.Response:
+    expires = _iso(time.time() + 300)
+    models = []
+    for m in published_models(get_engine(request)):
+        name = _tagged(m)
+        models.append({"name": name, "model": name, "size": 0, "digest": _digest(m), "details": _details(m),
+                       "expires_at": expires, "size_vram": 0})
+    return web.json_response({"models": models})
+
+
+async def show(request: web.Request) -> web.Response:
+    req = await parse_body(request, ShowRequest)
+    name = req.model or req.name
+    if not name:
+        raise HttpError(400, "invalid_request", "model is required")
+    m = _find(request, name)
+    c = m.config
+    what = "each session's own model (default: " + m.key + ")" if m.session_model else f"registry model {m.key}"
+    return web.json_response({
+        "license": "",
+        "modelfile": f"# aiops agent: {what}\n# {c.type} model {c.model_id}\nFROM {m.key}\n",
+        "parameters": "",
+        "template": "{{ .Prompt }}",
+        "details": _details(m),
+        "model_info": {"general.architecture": c.type, "general.basename": m.key,
+                       "aiops.model_id": c.model_id, "aiops.description": c.description},
+        "capabilities": ["completion"],
+        "modified_at": _modified_at(request),
+    })
+
+
+# ---- chat and generate ----------------------------------------------------------------------------------
+
+
+class _Shape:
+    """Lines of one answer in `/api/chat` (message.content) or `/api/generate` (response) form."""
+
+    def __init__(self, kind: Literal["chat", "generate"], model: str) -> None:
+        self.kind = kind
+        self.model = model
+        self.t0 = time.monotonic_ns()
+        self.first: int | None = None
+
+    def body(self, text: str, done: bool) -> dict[str, Any]:
+        obj: dict[str, Any] = {"model": self.model, "created_at": _iso(time.time())}
+        if self.kind == "chat":
+            obj["message"] = {"role": "assistant", "content": text}
+        else:
+            obj["response"] = text
+        obj["done"] = done
+        return obj
+
+    def line(self, text: str) -> bytes:
+        if text and self.first is None:
+            self.first = time.monotonic_ns()
+        return json.dumps(self.body(text, False), ensure_ascii=False).encode() + b"\n"
+
+    def final(self, text: str, usage: dict[str, int] | None, reason: str = "stop") -> dict[str, Any]:
+        end = time.monotonic_ns()
+        first = self.first or end
+        obj = self.body(text, True)
+        obj["done_reason"] = reason
+        obj["total_duration"] = end - self.t0
+        obj["load_duration"] = 0
+        if usage:
+            obj["prompt_eval_count"] = int(usage.get("prompt_tokens", 0))
+        obj["prompt_eval_duration"] = first - self.t0
+        if usage:
+            obj["eval_count"] = int(usage.get("completion_tokens", 0))
+        obj["eval_duration"] = end - first
+        return obj
+
+
+def _ndjson(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    req = await parse_body(request, ChatRequest)
+    messages = _chat_messages(req)
+    model = _find(request, req.model)
+    shape = _Shape("chat", req.model)
+    if not messages:
+        return _load_reply(shape, req.keep_alive)
+    return await _answer(request, shape, model, messages, req.stream is not False)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    req = await parse_body(request, GenerateRequest)
+    messages = _generate_messages(req)
+    model = _find(request, req.model)
+    shape = _Shape("generate", req.model)
+    if not (req.prompt or "").strip():
+        return _load_reply(shape, req.keep_alive)
+    return await _answer(request, shape, model, messages, req.stream is not False)
+
+
+def _load_reply(shape: _Shape, keep_alive: Any) -> web.Response:
+    """Ollama's "load the model" (no messages / empty prompt) and "unload" (keep_alive 0) replies."""
+    obj = shape.body("", True)
+    obj["done_reason"] = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
+    return web.json_response(obj)
+
+
+async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, messages: list[ClientMessage],
+                  stream: bool) -> web.StreamResponse:
+    state = proxy_state(request)
+    engine = get_engine(request)
+    if is_background_task(messages):
+        text = await answer_background_task(engine, model, messages)
+        if not stream:
+            return web.json_response(shape.final(text, None))
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await prepare_stream(request, resp)
+        if text:
+            await resp.write(shape.line(text))
+        await resp.write(_ndjson(shape.final("", None)))
+        await resp.write_eof()
+        return resp
+    started = await state.sessions.start(conversation_id(request, messages), messages, model,
+                                         events=None if stream else (ev.DONE,))
+    if stream:
+        return await _stream(request, shape, started)
+    return await _complete(request, shape, started)
+
+
+def _on_disconnect(request: web.Request, started: StartedTurn) -> Callable[[], Awaitable[None]]:
+    async def gone() -> None:
+        if started.sub is not None:
+            started.sub.close()
+        await cancel_turn(get_engine(request), started.session_id, started.turn, "the client disconnected")
+
+    return gone
+
+
+async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> web.StreamResponse:
+    state = proxy_state(request)
+    resp = BufferedStreamResponse(headers={"Content-Type": NDJSON, SESSION_HEADER: started.session_id})
+    # The ollama client parses every line as JSON: a keep-alive is an empty `done: false` line.
+    keepalive = _ndjson(shape.body("", False))
+    channel = Channel(request, resp, _on_disconnect(request, started), keepalive=keepalive,
+                      keepalive_seconds=state.settings.keepalive_seconds)
+    done: Done | None = None
+    assert started.sub is not None
+    with server_state(request).track(started.sub):
+        try:
+            await prepare_stream(request, resp)
+            channel.start()
+            async for text, done in turn_output(started, state.settings):
+                frames = shape.line(text) if text else b""
+                if done is None:
+                    if frames:
+                        await channel.write(frames)
+                    continue
+                if done.status == "error":
+                    err = done.error or {}
+                    frames += _ndjson({"error": str(err.get("message", "the turn failed"))})
+                else:
+                    frames += _ndjson(shape.final("", done.usage))
+                await channel.finish(frames)
+            if channel.gone:
+                return resp
+            if done is None:
+                await channel.finish(_ndjson({"error": "the stream ended before the answer: the server is "
+                                                       "shutting down"}))
+        except ConnectionError:
+            await channel.disconnected()
+        except BaseException:
+            await channel.disconnected()
+            raise
+        finally:
+            await channel.close()
+    return resp
+
+
+async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -> web.Response:
+    channel = Channel(request, None, _on_disconnect(request, started)).start()
+    try:
+        result = await wait_done(started)
+    except BaseException:
+        await channel.disconnected()
+        raise
+    finally:
+        if started.sub is not None:
+            started.sub.close()
+        await channel.close()
+    if result.status == "error":
+        err = result.error or {}
+        raise HttpError(500, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
+                        headers={SESSION_HEADER: started.session_id})
+    usage = None
+    if result.usage is not None and result.usage.total_tokens:
+        usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens}
+    shape.first = shape.first or time.monotonic_ns()
+    resp = web.json_response(shape.final(result.text, usage))
+    resp.headers[SESSION_HEADER] = started.session_id
+    return resp
+
+
+def setup(app: web.Application) -> None:
+    """Mount the Ollama routes, under `/api` and the legacy `/v1/api` alias, and `GET|HEAD /`."""
+    install(app)
+    app.router.add_get("/", root)  # HEAD comes with GET
+    for prefix in ("/api", "/v1/api"):
+        app.router.add_get(f"{prefix}/version", version)
+        app.router.add_get(f"{prefix}/tags", tags)
+        app.router.add_get(f"{prefix}/ps", ps)
+        app.router.add_post(f"{prefix}/show", show)
+        app.router.add_post(f"{prefix}/chat", chat)
+        app.router.add_post(f"{prefix}/generate", generate)

@@ -1,0 +1,326 @@
+"""The OpenAI-compatible surface: `POST /v1/chat/completions`, `GET /v1/models[/{id}]`.
+
+Responses are shaped as OpenAI's own (`chat.completion`, `chat.completion.chunk` with the role in
+the first delta, one `finish_reason`, `data: [DONE]`, `usage` when the model reported counts, and a
+usage chunk when `stream_options.include_usage` asks). The agent's tools stay server-side: a
+request carrying `tools` is refused. Sessions, forks, gates and keep-alives: see proxy_sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from aiops.engine import events as ev
+from aiops.integrations.server.app import (
+    HttpError,
+    get_engine,
+    parse_body,
+    prepare_stream,
+    server_state,
+)
+from aiops.integrations.server.proxy_sessions import (
+    SESSION_HEADER,
+    BufferedStreamResponse,
+    Channel,
+    ClientMessage,
+    Done,
+    PublishedModel,
+    StartedTurn,
+    answer_background_task,
+    cancel_turn,
+    conversation_id,
+    find_model,
+    install,
+    is_background_task,
+    model_not_found,
+    proxy_state,
+    published_models,
+    tools_refused,
+    turn_output,
+    wait_done,
+)
+
+FINGERPRINT = "fp_aiops"
+KEEPALIVE = b": keep-alive\n\n"
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+# ---- request model -------------------------------------------------------------------------------
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[_Part] | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # sampling options and the like are the agent's business
+    model: str
+    messages: list[_Message]
+    stream: bool | None = False
+    stream_options: _StreamOptions | None = None
+    user: str | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+
+def _text(i: int, m: _Message) -> str:
+    if m.content is None or isinstance(m.content, str):
+        return m.content or ""
+    parts: list[str] = []
+    for p in m.content:
+        if p.type != "text":
+            raise HttpError(400, "unsupported_content",
+                            f"messages.{i}.content: {p.type!r} parts are not supported; aiops accepts text",
+                            param=f"messages.{i}.content")
+        parts.append(p.text or "")
+    return "".join(parts)
+
+
+def client_messages(req: ChatRequest) -> list[ClientMessage]:
+    if req.tools:
+        raise tools_refused("tools")
+    if req.functions:
+        raise tools_refused("functions")
+    if req.tool_choice not in (None, "none") or req.function_call not in (None, "none"):
+        raise tools_refused("tool_choice" if req.tool_choice not in (None, "none") else "function_call")
+    out: list[ClientMessage] = []
+    for i, m in enumerate(req.messages):
+        if m.role in ("tool", "function") or m.tool_calls or m.function_call:
+            raise HttpError(400, "tools_not_supported",
+                            f"messages.{i}: tool calls and tool results are not supported; the agent runs "
+                            f"its tools server-side", param=f"messages.{i}")
+        role = "system" if m.role == "developer" else m.role
+        out.append(ClientMessage(role, _text(i, m)))
+    return out
+
+
+# ---- shapes ----------------------------------------------------------------------------------------------
+
+
+def model_object(m: PublishedModel, created: int) -> dict[str, Any]:
+    return {"id": m.name, "object": "model", "created": created, "owned_by": "aiops"}
+
+
+def _usage(usage: dict[str, int] | None) -> dict[str, int] | None:
+    if not usage:
+        return None
+    p, c = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def completion_object(cid: str, created: int, model: str, text: str,
+                      usage: dict[str, int] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": cid, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": FINGERPRINT,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                     "logprobs": None, "finish_reason": "stop"}],
+    }
+    if (u := _usage(usage)) is not None:
+        body["usage"] = u
+    return body
+
+
+class _Chunks:
+    """Frames of one stream; `id`, `created` and `model` are the same on every chunk, so the JSON
+    around each delta is encoded once."""
+
+    def __init__(self, cid: str, created: int, model: str, include_usage: bool) -> None:
+        self.head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                     "system_fingerprint": FINGERPRINT}
+        self.include_usage = include_usage
+        envelope = json.dumps({**self.head, "choices": [{"index": 0, "delta": None}]}, ensure_ascii=False)
+        self._open = b"data: " + envelope[: envelope.rindex("null")].encode()  # ...,"delta":
+        self._close = (',"logprobs":null,"finish_reason":null}]' + (',"usage":null' if include_usage else "")
+                       + "}\n\n").encode()
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if finish is None:
+            return self._open + json.dumps(delta, ensure_ascii=False).encode() + self._close
+        obj = {**self.head, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if self.include_usage:
+            obj["usage"] = None
+        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+    def usage(self, usage: dict[str, int] | None) -> bytes:
+        obj = {**self.head, "choices": [], "usage": _usage(usage) or
+               {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def error_frame(code: str, message: str) -> bytes:
+    err = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(err, ensure_ascii=False).encode() + b"\n\n"
+
+
+# ---- handlers --------------------------------------------------------------------------------------------
+
+
+async def list_models(request: web.Request) -> web.Response:
+    engine = get_engine(request)
+    created = int(engine.started_at)
+    return web.json_response({"object": "list",
+                              "data": [model_object(m, created) for m in published_models(engine)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    engine = get_engine(request)
+    name = request.match_info["model"]
+    m = find_model(engine, name)
+    if m is None:
+        raise model_not_found(name)
+    return web.json_response(model_object(m, int(engine.started_at)))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state = proxy_state(request)
+    engine = get_engine(request)
+    req = await parse_body(request, ChatRequest)
+    messages = client_messages(req)
+    model = find_model(engine, req.model)
+    if model is None:
+        raise model_not_found(req.model)
+    created = int(time.time())
+    if is_background_task(messages):
+        text = await answer_background_task(engine, model, messages)
+        cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
+        if req.stream:
+            return await _stream_text(request, cid, created, req, text)
+        return web.json_response(completion_object(cid, created, req.model, text, None))
+    started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
+                                         events=None if req.stream else (ev.DONE,))
+    cid = "chatcmpl-" + started.turn.id.removeprefix("turn_")
+    if req.stream:
+        return await _stream(request, started, cid, created, req)
+    return await _complete(request, started, cid, created, req)
+
+
+async def _stream_text(request: web.Request, cid: str, created: int, req: ChatRequest,
+                       text: str) -> web.StreamResponse:
+    chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
+    resp = _sse_response()
+    await prepare_stream(request, resp)
+    await resp.write(chunks.delta({"role": "assistant", "content": ""}))
+    if text:
+        await resp.write(chunks.delta({"content": text}))
+    await resp.write(chunks.delta({}, "stop"))
+    if chunks.include_usage:
+        await resp.write(chunks.usage(None))
+    await resp.write(DONE_FRAME)
+    await resp.write_eof()
+    return resp
+
+
+def _sse_response(session_id: str | None = None) -> web.StreamResponse:
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    if session_id:
+        headers[SESSION_HEADER] = session_id
+    return BufferedStreamResponse(headers=headers)
+
+
+def _on_disconnect(request: web.Request, started: StartedTurn) -> Callable[[], Awaitable[None]]:
+    async def gone() -> None:
+        if started.sub is not None:
+            started.sub.close()
+        await cancel_turn(get_engine(request), started.session_id, started.turn, "the client disconnected")
+
+    return gone
+
+
+async def _stream(request: web.Request, started: StartedTurn, cid: str, created: int,
+                  req: ChatRequest) -> web.StreamResponse:
+    state = proxy_state(request)
+    chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
+    resp = _sse_response(started.session_id)
+    channel = Channel(request, resp, _on_disconnect(request, started), keepalive=KEEPALIVE,
+                      keepalive_seconds=state.settings.keepalive_seconds,
+                      head=chunks.delta({"role": "assistant", "content": ""}))
+    done: Done | None = None
+    assert started.sub is not None
+    with server_state(request).track(started.sub):
+        try:
+            await prepare_stream(request, resp)
+            channel.start()
+            async for text, done in turn_output(started, state.settings):
+                frames = chunks.delta({"content": text}) if text else b""
+                if done is None:
+                    if frames:
+                        await channel.write(frames)
+                    continue
+                if done.status == "error":
+                    err = done.error or {}
+                    frames += error_frame(str(err.get("code", "error")), str(err.get("message", "the turn failed")))
+                else:
+                    frames += chunks.delta({}, "stop")
+                    if chunks.include_usage:
+                        frames += chunks.usage(done.usage)
+                await channel.finish(frames + DONE_FRAME)
+            if channel.gone:
+                return resp
+            if done is None:
+                await channel.finish(error_frame("stream_closed", "the stream ended before the answer: the "
+                                                                  "server is shutting down") + DONE_FRAME)
+        except ConnectionError:
+            await channel.disconnected()  # a write to a client that hung up
+        except BaseException:
+            await channel.disconnected()  # the handler was cancelled (the client hung up) or failed
+            raise
+        finally:
+            await channel.close()
+    return resp
+
+
+async def _complete(request: web.Request, started: StartedTurn, cid: str, created: int,
+                    req: ChatRequest) -> web.Response:
+    channel = Channel(request, None, _on_disconnect(request, started)).start()
+    try:
+        result = await wait_done(started)
+    except BaseException:
+        await channel.disconnected()
+        raise
+    finally:
+        if started.sub is not None:
+            started.sub.close()
+        await channel.close()
+    if result.status == "error":
+        err = result.error or {}
+        raise HttpError(502, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
+                        headers={SESSION_HEADER: started.session_id})
+    usage = None
+    if result.usage is not None and result.usage.total_tokens:
+        usage = {"prompt_tokens": result.usage.prompt_tokens,
+                 "completion_tokens": result.usage.completion_tokens}
+    resp = web.json_response(completion_object(cid, created, req.model, result.text, usage))
+    resp.headers[SESSION_HEADER] = started.session_id
+    return resp
+
+
+def setup(app: web.Application) -> None:
+    """Mount `/v1/chat/completions` and `/v1/models`."""
+    install(app)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)

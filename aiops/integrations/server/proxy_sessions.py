@@ -1,0 +1,727 @@
+"""What the OpenAI- and Ollama-compatible proxies share: models, sessions, and streaming a turn.
+
+Chat UIs resend the whole conversation with every request; the agent keeps one session per
+conversation. This module maps one onto the other:
+
+* **Identity.** `X-Aiops-Session` when sent, else Open WebUI's `X-OpenWebUI-Chat-Id`, else the
+  OpenAI `user` field, else a fingerprint of the caller (token name or address) and the
+  conversation's first messages. The identity names a *root*; the sessions of a root are the root
+  itself and its forks `<root>+2`, `<root>+3`, ...
+* **Reconciliation.** The client's user and assistant texts are authoritative. A request continues
+  the session of its root whose conversation equals the client's history before the new message;
+  one whose conversation is a prefix of it gets the missing messages imported first. Anything else
+  (an edited or regenerated message, a new chat that happens to share a fingerprint) forks a new
+  session holding the client's history. aiops adds only the new trailing user message, and its own
+  tool records stay with the matching prefix.
+* **Streaming.** `turn_deltas` turns the engine's events for one turn into the text a chat user
+  sees (answer text plus, when configured, a short italic status line while a gate waits);
+  `Channel` writes frames, sends keep-alives on an idle stream and notices a client that hung up,
+  which cancels the turn and its gates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from aiops.config import Config, ModelConfig
+from aiops.engine import events as ev
+from aiops.engine.engine import Engine, EngineError
+from aiops.engine.events import Subscription
+from aiops.engine.turn import Turn, TurnResult
+from aiops.engine.types import Message, Usage, new_id
+from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, HttpError
+
+log = logging.getLogger(__name__)
+
+PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry model
+TASK_PREFIX = "### Task:"  # Open WebUI's background prompts (titles, tags, follow-ups)
+SESSION_HEADER = "X-Aiops-Session"
+OPENWEBUI_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
+DISCONNECT_POLL_SECONDS = 0.5
+
+
+# ---- settings -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySettings:
+    keepalive_seconds: float = 15.0
+    status_lines: bool = True
+    tool_progress: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> ProxySettings:
+        s = cfg.app.server
+        return cls(keepalive_seconds=s.keepalive_seconds, status_lines=s.proxy_status_lines,
+                   tool_progress=s.proxy_tool_progress)
+
+
+# ---- models ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedModel:
+    name: str  # "aiops" or "aiops/<key>"
+    key: str  # the registry key that answers (for "aiops": the default model)
+    config: ModelConfig
+    session_model: bool  # True for "aiops": each session's own model
+
+
+def published_models(engine: Engine) -> list[PublishedModel]:
+    """`aiops` (each session's model) and `aiops/<key>` for every enabled registry model."""
+    models = engine.config.models
+    default = models.default_model
+    out = [PublishedModel(PUBLIC_MODEL, default, models.models[default], True)]
+    out += [PublishedModel(f"{PUBLIC_MODEL}/{key}", key, m, False)
+            for key, m in sorted(models.enabled().items())]
+    return out
+
+
+def strip_tag(name: str) -> str:
+    """Ollama names carry a tag; `:latest` is the only one we publish, so it is optional."""
+    return name[: -len(":latest")] if name.endswith(":latest") else name
+
+
+def find_model(engine: Engine, requested: str) -> PublishedModel | None:
+    """The published model a request names (with or without `:latest`), or None."""
+    name = strip_tag(requested.strip())
+    for m in published_models(engine):
+        if m.name == name:
+            return m
+    return None
+
+
+def turn_model(model: PublishedModel) -> str | None:
+    """What to pass to `engine.submit(model=...)`: None keeps the session's own model."""
+    return None if model.session_model else model.key
+
+
+def model_not_found(requested: str) -> HttpError:
+    return HttpError(404, "model_not_found",
+                     f"model {requested!r} not found; this server publishes {PUBLIC_MODEL!r} and "
+                     f"'{PUBLIC_MODEL}/<key>' for each enabled model (GET /v1/models or /api/tags)",
+                     param="model")
+
+
+# ---- client messages -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    role: str  # system | user | assistant
+    text: str
+
+
+def tools_refused(field_name: str = "tools") -> HttpError:
+    return HttpError(400, "tools_not_supported",
+                     f"client-supplied {field_name} are not supported: the aiops agent runs its own tools "
+                     f"server-side (behind operator gates) and answers with text; send the request "
+                     f"without {field_name!r}", param=field_name)
+
+
+def check_conversation(messages: Sequence[ClientMessage]) -> None:
+    """The last message must be the new user message (400 otherwise)."""
+    if not messages:
+        raise HttpError(400, "invalid_request", "messages is empty: send at least one user message",
+                        param="messages")
+    if messages[-1].role != "user":
+        raise HttpError(400, "invalid_request",
+                        f"the last message must be the user's new message, not {messages[-1].role!r}",
+                        param="messages")
+    if not messages[-1].text.strip():
+        raise HttpError(400, "invalid_request", "the last user message is empty", param="messages")
+
+
+def is_background_task(messages: Sequence[ClientMessage]) -> bool:
+    """Open WebUI's title/tag/follow-up prompts: answered by a plain model call, no session."""
+    return bool(messages) and messages[-1].role == "user" and messages[-1].text.lstrip().startswith(TASK_PREFIX)
+
+
+async def answer_background_task(engine: Engine, model: PublishedModel,
+                                 messages: Sequence[ClientMessage]) -> str:
+    """A plain model call: no tools, no gates, no session, nothing recorded."""
+    from aiops.engine.backends import ModelError
+
+    system = "\n\n".join(m.text for m in messages if m.role == "system" and m.text) or None
+    convo = [Message("user" if m.role == "user" else "assistant", m.text)
+             for m in messages if m.role in ("user", "assistant")]
+    try:
+        return await engine.complete_plain(model.key, convo, system=system)
+    except ModelError as e:
+        raise HttpError(502, "model_error", str(e)) from None
+
+
+# ---- status lines and text normalisation ---------------------------------------------------------------
+
+# Lines aiops writes into a chat answer: `*⏳ waiting for operator approval: …*` and friends. They
+# are recognised (and ignored) when the client sends the answer back as history.
+_WAIT, _OK, _NO, _TOOL = "⏳", "✅", "⛔", "🔧"
+_STATUS_RE = re.compile(r"^\*(?:⏳|✅|⛔|🔧) [^\n]*\*[ \t]*$", re.MULTILINE)
+
+
+def status_line(marker: str, text: str) -> str:
+    return f"*{marker} {' '.join(text.replace('*', '').split())}*"
+
+
+def normalize(text: str) -> str:
+    """Text as compared across requests: status lines dropped, whitespace collapsed."""
+    if "*" in text:
+        text = _STATUS_RE.sub("", text)
+    return " ".join(text.split())
+
+
+def gate_status(data: dict[str, Any]) -> str:
+    head = f"{data.get('tool', 'a tool')} ({data.get('operation', 'call')}"
+    tables = data.get("tables") or []
+    head += f" on {', '.join(tables)})" if tables else ")"
+    return status_line(_WAIT, f"waiting for operator approval: {head}")
+
+
+def resolution_status(data: dict[str, Any]) -> str:
+    decision = data.get("decision")
+    if decision == "approved":
+        return status_line(_OK, "approved by the operator")
+    if decision == "denied":
+        return status_line(_NO, "denied by the operator")
+    if decision == "timeout":
+        return status_line(_NO, "no operator answered in time")
+    return status_line(_NO, "approval request cancelled")
+
+
+# ---- conversation views ----------------------------------------------------------------------------
+
+
+Entry = tuple[str, str]  # (role, normalized text)
+
+
+def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, ClientMessage]]:
+    """The client's conversation as compared (user and non-empty assistant texts, normalized),
+    each with the message as sent."""
+    out: list[tuple[Entry, ClientMessage]] = []
+    for m in messages:
+        if m.role in ("user", "assistant"):
+            text = normalize(m.text)
+            if text or m.role == "user":
+                out.append(((m.role, text), m))
+    return out
+
+
+def client_view(messages: Iterable[ClientMessage]) -> list[Entry]:
+    return [entry for entry, _ in client_entries(messages)]
+
+
+def without_status_lines(text: str) -> str:
+    """An answer as the client stored it, minus the status lines aiops wrote into it."""
+    if "*" not in text:
+        return text
+    return re.sub(r"\n{3,}", "\n\n", _STATUS_RE.sub("", text)).strip()
+
+
+@dataclass
+class _TurnText:
+    turn_id: str | None
+    user: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # command outputs
+    answer: list[str] = field(default_factory=list)
+
+
+def session_view(history: Iterable[Message]) -> list[Entry]:
+    """A session's conversation as the client saw it: per turn, the user text and the answer."""
+    turns: list[_TurnText] = []
+    for m in history:
+        if m.role == "user":
+            if turns and m.turn_id and turns[-1].turn_id == m.turn_id:
+                turns[-1].user.append(m.content)
+            else:
+                turns.append(_TurnText(m.turn_id, [m.content]))
+        elif not turns:
+            continue
+        elif m.role == "assistant" and m.content:
+            turns[-1].answer.append(m.content)
+        elif m.role == "notice" and m.meta.get("kind") == "command" and turns[-1].turn_id == m.turn_id:
+            turns[-1].outputs.append(m.content)
+    out: list[Entry] = []
+    for t in turns:
+        out.append(("user", normalize("\n".join(t.user))))
+        answer = normalize("\n\n".join(t.outputs + t.answer))
+        if answer:
+            out.append(("assistant", answer))
+    return out
+
+
+def _same(client: Entry, ours: Entry) -> bool:
+    if client[0] != ours[0]:
+        return False
+    if client[1] == ours[1]:
+        return True
+    # "@model question" is recorded as "question"; "!cmd" lines are recorded apart from the text.
+    return client[0] == "user" and client[1][:1] in ("@", "!") and client[1].endswith(ours[1])
+
+
+def is_prefix(ours: Sequence[Entry], client: Sequence[Entry]) -> bool:
+    return len(ours) <= len(client) and all(_same(c, o) for c, o in zip(client, ours, strict=False))
+
+
+# ---- identity ---------------------------------------------------------------------------------------
+
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9._:@-]")
+# The API's client-id pattern: a fork's id (`<root>+2`) can be sent back as it was received.
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+
+
+def _safe(value: str, limit: int = 80) -> str:
+    clean = _SAFE_ID.sub("_", value.strip())[:limit]
+    if clean != value.strip():
+        clean += "-" + hashlib.sha256(value.encode()).hexdigest()[:8]
+    return clean
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationId:
+    root: str  # session id of the conversation's first session; forks are root+N
+    source: str  # header | openwebui | user | fingerprint
+
+    @property
+    def explicit(self) -> bool:
+        return self.source == "header"
+
+
+def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
+                    user: str | None = None) -> ConversationId:
+    header = request.headers.get(SESSION_HEADER, "").strip()
+    if header:
+        if not _SESSION_ID.match(header) or header.isdigit():
+            raise HttpError(400, "invalid_session",
+                            f"{SESSION_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : @ + -, starting "
+                            f"with a letter or digit, and not all digits")
+        return ConversationId(header, "header")
+    chat = request.headers.get(OPENWEBUI_CHAT_HEADER, "").strip()
+    if chat:
+        return ConversationId("owui-" + _safe(chat), "openwebui")
+    if user and user.strip():
+        return ConversationId("user-" + _safe(user), "user")
+    caller = request.get("principal") or f"addr:{request.remote}"
+    h = hashlib.sha256(caller.encode())
+    first_user = next((m.text for m in messages if m.role == "user"), "")
+    first_system = next((m.text for m in messages if m.role == "system"), "")
+    for part in (first_system, first_user):
+        h.update(b"\x00" + normalize(part).encode())
+    return ConversationId("proxy-" + h.hexdigest()[:16], "fingerprint")
+
+
+def _root_of(session_id: str) -> str:
+    base, sep, n = session_id.rpartition("+")
+    return base if sep and n.isdigit() else session_id
+
+
+# ---- starting a turn ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StartedTurn:
+    session_id: str
+    turn: Turn
+    sub: Subscription | None
+    forked: bool = False
+    imported: int = 0
+
+
+class ProxySessions:
+    """Maps conversations to sessions; one lock per conversation root serialises resolution."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._forks: dict[str, list[str]] = {}  # root -> known session ids of that root
+        self._loaded = False
+        self._load_lock = asyncio.Lock()
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    async def _load_index(self) -> None:
+        if self._loaded:
+            return
+        async with self._load_lock:
+            if self._loaded:
+                return
+            rows = await self.engine.store.list_sessions("proxy", limit=100_000)
+            for row in sorted(rows, key=lambda r: r.created_at):
+                self._forks.setdefault(_root_of(row.id), []).append(row.id)
+            self._loaded = True
+
+    async def _lock(self, root: str) -> asyncio.Lock:
+        lock, n = self._locks.get(root, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[root] = (lock, n + 1)
+        return lock
+
+    def _unlock(self, root: str) -> None:
+        lock, n = self._locks[root]
+        if n <= 1:
+            del self._locks[root]
+        else:
+            self._locks[root] = (lock, n - 1)
+
+    async def start(self, conv: ConversationId, messages: Sequence[ClientMessage],
+                    model: PublishedModel, *, events: Iterable[str] | None = None) -> StartedTurn:
+        """Pick (or fork) the session, import what it lacks, subscribe (to `events`, default all),
+        submit the new message."""
+        check_conversation(messages)
+        await self._load_index()
+        lock = await self._lock(conv.root)
+        try:
+            async with lock:
+                return await self._start_locked(conv, messages, model, events)
+        finally:
+            self._unlock(conv.root)
+
+    async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
+                            model: PublishedModel, events: Iterable[str] | None) -> StartedTurn:
+        engine = self.engine
+        entries = client_entries(messages[:-1])
+        client = [entry for entry, _ in entries]
+        session_id, skip, forked = await self._choose(conv, client, model)
+        missing = [m for _, m in entries[skip:]]
+        imported = 0
+        if missing:
+            await self._ensure(session_id, model)
+            imported = await self._import(session_id, missing)
+        # Subscribed before submitting, so not even a command's instant `done` is missed.
+        sub = engine.bus.subscribe(session_id, names=events)
+        try:
+            turn = await engine.submit(session_id, messages[-1].text, kind="proxy", model=turn_model(model),
+                                       is_operator=False)
+        except BaseException as e:
+            if sub is not None:
+                sub.close()
+            if isinstance(e, EngineError):
+                raise HttpError(400, "invalid_request", str(e)) from None
+            raise
+        known = self._forks.setdefault(conv.root, [])
+        if session_id not in known:
+            known.append(session_id)
+        return StartedTurn(session_id, turn, sub, forked, imported)
+
+    async def _choose(self, conv: ConversationId, client: list[Entry],
+                      model: PublishedModel) -> tuple[str, int, bool]:
+        """(session id, how many of the client's messages it already holds (the rest are imported
+        first), whether this forked)."""
+        engine = self.engine
+        known = self._forks.setdefault(conv.root, [])
+        if conv.root not in known:
+            # Not a proxy session we know of: create it (one store round trip), or learn whose it is.
+            live = await engine.session(conv.root, kind="proxy", create=True, model=turn_model(model))
+            assert live is not None
+            if live.row.kind == "proxy":
+                known.insert(0, conv.root)
+            elif conv.explicit:
+                raise HttpError(409, "session_conflict",
+                                f"session {conv.root!r} is a {live.row.kind} session; the proxy continues "
+                                f"only proxy sessions")
+        best: tuple[str, int] | None = None  # a session whose conversation is a prefix of the client's
+        root_used = False
+        for sid in list(known):
+            live = await engine.session(sid)
+            if live is None or live.row.kind != "proxy":
+                known.remove(sid)  # deleted meanwhile
+                continue
+            ours = session_view(await live.history(engine))
+            if sid == conv.root:
+                root_used = bool(ours)
+            if not client and ours and not conv.explicit:
+                continue  # a first message never continues an existing conversation
+            if len(ours) == len(client) and is_prefix(ours, client):
+                return sid, len(client), False
+            if is_prefix(ours, client) and (best is None or len(ours) > best[1]):
+                best = (sid, len(ours))
+        if not client and conv.explicit and root_used:
+            # X-Aiops-Session with only the new message: aiops holds the history.
+            return conv.root, 0, False
+        if best is not None:
+            return best[0], best[1], False
+        new_id_ = await self._free_id(conv.root)
+        return new_id_, 0, new_id_ != conv.root
+
+    async def _free_id(self, root: str) -> str:
+        if await self.engine.session(root) is None:
+            return root
+        n = 2
+        while await self.engine.session(f"{root}+{n}") is not None:
+            n += 1
+        return f"{root}+{n}"
+
+    async def _ensure(self, session_id: str, model: PublishedModel) -> None:
+        await self.engine.session(session_id, kind="proxy", create=True, model=turn_model(model))
+
+    async def _import(self, session_id: str, missing: list[ClientMessage]) -> int:
+        """Record the client's earlier messages, one turn id per user message and its answer."""
+        turn_id: str | None = None
+        for m in missing:
+            if m.role == "user" or turn_id is None:
+                turn_id = new_id("imp_")
+            text = m.text if m.role == "user" else without_status_lines(m.text)
+            await self.engine.record(session_id, Message(m.role, text, turn_id=turn_id,  # type: ignore[arg-type]
+                                                         meta={"imported": True, "source": "proxy"}))
+        return len(missing)
+
+
+async def wait_done(started: StartedTurn) -> TurnResult:
+    """The turn's result, taken from its `done` event: that comes as soon as the answer is
+    recorded, a few loop turns before the turn's own future (which waits for the task to end)."""
+    if started.sub is not None:
+        async for e in started.sub:
+            if e.name == ev.DONE and e.turn_id == started.turn.id:
+                d = e.data
+                usage = d.get("usage") or {}
+                return TurnResult(started.turn.id, d.get("status", "complete"), d.get("text") or "",
+                                  d.get("error"), Usage(usage.get("prompt_tokens", 0),
+                                                        usage.get("completion_tokens", 0)))
+    return await started.turn.wait()
+
+
+async def cancel_turn(engine: Engine, session_id: str, turn: Turn, why: str) -> None:
+    """Cancel one turn, running or still queued; a running one records its partial answer."""
+    if turn.done:
+        return
+    live = await engine.session(session_id)
+    if live is None:
+        return
+    if live.current is turn:
+        engine.stop_turn(session_id)
+    elif turn in live.queue:
+        live.queue.remove(turn)
+        if not turn.future.done():
+            turn.future.set_result(TurnResult(turn.id, "cancelled", ""))
+        await engine.record(session_id, Message("notice", f"turn cancelled before it started: {why}",
+                                                turn_id=turn.id, meta={"kind": "cancelled"}))
+
+
+# ---- app state ---------------------------------------------------------------------------------------
+
+
+class ProxyState:
+    """Per-app proxy state, created by `setup` and bound to the engine on first use."""
+
+    def __init__(self) -> None:
+        self._sessions: ProxySessions | None = None
+        self._settings: ProxySettings | None = None
+
+    def bind(self, app: web.Application) -> None:
+        if self._sessions is None:
+            self._sessions = ProxySessions(app[ENGINE_KEY])
+            self._settings = ProxySettings.from_config(app[CONFIG_KEY])
+
+    @property
+    def sessions(self) -> ProxySessions:
+        assert self._sessions is not None
+        return self._sessions
+
+    @property
+    def settings(self) -> ProxySettings:
+        assert self._settings is not None
+        return self._settings
+
+
+PROXY_KEY = web.AppKey("aiops_proxy", ProxyState)
+
+
+def install(app: web.Application) -> None:
+    """Idempotent: both proxy modules call it from their `setup`."""
+    if PROXY_KEY not in app:
+        app[PROXY_KEY] = ProxyState()
+
+
+def proxy_state(request: web.Request) -> ProxyState:
+    state = request.app[PROXY_KEY]
+    state.bind(request.app)
+    return state
+
+
+# ---- streaming one turn ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Done:
+    status: str  # complete | cancelled | error
+    text: str
+    usage: dict[str, int] | None
+    error: dict[str, Any] | None
+
+
+async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIterator[tuple[str, Done | None]]:
+    """The chat-visible text of one turn as `(text, None)` pieces, then `(text, Done)` at its end.
+
+    Events already queued are taken together, so a burst of tokens becomes one piece (one write,
+    one frame) instead of one per token. Ends without a `Done` when the subscription is closed
+    under it (client gone, shutdown).
+    """
+    turn_id = started.turn.id
+    sub = started.sub
+    assert sub is not None
+    sent: list[str] = []  # model text streamed so far
+    tail = ""  # the last characters written, to keep status lines on their own paragraph
+    error: dict[str, Any] | None = None
+
+    def status(line: str) -> str:
+        nonlocal tail
+        sep = "" if not tail else ("" if tail.endswith("\n\n") else ("\n" if tail.endswith("\n") else "\n\n"))
+        out = f"{sep}{line}\n\n"
+        tail = out[-2:]
+        return out
+
+    def take(e: Any, out: list[str]) -> Done | None:
+        nonlocal tail, error
+        if e.turn_id != turn_id:
+            if e.name == ev.ERROR and e.data.get("code") == "slow_consumer":
+                return Done("error", "".join(sent), None, dict(e.data))
+            return None
+        name = e.name
+        if name == ev.TOK:
+            text = e.data.get("text") or ""
+            if text:
+                sent.append(text)
+                tail = (tail + text)[-2:]
+                out.append(text)
+        elif name == ev.GATE:
+            if settings.status_lines:
+                out.append(status(gate_status(e.data)))
+        elif name == ev.GATE_RESOLVED:
+            if settings.status_lines:
+                out.append(status(resolution_status(e.data)))
+        elif name == ev.TOOL_CALL:
+            if settings.tool_progress:
+                out.append(status(status_line(_TOOL, f"running {e.data.get('name', 'a tool')}")))
+        elif name == ev.ERROR:
+            error = dict(e.data)
+        elif name == ev.DONE:
+            final = e.data.get("text") or ""
+            streamed = "".join(sent)
+            if final != streamed and final.startswith(streamed):
+                rest = final[len(streamed):]  # e.g. command output that never came as tokens
+                sent.append(rest)
+                tail = (tail + rest)[-2:]
+                out.append(rest)
+            status_ = e.data.get("status", "complete")
+            if status_ == "cancelled" and settings.status_lines:
+                out.append(status(status_line(_NO, "the answer was stopped")))
+            return Done(status_, final, e.data.get("usage"), e.data.get("error") or error)
+        return None
+
+    while True:
+        e = await sub.get()
+        if e is None:
+            return
+        out: list[str] = []
+        done = take(e, out)
+        while done is None and sub.qsize():
+            e = await sub.get()  # queued: returns without waiting
+            if e is None:
+                break
+            done = take(e, out)
+        if out or done is not None:
+            yield "".join(out), done
+        if done is not None or e is None:
+            return
+
+
+class BufferedStreamResponse(web.StreamResponse):
+    """A streaming response whose headers leave with the first frames instead of in a write of
+    their own (as aiohttp's non-streaming Response does). `Channel` flushes them within a poll
+    interval even when no frame comes."""
+
+    _send_headers_immediately = False
+
+
+class Channel:
+    """Writes frames to a prepared streaming response, as few writes as it can; sends keep-alives on
+    an idle stream and notices a client that hung up (then calls `on_disconnect` once).
+
+    The response's headers and `head` (e.g. the OpenAI role chunk) go out with the first frames, or
+    on their own once the stream has been quiet for a poll interval, so a quick answer takes two
+    writes: its text, then its end. The watch is a timer callback, not a task: most answers end
+    before it first fires."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse | None,
+                 on_disconnect: Callable[[], Awaitable[None]], *, keepalive: bytes | None = None,
+                 keepalive_seconds: float = 15.0, head: bytes = b"") -> None:
+        self.request = request
+        self.response = response
+        self.keepalive = keepalive
+        self.keepalive_seconds = keepalive_seconds
+        self._head = head
+        self._on_disconnect = on_disconnect
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._poll = min(DISCONNECT_POLL_SECONDS, keepalive_seconds / 2)
+        self._timer: asyncio.TimerHandle | None = None
+        self._pending: asyncio.Task[None] | None = None  # a keep-alive write or a disconnect
+        self._finished = False
+        self._flushed = False  # anything (headers included) written yet
+        self.gone = False
+
+    def start(self) -> Channel:
+        self._timer = self._loop.call_later(self._poll, self._tick)
+        return self
+
+    async def write(self, data: bytes) -> None:
+        assert self.response is not None
+        if self._head:
+            data, self._head = self._head + data, b""
+        self._last = self._loop.time()
+        self._flushed = True
+        await self.response.write(data)  # b"" still sends buffered headers
+
+    async def finish(self, data: bytes = b"") -> None:
+        """The last frames and the end of the body, in one write."""
+        assert self.response is not None
+        self._finished = True
+        if self._head:
+            data, self._head = self._head + data, b""
+        self._last = self._loop.time()
+        await self.response.write_eof(data)
+
+    def _connected(self) -> bool:
+        transport = self.request.transport
+        return transport is not None and not transport.is_closing()
+
+    async def disconnected(self) -> None:
+        if not self.gone:
+            self.gone = True
+            await self._on_disconnect()
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._finished or self.gone:
+            return
+        if self._pending is None or self._pending.done():
+            if not self._connected():
+                self._pending = self._loop.create_task(self.disconnected())
+                return
+            if self.response is not None and (self._head or not self._flushed or (
+                    self.keepalive is not None and self._loop.time() - self._last >= self.keepalive_seconds)):
+                self._pending = self._loop.create_task(self._keepalive())
+        self._timer = self._loop.call_later(self._poll, self._tick)
+
+    async def _keepalive(self) -> None:
+        try:
+            # write() sends the headers and the head first; a keep-alive only when those are out.
+            await self.write(b"" if self._head or not self._flushed else (self.keepalive or b""))
+        except ConnectionError:
+            await self.disconnected()
+        except Exception:  # noqa: BLE001 - a keep-alive must never take the handler down
+            log.exception("proxy keep-alive failed")
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending is not None and not self._pending.done():
+            await asyncio.wait({self._pending})

@@ -1,0 +1,191 @@
+"""Running the server: `start_server` for an engine already running (the console), `serve` for
+`aiops serve` (headless: the engine and the server on one loop, never importing Textual).
+
+Shutdown order on SIGINT/SIGTERM: stop listening and refuse new requests, stop the engine (running
+turns are cancelled cleanly and recorded, so every stream and waiting submit sees its `done`), then
+end the open streams and give the remaining requests `shutdown_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from aiops.config import Config
+from aiops.engine.engine import Engine
+from aiops.integrations.server.app import AUTH_KEY, STATE_KEY, create_app
+from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
+
+log = logging.getLogger(__name__)
+
+
+class ServerStartError(Exception):
+    """The server could not listen (address in use, permission); the message is for the operator."""
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass
+class ServerHandle:
+    """A running server. `urls[0]` is the main listener (with the real port when 0 was asked)."""
+
+    runner: web.AppRunner
+    app: web.Application
+    host: str
+    sites: list[web.TCPSite] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    _stopped: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.urls[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    @property
+    def token_count(self) -> int:
+        return len(self.app[AUTH_KEY].tokens)
+
+    def connected_clients(self) -> int:
+        """Event streams open right now (API streams, and proxy streams that track theirs)."""
+        return len(self.app[STATE_KEY].streams)
+
+    async def close_listeners(self) -> None:
+        """Stop accepting connections; requests on open connections get 503 from now on."""
+        self.app[STATE_KEY].closing = True
+        for site in list(self.runner.sites):
+            await site.stop()
+
+    async def stop(self) -> None:
+        """End open streams, let open requests finish (up to shutdown_timeout), close everything."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.app[STATE_KEY].close_streams()
+        await self.runner.cleanup()
+
+
+async def start_server(engine: Engine, cfg: Config | None = None, host: str | None = None,
+                       port: int | None = None, *, env: Mapping[str, str] | None = None,
+                       tokens: list[Token] | None = None) -> ServerHandle:
+    """Serve every surface for `engine` (already started) on `host:port` and each extra port.
+
+    Raises BindRefused for a non-loopback bind without tokens and ServerStartError when a port
+    cannot be bound.
+    """
+    cfg = cfg or engine.config
+    server = cfg.app.server
+    env = env if env is not None else engine.env
+    host = server.host if host is None else host
+    port = server.port if port is None else port
+    if tokens is None:
+        tokens = load_tokens(cfg.app.auth, env)
+    check_bind(host, tokens, cfg.app.auth, env)
+    app = create_app(engine, cfg, tokens=tokens)
+    # handler_cancellation: a client that hangs up cancels its handler (streams end, subscriptions
+    # close). Access logging is off: requests are logged by our own code when it matters.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                           shutdown_timeout=server.shutdown_timeout)
+    await runner.setup()
+    handle = ServerHandle(runner, app, host)
+    for p in [port, *server.extra_ports]:
+        site = web.TCPSite(runner, host or None, p)
+        try:
+            await site.start()
+        except OSError as e:
+            await runner.cleanup()
+            raise ServerStartError(f"cannot listen on {_url(host or '0.0.0.0', p)}: "
+                                   f"{e.strerror or e}") from None
+        handle.sites.append(site)
+    for addr in runner.addresses:
+        url = _url(str(addr[0]), int(addr[1]))
+        if url not in handle.urls:
+            handle.urls.append(url)
+    log.info("serving on %s (%d token(s))", ", ".join(handle.urls), len(tokens))
+    return handle
+
+
+def _banner(handle: ServerHandle, unset: list[str]) -> str:
+    parts = ["API /api/v1", "OpenAI /v1", "Ollama /api"]
+    if len(handle.urls) > 1:
+        parts.append("also " + ", ".join(handle.urls[1:]))
+    if handle.token_count:
+        parts.append(f"{handle.token_count} token(s)")
+    else:
+        parts.append("no tokens: loopback callers are operators")
+    return f"aiops serving on {handle.url} ({'; '.join(parts)})"
+
+
+async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = None) -> int:
+    env = os.environ
+    server = cfg.app.server
+    host = server.host if host is None else host
+    tokens = load_tokens(cfg.app.auth, env)
+    unset = unset_token_vars(cfg.app.auth, env)
+    for var in unset:
+        print(f"aiops: warning: auth token not configured: {var} is unset", file=sys.stderr)
+    try:
+        check_bind(host, tokens, cfg.app.auth, env)
+    except BindRefused as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+
+    engine = Engine(cfg)
+    await engine.start()
+    for p in engine.plugin_status:
+        if p.state in ("skipped", "failed"):
+            print(f"aiops: plugin {p.name} {p.state}: {p.reason}", file=sys.stderr)
+    try:
+        handle = await start_server(engine, cfg, host, port, env=env, tokens=tokens)
+    except (ServerStartError, BindRefused) as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        await engine.stop()
+        return 1
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    if lock is not None and handle.urls:
+        lock.update(url=handle.urls[0])
+    print(_banner(handle, unset), flush=True)
+    try:
+        await stopping.wait()
+    finally:
+        log.info("shutting down")
+        await handle.close_listeners()
+        await engine.stop()
+        await handle.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+    return 0
+
+
+def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
+    """`aiops serve`: run until SIGINT/SIGTERM; the exit status (2: refused to bind, or another
+    aiops already holds the data dir)."""
+    from aiops.engine.lock import AlreadyRunning, DataDirLock
+
+    lock = DataDirLock(cfg.paths.lock_path)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(_serve(cfg, host, port, lock))
+    finally:
+        lock.release()

@@ -1,0 +1,423 @@
+"""The one boundary between the engine and the console's widgets.
+
+Engine events become typed Textual messages here, and every request the console makes of the engine
+(submit, stop, history, gates, rate limits, the prompt tree, the server) goes through
+`EngineAdapter`. Widgets and screens never touch the engine: they receive these messages and plain
+dicts, so a remote engine (the HTTP API and its SSE stream) can later stand behind the same widgets.
+
+Ordering: events are posted to the App synchronously when the engine publishes them (a bus
+listener), and results of history reads are posted after the read completes. The store runs on one
+thread in FIFO order and every record is published right after it is committed, so every event
+describing a message contained in a history read is already in the App's queue ahead of the
+`HistoryLoaded` message. The App can therefore rebuild a chat from history plus the events of the
+live turn without duplicates or gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual.message import Message
+
+from aiops.engine import events as ev
+from aiops.gates.broker import GateError
+
+if TYPE_CHECKING:
+    from textual.message_pump import MessagePump
+
+    from aiops.config import Config
+    from aiops.engine.engine import Engine
+    from aiops.engine.events import Event
+    from aiops.engine.types import Message as HistoryMessage
+    from aiops.prompts.tree import PromptTree
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT = 5.0
+
+
+# ---- messages: engine events ------------------------------------------------------------------------
+
+
+class EngineEvent(Message):
+    """One engine event, as a Textual message. Subclasses exist per event name."""
+
+    def __init__(self, name: str, session_id: str | None, data: dict[str, Any], turn_id: str | None,
+                 ts: float) -> None:
+        super().__init__()
+        self.name = name
+        self.session_id = session_id
+        self.data = data
+        self.turn_id = turn_id
+        self.ts = ts
+
+    def merged_with(self, other: EngineEvent) -> EngineEvent | None:
+        """Two adjacent text deltas of one turn as one (for replay buffers); None if they differ."""
+        if (type(self) is type(other) and self.name in (ev.TOK, ev.THINKING)
+                and self.turn_id == other.turn_id):
+            return type(self)(self.name, self.session_id,
+                              {**self.data, "text": self.data.get("text", "") + other.data.get("text", "")},
+                              self.turn_id, other.ts)
+        return None
+
+
+class TokenArrived(EngineEvent):
+    """`tok`: a delta of the assistant's answer."""
+
+
+class ThinkingArrived(EngineEvent):
+    """`thinking`: a delta of the model's reasoning."""
+
+
+class ToolCallStarted(EngineEvent):
+    """`tool_call`: {id, name, arguments}."""
+
+
+class ToolCallFinished(EngineEvent):
+    """`tool_result`: {id, name, content, is_error, duration_ms, gate?, data?}."""
+
+
+class GateOpened(EngineEvent):
+    """`gate`: the gate object of DESIGN.md."""
+
+
+class GateResolved(EngineEvent):
+    """`gate_resolved`: the gate object plus decision, scope, by, at."""
+
+
+class NoticePosted(EngineEvent):
+    """`notice`: status text, or a command's output (data has `command`)."""
+
+
+class ErrorRaised(EngineEvent):
+    """`error`: {code, message}."""
+
+
+class TurnDone(EngineEvent):
+    """`done`: the end of a turn, always."""
+
+
+class UserPosted(EngineEvent):
+    """`user`: a user message was committed."""
+
+
+class TurnStarted(EngineEvent):
+    """`turn`: a queued turn started running."""
+
+
+class SessionChanged(EngineEvent):
+    """`session`: created / updated / deleted, with the session dict."""
+
+
+class RateChanged(EngineEvent):
+    """`rate`: rate-limit usage of one session changed."""
+
+
+EVENT_MESSAGES: dict[str, type[EngineEvent]] = {
+    ev.TOK: TokenArrived,
+    ev.THINKING: ThinkingArrived,
+    ev.TOOL_CALL: ToolCallStarted,
+    ev.TOOL_RESULT: ToolCallFinished,
+    ev.GATE: GateOpened,
+    ev.GATE_RESOLVED: GateResolved,
+    ev.NOTICE: NoticePosted,
+    ev.ERROR: ErrorRaised,
+    ev.DONE: TurnDone,
+    ev.USER: UserPosted,
+    ev.TURN: TurnStarted,
+    ev.SESSION: SessionChanged,
+    ev.RATE: RateChanged,
+}
+
+
+def to_message(event: Event) -> EngineEvent:
+    cls = EVENT_MESSAGES.get(event.name, EngineEvent)
+    return cls(event.name, event.session_id, dict(event.data), event.turn_id, event.ts)
+
+
+# ---- messages: services and reads ---------------------------------------------------------------------
+
+
+class ServicesStarted(Message):
+    """The engine is running (and the server, when asked for)."""
+
+    def __init__(self, server_urls: list[str], server_error: str | None) -> None:
+        super().__init__()
+        self.server_urls = server_urls
+        self.server_error = server_error
+
+
+class ServicesFailed(Message):
+    """The engine could not start; the console stays up to say why."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class HistoryLoaded(Message):
+    """A page of one session's history. `before_id` None: the latest page (a fresh view)."""
+
+    def __init__(self, session_id: str, messages: list[HistoryMessage], limit: int,
+                 before_id: int | None) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.messages = messages
+        self.limit = limit
+        self.before_id = before_id
+
+    @property
+    def has_more(self) -> bool:
+        return len(self.messages) >= self.limit
+
+
+@dataclass
+class ModelProbe:
+    key: str
+    ok: bool
+    reason: str = ""  # why it is unreachable
+    description: str = ""  # "openai gpt-4o-mini at https://…"
+
+
+class ModelsChecked(Message):
+    """Reachability of the enabled models (first-run guidance, header warning)."""
+
+    def __init__(self, probes: dict[str, ModelProbe]) -> None:
+        super().__init__()
+        self.probes = probes
+
+
+# ---- the adapter --------------------------------------------------------------------------------------
+
+
+class EngineAdapter:
+    """The console's only door to the engine (and to the HTTP server it runs)."""
+
+    def __init__(self, engine: Engine, target: MessagePump) -> None:
+        self.engine = engine
+        self.target = target
+        self.server: Any = None
+        self._unlisten: Any = None
+
+    # -- events --
+
+    def connect(self) -> None:
+        """Start turning engine events into messages for `target`."""
+        if self._unlisten is None:
+            self._unlisten = self.engine.bus.add_listener(self._on_event)
+
+    def disconnect(self) -> None:
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
+
+    def _on_event(self, event: Event) -> None:
+        # Called synchronously by the bus: cheap, never raises.
+        try:
+            self.target.post_message(to_message(event))
+        except Exception:  # noqa: BLE001
+            log.exception("posting %s to the console failed", event.name)
+
+    # -- lifecycle --
+
+    async def start(self, *, server: bool, host: str | None, port: int | None) -> ServicesStarted:
+        """Start the engine, then the server; a server failure leaves the engine running."""
+        await self.engine.start()
+        self.connect()
+        urls: list[str] = []
+        error: str | None = None
+        if server:
+            try:
+                from aiops.integrations.server.run import start_server
+            except ImportError as e:
+                error = f"the HTTP server is not available in this build ({e})"
+            else:
+                cfg = self.engine.config.app.server
+                try:
+                    self.server = await start_server(self.engine, self.engine.config,
+                                                     host or cfg.host, cfg.port if port is None else port)
+                    urls = list(getattr(self.server, "urls", []) or [])
+                except Exception as e:  # noqa: BLE001 - the console stays useful without a server
+                    log.exception("the server did not start")
+                    error = f"{type(e).__name__}: {e}"
+        return ServicesStarted(urls, error)
+
+    async def stop(self) -> None:
+        """Stop listening, stop the engine (running turns are cancelled and recorded, so every open
+        stream sees its `done`), then close the server's open streams and connections."""
+        server, self.server = self.server, None
+        if server is not None and hasattr(server, "close_listeners"):
+            try:
+                await server.close_listeners()
+            except Exception:  # noqa: BLE001
+                log.exception("closing the server's listeners failed")
+        try:
+            if self.engine.started:
+                await self.engine.stop()
+        finally:
+            self.disconnect()
+            if server is not None:
+                try:
+                    await server.stop()
+                except Exception:  # noqa: BLE001
+                    log.exception("stopping the server failed")
+
+    @property
+    def started(self) -> bool:
+        return bool(self.engine.started)
+
+    def connected_clients(self) -> int | None:
+        """Clients streaming from the server right now (API streams, proxy and MCP requests in
+        flight); None without a server."""
+        server = self.server
+        if server is None:
+            return None
+        value = getattr(server, "connected_clients", None)
+        if callable(value):
+            value = value()
+        if isinstance(value, int):
+            return value
+        # Every remote reader of events holds one bus subscription; the console itself listens.
+        return self.engine.bus.subscriber_count
+
+    # -- models and commands --
+
+    @property
+    def config(self) -> Config:
+        return self.engine.config
+
+    def default_model(self) -> str:
+        return self.engine.config.models.default_model
+
+    def model_keys(self) -> list[str]:
+        return sorted(self.engine.config.models.enabled())
+
+    def command_names(self) -> list[str]:
+        return self.engine.commands.names()
+
+    def describe_model(self, key: str) -> str:
+        m = self.engine.config.models.models.get(key)
+        if m is None:
+            return key
+        return f"{m.type} {m.model_id} at {m.display_url()}"
+
+    async def probe_models(self) -> ModelsChecked:
+        keys = self.model_keys()
+        results = await asyncio.gather(*(self.probe_model(k) for k in keys))
+        return ModelsChecked({p.key: p for p in results})
+
+    async def probe_model(self, key: str) -> ModelProbe:
+        """A cheap request (list models) to tell whether `key` can answer at all."""
+        import aiohttp
+
+        m = self.engine.config.models.models[key]
+        desc = self.describe_model(key)
+        if not m.enabled:
+            return ModelProbe(key, False, "it is disabled in models.toml", desc)
+        env = dict(self.engine.env)
+        if m.key_status(env) == "missing":
+            return ModelProbe(key, False, f"{m.api_key_env} is not set (in the environment or a .env file)",
+                              desc)
+        api_key = m.api_key(env)
+        base = m.display_url().rstrip("/")
+        if m.type == "gemini":
+            url = base + "/v1beta/models"
+            headers = {"x-goog-api-key": api_key} if api_key else {}
+        else:
+            url = base + "/models"
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        try:
+            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
+            async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url, headers=headers) as r:
+                status = r.status
+        except TimeoutError:
+            return ModelProbe(key, False, f"{base} did not answer within {PROBE_TIMEOUT:g} s", desc)
+        except aiohttp.ClientError as e:
+            return ModelProbe(key, False, f"cannot connect to {base} ({type(e).__name__})", desc)
+        if status in (401, 403):
+            return ModelProbe(key, False, f"{base} refused the API key (HTTP {status})", desc)
+        return ModelProbe(key, True, "", desc)
+
+    # -- sessions and turns --
+
+    async def sessions(self) -> list[dict[str, Any]]:
+        return await self.engine.list_sessions()
+
+    async def open_session(self, kind: str = "console") -> dict[str, Any]:
+        live = await self.engine.open_session(kind=kind)
+        return live.to_dict(self.engine)
+
+    async def submit(self, session_id: str, text: str) -> str:
+        """Send operator input; returns the turn id. Engine refusals raise with a readable message."""
+        turn = await self.engine.submit(session_id, text, kind="console", is_operator=True)
+        return turn.id
+
+    def stop_turn(self, session_id: str) -> bool:
+        return self.engine.stop_turn(session_id)
+
+    async def load_history(self, session_id: str, limit: int, before_id: int | None = None) -> HistoryLoaded:
+        messages = await self.engine.history(session_id, limit=limit, before_id=before_id)
+        return HistoryLoaded(session_id, messages, limit, before_id)
+
+    # -- gates --
+
+    def pending_gates(self) -> list[dict[str, Any]]:
+        out = []
+        for g in self.engine.gatekeeper.broker.pending():
+            d = g.to_dict()
+            d["turn_id"] = g.turn_id
+            out.append(d)
+        return out
+
+    def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> str | None:
+        """Answer a gate as the console; the reason it could not be answered, or None."""
+        try:
+            self.engine.gatekeeper.broker.resolve(gate_id, decision, scope, by="console")
+        except GateError as e:
+            return str(e)
+        return None
+
+    # -- rate limits --
+
+    def rate_usage(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Usage of every session that used a limited tool type, plus every limited type of
+        `session_id` (the one the operator is looking at), sorted."""
+        limiter = self.engine.gatekeeper.limiter
+        rows = {(u.session_id, u.tool_type): u for u in limiter.usage()}
+        if session_id is not None:
+            rows.update({(u.session_id, u.tool_type): u for u in limiter.usage(session_id)})
+        return [dataclasses.asdict(rows[k]) for k in sorted(rows)]
+
+    def enable_rate(self, session_id: str, tool_type: str) -> bool:
+        return self.engine.gatekeeper.limiter.enable(session_id, tool_type)
+
+    # -- the prompt tree --
+
+    def prompt_folder(self, model_key: str | None) -> Path | None:
+        try:
+            return self.engine.prompt_folder(model_key)
+        except Exception:  # noqa: BLE001 - an unknown model: no folder
+            return None
+
+    def prompt_tree(self, model_key: str | None) -> tuple[Path | None, PromptTree | None]:
+        folder = self.prompt_folder(model_key)
+        if folder is None or not folder.exists():
+            return folder, None
+        return folder, self.engine.prompts.get(folder)
+
+    def reload_prompt(self, folder: Path) -> None:
+        self.engine.prompts.reload(folder)
+
+    async def save_prompt_section(self, folder: Path, session_id: str | None, section: str, body: str) -> str:
+        """Overwrite one leaf through the prompt-tree engine (atomic, audited); returns its summary."""
+        from aiops.engine.prompt_tools import apply_edit
+
+        result = await apply_edit(self.engine, folder, session_id, "operator", section, "overwrite", body,
+                                  confirm=True)
+        return result.summary
+

@@ -1,0 +1,722 @@
+"""The operator console: a Textual App that owns the engine and the HTTP server.
+
+The App starts the engine (and the server) on mount in a worker and stops both on unmount, which
+cancels running turns cleanly. Engine events arrive as messages from `EngineAdapter`; the App's
+handlers own the console's state (selected session, live turns, pending gates) and tell the panes
+what to draw. Panes post typed messages back (send, answer a gate, load earlier, …).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual import on, work
+from textual.app import App
+from textual.content import Content
+from textual.css.query import NoMatches
+
+from aiops.engine import events as ev
+from aiops.tui.adapter import (
+    EngineAdapter,
+    EngineEvent,
+    HistoryLoaded,
+    ModelProbe,
+    ModelsChecked,
+    ServicesFailed,
+    ServicesStarted,
+)
+from aiops.tui.commands import ConsoleCommands, focused_pane
+from aiops.tui.format import one_line
+from aiops.tui.keys import bindings_for, unknown_ids
+from aiops.tui.screens.main import MainScreen
+from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
+from aiops.tui.widgets.chat import ChatView
+from aiops.tui.widgets.chat_input import ChatInput
+from aiops.tui.widgets.gates import GatesInbox
+from aiops.tui.widgets.limits import LimitsTable
+from aiops.tui.widgets.log import LogView
+from aiops.tui.widgets.prompt_tree import PromptPane
+from aiops.tui.widgets.sessions import SessionsList
+from aiops.tui.widgets.status import StatusBar
+
+if TYPE_CHECKING:
+    from aiops.config import Config
+    from aiops.engine.engine import Engine
+    from aiops.engine.lock import DataDirLock
+    from aiops.engine.plugins import Plugin
+
+log = logging.getLogger(__name__)
+
+OVERVIEW_HELP = """\
+## aiops console
+
+One view of every session and every gate. **Sessions** (left) lists every client's sessions;
+**Chat** (centre) shows the selected one live, with the **input** below it; the side pane holds the
+**gates inbox**, the **prompt tree**, **rate limits** and the **log**.
+
+Move between panes with tab / shift+tab or F6; F2 and F3 show or hide the sessions and side panes;
+alt+left / alt+right resize them. On terminals narrower than 100 columns one pane is shown at a
+time: pick it in the tab bar at the top or with F6.
+
+Focus a pane and press F1 again for its own help. ctrl+p opens the command palette.
+"""
+
+PANE_WIDGETS: dict[str, type[Any]] = {
+    "input": ChatInput, "chat": ChatView, "sessions": SessionsList, "gates": GatesInbox,
+    "prompt": PromptPane, "limits": LimitsTable, "log": LogView,
+}
+
+
+class AiopsApp(App[int]):
+    """The aiops operator console."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "aiops"
+    COMMANDS = {ConsoleCommands}
+    BINDINGS = bindings_for("global")
+    PANE = "global"
+    HELP = OVERVIEW_HELP
+
+    def __init__(self, cfg: Config, *, engine: Engine | None = None, plugins: list[Plugin] | None = None,
+                 discover_plugins: bool = True, host: str | None = None, port: int | None = None,
+                 server: bool = True, lock: DataDirLock | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        if engine is None:
+            from aiops.engine.engine import Engine
+
+            engine = Engine(cfg, plugins=plugins, discover_plugins=discover_plugins)
+        self.adapter = EngineAdapter(engine, self)
+        self.host = host
+        self.port = port
+        self.want_server = server
+        self.lock = lock
+        console = cfg.app.console
+        self.keymap_overrides: dict[str, str] = dict(console.keymap)
+        self.ring_bell = console.bell
+        self.history_page = console.history_page
+        self.bells = 0  # how often the console rang (a new gate)
+        self.services_ready = False
+        self.server_urls: list[str] = []
+        self.selected: str | None = None
+        self.probes: dict[str, ModelProbe] = {}
+        # The running turn of each session and its events so far (replayed when a session is shown).
+        self.live_turn: dict[str, str] = {}
+        self.live_events: dict[str, list[EngineEvent]] = {}
+        self._user_events: dict[str, EngineEvent] = {}
+        self._details: GateDetailsScreen | None = None
+        self.set_keymap(self.keymap_overrides)
+
+    # ---- widgets ---------------------------------------------------------------------------------------
+
+    def get_default_screen(self) -> MainScreen:
+        return MainScreen()
+
+    @property
+    def main(self) -> MainScreen:
+        screen = self.screen_stack[0] if self.screen_stack else None
+        assert isinstance(screen, MainScreen)
+        return screen
+
+    @property
+    def chat(self) -> ChatView:
+        return self.main.query_one(ChatView)
+
+    @property
+    def chat_input(self) -> ChatInput:
+        return self.main.query_one(ChatInput)
+
+    @property
+    def sessions_list(self) -> SessionsList:
+        return self.main.query_one(SessionsList)
+
+    @property
+    def inbox(self) -> GatesInbox:
+        return self.main.query_one(GatesInbox)
+
+    @property
+    def status(self) -> StatusBar:
+        return self.main.query_one(StatusBar)
+
+    def pane_target(self, pane: str) -> Any:
+        """The object a pane's actions run on (for the command palette)."""
+        if pane == "global":
+            return self
+        cls = PANE_WIDGETS.get(pane)
+        if cls is None:
+            return None
+        try:
+            return self.main.query_one(cls)
+        except Exception:  # noqa: BLE001 - not composed (yet)
+            return None
+
+    def run_palette_action(self, action: str, target: Any) -> None:
+        self.call_later(self.run_action, action, target)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        bad = unknown_ids(self.keymap_overrides)
+        if bad:
+            msg = f"keymap: unknown binding id(s) {', '.join(bad)} (see docs/CONSOLE.md)"
+            log.warning(msg)
+            self.notify(msg, severity="warning", timeout=10)
+        theme = self.cfg.app.console.theme
+        if theme in self.available_themes:
+            self.theme = theme
+        else:
+            self.notify(f"unknown theme {theme!r}; themes: {', '.join(sorted(self.available_themes))}",
+                        severity="warning", timeout=10)
+        self.set_interval(2, self._refresh_clients)
+        self.run_worker(self._start_services(), name="services", group="services", exit_on_error=False)
+
+    async def _start_services(self) -> None:
+        try:
+            started = await self.adapter.start(server=self.want_server, host=self.host, port=self.port)
+        except Exception as e:  # noqa: BLE001 - shown in the console, which stays up
+            log.exception("the engine did not start")
+            self.post_message(ServicesFailed(f"{type(e).__name__}: {e}"))
+            return
+        self.post_message(started)
+
+    async def on_unmount(self) -> None:
+        self.adapter.disconnect()
+        try:
+            await self.adapter.stop()
+        except Exception:  # noqa: BLE001
+            log.exception("stopping the engine failed")
+
+    @on(ServicesFailed)
+    def _services_failed(self, msg: ServicesFailed) -> None:
+        self.status.server = "engine failed"
+        self.status.warning = one_line(msg.error, 60)
+        self.notify(f"the engine did not start: {msg.error}", severity="error", timeout=30)
+
+    @on(ServicesStarted)
+    async def _services_started(self, msg: ServicesStarted) -> None:
+        self.services_ready = True
+        self.server_urls = msg.server_urls
+        if msg.server_urls:
+            extra = [u.rsplit(":", 1)[-1] for u in msg.server_urls[1:]]
+            self.status.server = msg.server_urls[0] + "".join(f" +{p}" for p in extra)
+        elif not self.want_server:
+            self.status.server = "server off"
+        else:
+            self.status.server = "server failed"
+        if msg.server_error:
+            self.notify(f"server: {msg.server_error}", severity="error", timeout=15)
+        if self.lock is not None:
+            with contextlib.suppress(OSError):
+                self.lock.update(url=msg.server_urls[0] if msg.server_urls else None)
+        self.chat_input.set_completions(self.adapter.command_names(), self.adapter.model_keys())
+        sessions = await self.adapter.sessions()
+        if not self._drawing:
+            return
+        self.sessions_list.set_sessions(sessions)
+        self._set_gates(self.adapter.pending_gates())
+        self._refresh_limits()
+        console = [s for s in sessions if s.get("kind") == "console"]
+        if console:
+            await self.select_session(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])
+        else:
+            await self._new_session(focus=False)
+        self._probe_models()
+
+    # ---- sessions ---------------------------------------------------------------------------------------
+
+    async def select_session(self, session_id: str) -> None:
+        self.selected = session_id
+        self.sessions_list.select(session_id)
+        self.chat.session_id = None  # loading: live events wait for the history
+        self.chat_input.busy = session_id in self.live_turn
+        self._update_session_labels()
+        self._refresh_prompt()
+        self._refresh_limits()
+        self._update_guidance()
+        self._load_history(session_id, None)
+
+    def _update_session_labels(self) -> None:
+        sid = self.selected
+        info = self.sessions_list.sessions.get(sid or "", {})
+        short = info.get("short_id", "")
+        model = info.get("model") or self.adapter.default_model()
+        self.status.session = f"#{short}" if short != "" else ""
+        self.status.model = model
+        self.status.running = len(self.live_turn)
+        chat = self.chat
+        chat.border_title = Content(f"Chat · {short} {one_line(info.get('title') or '', 40)}".rstrip())
+        chat.border_subtitle = Content(f"{info.get('kind', '')} · {model} · {info.get('state', 'idle')}")
+
+    @work(group="history", exit_on_error=False)
+    async def _load_history(self, session_id: str, before_id: int | None) -> None:
+        self.post_message(await self.adapter.load_history(session_id, self.history_page, before_id))
+
+    @on(HistoryLoaded)
+    async def _history_loaded(self, msg: HistoryLoaded) -> None:
+        if msg.session_id != self.selected or not self._drawing:
+            return
+        chat = self.chat
+        if msg.before_id is None:
+            live = self.live_turn.get(msg.session_id)
+            messages = [m for m in msg.messages if live is None or m.turn_id != live]
+            await chat.show(msg.session_id, messages, has_more=msg.has_more,
+                            live=list(self.live_events.get(msg.session_id, [])))
+        elif chat.session_id == msg.session_id:
+            await chat.prepend(msg.messages, has_more=msg.has_more)
+
+    @on(ChatView.LoadEarlier)
+    def _load_earlier(self, msg: ChatView.LoadEarlier) -> None:
+        self._load_history(msg.session_id, msg.before_id)
+
+    @on(SessionsList.Picked)
+    async def _picked(self, msg: SessionsList.Picked) -> None:
+        if msg.session_id != self.selected:
+            await self.select_session(msg.session_id)
+        if self.main.narrow:
+            self.main.show_pane("chat")
+
+    @on(SessionsList.NewRequested)
+    async def _new_requested(self) -> None:
+        await self.action_new_session()
+
+    @on(SessionsList.StopRequested)
+    def _stop_requested(self, msg: SessionsList.StopRequested) -> None:
+        if not self.adapter.stop_turn(msg.session_id):
+            self.notify("no turn is running in that session", timeout=3)
+
+    async def _new_session(self, *, focus: bool = True) -> None:
+        if not self.services_ready:
+            self.notify("the engine is still starting", timeout=3)
+            return
+        session = await self.adapter.open_session("console")
+        if not self._drawing:
+            return
+        self.sessions_list.upsert(session)
+        await self.select_session(session["client_id"])
+        if focus:
+            self.main.show_pane("input")
+
+    # ---- the input --------------------------------------------------------------------------------------
+
+    @on(ChatInput.Submitted)
+    async def _submitted(self, msg: ChatInput.Submitted) -> None:
+        if not self.services_ready or self.selected is None:
+            self.notify("the engine is still starting; try again in a moment", severity="warning", timeout=4)
+            self.chat_input.put_back(msg.text)
+            return
+        try:
+            await self.adapter.submit(self.selected, msg.text)
+        except Exception as e:  # noqa: BLE001 - EngineError and friends: say it where the user looks
+            if self._drawing:
+                self.notify(str(e), severity="error", timeout=8)
+                self.chat_input.put_back(msg.text)
+
+    @on(ChatInput.CancelRequested)
+    def _cancel_requested(self) -> None:
+        sid = self.selected
+        if sid is None:
+            return
+        turn = self.live_turn.get(sid)
+        prompt = self._user_events.get(turn or "")
+        if self.adapter.stop_turn(sid):
+            if prompt is not None:
+                self.chat_input.put_back(prompt.data.get("text", ""))
+            self.notify("turn cancelled", timeout=3)
+
+    # ---- engine events ---------------------------------------------------------------------------------
+
+    @property
+    def _drawing(self) -> bool:
+        """The main screen is up (not yet, or no longer, during start-up and shutdown)."""
+        return (self.is_running and not self._exit and bool(self.screen_stack)
+                and isinstance(self.screen_stack[0], MainScreen))
+
+    @on(EngineEvent)
+    async def _engine_event(self, msg: EngineEvent) -> None:
+        if not self._drawing:
+            return
+        name, sid = msg.name, msg.session_id
+        if name == ev.SESSION:
+            await self._session_event(msg)
+            if not self._drawing:
+                return
+        elif name == ev.GATE:
+            self._gate_opened(msg.data, msg.turn_id)
+        elif name == ev.GATE_RESOLVED:
+            self._gate_resolved(msg.data)
+        elif name == ev.RATE:
+            self._refresh_limits()
+        elif name == ev.DONE:
+            self._model_outcome(msg)
+        elif name == ev.ERROR and msg.data.get("code") == "model_error":
+            self._model_outcome(msg)
+        if sid is None:
+            return
+        self._track_live(msg)
+        if sid == self.selected and self.chat.session_id == sid and name != ev.SESSION:
+            await self.chat.apply(msg)
+            if not self._drawing:  # the app began to close while drawing
+                return
+        elif name in (ev.DONE, ev.GATE, ev.ERROR, ev.USER):
+            self.sessions_list.mark_unread(sid)
+        if name != ev.SESSION:
+            self.sessions_list.touch(sid, msg.ts)
+
+    def _track_live(self, msg: EngineEvent) -> None:
+        sid, tid, name = msg.session_id or "", msg.turn_id, msg.name
+        if name == ev.USER and tid:
+            self._user_events[tid] = msg
+            while len(self._user_events) > 500:
+                self._user_events.pop(next(iter(self._user_events)))
+        if name == ev.TURN and tid:
+            self.live_turn[sid] = tid
+            first = self._user_events.get(tid)
+            self.live_events[sid] = [first, msg] if first is not None else [msg]
+        elif tid and self.live_turn.get(sid) == tid:
+            buf = self.live_events.setdefault(sid, [])
+            merged = buf[-1].merged_with(msg) if buf else None
+            if merged is not None:
+                buf[-1] = merged
+            else:
+                buf.append(msg)
+            if name == ev.DONE:
+                self.live_turn.pop(sid, None)
+                self.live_events.pop(sid, None)
+                self._user_events.pop(tid, None)
+        if name in (ev.TURN, ev.DONE):
+            if sid == self.selected:
+                self.chat_input.busy = sid in self.live_turn
+            self.status.running = len(self.live_turn)
+
+    async def _session_event(self, msg: EngineEvent) -> None:
+        data = msg.data
+        sid = data.get("client_id") or msg.session_id
+        if data.get("change") == "deleted":
+            self.sessions_list.remove(sid)
+            if sid == self.selected:
+                console = [s for s in self.sessions_list.sessions.values() if s.get("kind") == "console"]
+                if console:
+                    await self.select_session(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])
+                else:
+                    await self._new_session(focus=False)
+            return
+        old_model = self.sessions_list.sessions.get(sid, {}).get("model")
+        self.sessions_list.upsert(data)
+        if sid == self.selected:
+            self._update_session_labels()
+            if data.get("model") != old_model:
+                self._refresh_prompt()
+                self._update_guidance()
+
+    # ---- gates -------------------------------------------------------------------------------------------
+
+    def _set_gates(self, gates: list[dict[str, Any]]) -> None:
+        self.inbox.set_gates(gates)
+        self.main.set_gate_count(len(self.inbox.gates))
+
+    def _gate_opened(self, gate: dict[str, Any], turn_id: str | None) -> None:
+        gate = {**gate, "turn_id": turn_id}
+        self.inbox.add(gate)
+        self.main.set_gate_count(len(self.inbox.gates))
+        who = f"{gate.get('client_kind')} {self.sessions_list.short_id(gate.get('session_id'))}"
+        self.notify(f"{who}: {one_line(gate.get('summary', ''), 100)}  (ctrl+g to answer)",
+                    title="⚑ approval needed", severity="warning", timeout=8)
+        if self.ring_bell:
+            self.bell()
+
+    def _gate_resolved(self, gate: dict[str, Any]) -> None:
+        self.inbox.remove(gate.get("id", ""))
+        self.main.set_gate_count(len(self.inbox.gates))
+        details = self._details
+        if details is not None and details.gate_id == gate.get("id") and details.is_attached:
+            self._details = None
+            details.dismiss(None)
+            self.notify(f"gate {gate.get('decision')} by {gate.get('by')}", timeout=4)
+
+    def bell(self) -> None:
+        self.bells += 1
+        super().bell()
+
+    @on(GatesInbox.Decision)
+    def _gate_decision(self, msg: GatesInbox.Decision) -> None:
+        self._answer(msg.gate_id, msg.decision, msg.scope, msg.stop_turn)
+
+    def _answer(self, gate_id: str, decision: str, scope: str, stop: bool) -> None:
+        gate = self.inbox.gates.get(gate_id, {})
+        error = self.adapter.resolve_gate(gate_id, decision, scope)
+        if error:
+            self.inbox.remove(gate_id)
+            self.main.set_gate_count(len(self.inbox.gates))
+            self.notify(error, severity="warning", timeout=5)
+            return
+        if stop and gate.get("session_id"):
+            self.adapter.stop_turn(gate["session_id"])
+
+    @on(GatesInbox.DetailsRequested)
+    async def _gate_details(self, msg: GatesInbox.DetailsRequested) -> None:
+        gate = self.inbox.gates.get(msg.gate_id)
+        if gate is None:
+            return
+        sid = gate.get("session_id") or ""
+        context = ""
+        with contextlib.suppress(Exception):
+            page = await self.adapter.load_history(sid, 8)
+            lines = []
+            for m in page.messages:
+                if m.role in ("user", "assistant", "notice", "error") and m.content.strip():
+                    lines.append(f"{m.role}: {one_line(m.content, 300)}")
+                for tc in m.tool_calls:
+                    lines.append(f"tool call: {tc.name}")
+            context = "\n".join(lines[-8:])
+        live = self.live_events.get(sid, [])
+        partial = "".join(e.data.get("text", "") for e in live if e.name == ev.TOK)
+        if partial.strip():
+            context += f"\n(streaming) {one_line(partial, 300)}"
+        if not self._drawing or msg.gate_id not in self.inbox.gates:
+            return  # closing, or answered elsewhere while the context was read
+        screen = GateDetailsScreen(gate, self.sessions_list.short_id(sid), context)
+        self._details = screen
+
+        def answered(result: tuple[str, str, bool] | None) -> None:
+            if self._details is screen:
+                self._details = None
+            if result is not None:
+                self._answer(msg.gate_id, *result)
+
+        await self.push_screen(screen, answered)
+
+    # ---- rate limits and prompt tree -----------------------------------------------------------------
+
+    def _refresh_limits(self) -> None:
+        if self.services_ready:
+            self.main.query_one(LimitsTable).show_usage(self.adapter.rate_usage(self.selected))
+
+    @on(LimitsTable.EnableRequested)
+    def _enable_rate(self, msg: LimitsTable.EnableRequested) -> None:
+        if self.adapter.enable_rate(msg.session_id, msg.tool_type):
+            self.notify(f"{msg.tool_type} re-enabled for session "
+                        f"{self.sessions_list.short_id(msg.session_id)}", timeout=4)
+        self._refresh_limits()
+
+    @on(LimitsTable.RefreshRequested)
+    def _limits_refresh(self) -> None:
+        self._refresh_limits()
+
+    def _selected_model(self) -> str:
+        info = self.sessions_list.sessions.get(self.selected or "", {})
+        return info.get("model") or self.adapter.default_model()
+
+    def _refresh_prompt(self) -> None:
+        if not self.services_ready:
+            return
+        model = self._selected_model()
+        folder, tree = self.adapter.prompt_tree(model)
+        self.main.query_one(PromptPane).show(model, folder, tree)
+
+    @on(PromptPane.ReloadRequested)
+    def _prompt_reload(self) -> None:
+        folder = self.adapter.prompt_folder(self._selected_model())
+        if folder is not None:
+            self.adapter.reload_prompt(folder)
+        self._refresh_prompt()
+        self.notify("prompt tree re-read", timeout=2)
+
+    @on(PromptPane.EditRequested)
+    def _prompt_edit(self, msg: PromptPane.EditRequested) -> None:
+        def saved(text: str | None) -> None:
+            if text is not None:
+                self._save_section(msg.folder, msg.section, text)
+
+        self.push_screen(PromptEditScreen(msg.section, msg.body), saved)
+
+    @work(group="prompt", exit_on_error=False)
+    async def _save_section(self, folder: Path, section: str, text: str) -> None:
+        try:
+            summary = await self.adapter.save_prompt_section(folder, self.selected, section, text)
+        except Exception as e:  # noqa: BLE001 - PromptEditError and I/O errors, said plainly
+            self.notify(f"not saved: {e}", severity="error", timeout=10)
+            return
+        self.notify(summary, timeout=5)
+        self._refresh_prompt()
+
+    # ---- models ---------------------------------------------------------------------------------------
+
+    @work(group="probe", exclusive=True, exit_on_error=False)
+    async def _probe_models(self) -> None:
+        self.post_message(await self.adapter.probe_models())
+
+    @on(ModelsChecked)
+    def _models_checked(self, msg: ModelsChecked) -> None:
+        if not self._drawing:
+            return
+        self.probes = dict(msg.probes)
+        self._update_guidance()
+
+    def _model_outcome(self, msg: EngineEvent) -> None:
+        model = msg.data.get("model")
+        if msg.name == ev.DONE:
+            if model and msg.data.get("status") == "complete" and not msg.data.get("command"):
+                self.probes[model] = ModelProbe(model, True, "", self.adapter.describe_model(model))
+                self._update_guidance()
+            return
+        sid = msg.session_id
+        info = self.sessions_list.sessions.get(sid or "", {})
+        key = info.get("model") or self.adapter.default_model()
+        self.probes[key] = ModelProbe(key, False, one_line(msg.data.get("message", ""), 200),
+                                      self.adapter.describe_model(key))
+        self._update_guidance()
+
+    def _update_guidance(self) -> None:
+        guidance = self.main.query_one("#guidance")
+        if not self.probes:
+            guidance.remove_class("-shown")
+            return
+        reachable = sorted(k for k, p in self.probes.items() if p.ok)
+        model = self._selected_model()
+        probe = self.probes.get(model)
+        if not reachable:
+            self.status.warning = "no model reachable"
+        elif probe is not None and not probe.ok:
+            self.status.warning = f"model {model} unreachable"
+        else:
+            self.status.warning = ""
+        if probe is None or probe.ok:
+            guidance.remove_class("-shown")
+            return
+        cfg_dir = self.cfg.paths.config_dir
+        text = (f"⚠ Model {model} ({probe.description}) is not reachable: {probe.reason}.\n"
+                f"Set its key in the environment or {cfg_dir}/.env, or run `aiops config init` and edit "
+                f"models.toml there (default_model, base_url for llama.cpp/Ollama/vLLM); `aiops models` "
+                f"lists them, !model KEY switches this session. ")
+        text += f"Reachable now: {', '.join(reachable)}." if reachable else "No configured model answers."
+        text += " Commands, sessions and gates work without a model."
+        guidance.update(Content(text))  # type: ignore[attr-defined]
+        guidance.add_class("-shown")
+
+    def _refresh_clients(self) -> None:
+        # An app timer outlives the screen: on shutdown Textual removes the screen's widgets
+        # before it stops the app's timers, so a tick can land on an empty screen.
+        if not self.services_ready or not self._drawing:
+            return
+        with contextlib.suppress(NoMatches):
+            self.status.clients = self.adapter.connected_clients()
+
+    # ---- actions -------------------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("quit", "command_palette"):
+            return True
+        # Layout and pane actions belong to the main screen; a modal keeps its own keys.
+        if self.screen_stack and not isinstance(self.screen, MainScreen):
+            return False
+        return True
+
+    def action_help(self) -> None:
+        pane = focused_pane(self.screen.focused)
+        node: Any = self.screen.focused
+        help_text = OVERVIEW_HELP
+        while node is not None:
+            if isinstance(getattr(node, "PANE", None), str) and getattr(node, "HELP", None):
+                help_text = node.HELP
+                break
+            node = node.parent
+        self.push_screen(HelpScreen(pane, help_text, self.keymap_overrides))
+
+    def action_jump_gate(self) -> None:
+        self.main.show_pane("gates")
+        self.inbox.highlight_oldest()
+        if not self.inbox.gates:
+            self.notify("no gate is pending", timeout=2)
+
+    async def action_new_session(self) -> None:
+        await self._new_session(focus=True)
+
+    def action_toggle_sessions(self) -> None:
+        self.main.toggle("sessions")
+
+    def action_toggle_side(self) -> None:
+        self.main.toggle("side")
+
+    def action_next_side_tab(self) -> None:
+        self.main.cycle_side_tab()
+
+    def action_next_pane(self) -> None:
+        self.main.cycle_pane(1)
+
+    def action_previous_pane(self) -> None:
+        self.main.cycle_pane(-1)
+
+    def action_resize(self, delta: int) -> None:
+        self.main.resize_pane(int(delta))
+
+    def action_focus_input(self) -> None:
+        self.main.show_pane("input")
+
+    def action_show_pane(self, name: str) -> None:
+        self.main.show_pane(name)
+
+    def action_check_models(self) -> None:
+        self._probe_models()
+        self.notify("checking models…", timeout=2)
+
+
+# ---- running it ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _terminal_quiet(cfg: Config) -> Iterator[None]:
+    """While the console draws, no log record or warning may reach the terminal."""
+    root = logging.getLogger()
+    removed = [h for h in root.handlers if isinstance(h, logging.StreamHandler)
+               and not isinstance(h, logging.FileHandler)
+               and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)]
+    for h in removed:
+        root.removeHandler(h)
+    added: logging.Handler | None = None
+    level = root.level
+    log_path = str(cfg.paths.log_path)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == log_path for h in root.handlers):
+        cfg.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        added = logging.FileHandler(cfg.paths.log_path, encoding="utf-8")
+        added.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(added)
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        if added is not None:
+            root.removeHandler(added)
+            added.close()
+            root.setLevel(level)
+        for h in removed:
+            root.addHandler(h)
+
+
+def run_console(cfg: Config, host: str | None = None, port: int | None = None, server: bool = True) -> int:
+    """Run the console until quit. Exit status 2 when another aiops holds the data dir."""
+    from aiops.engine.lock import AlreadyRunning, DataDirLock
+
+    lock = DataDirLock(cfg.paths.lock_path)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    try:
+        with _terminal_quiet(cfg):
+            app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
+            code = app.run()
+        log.info("console closed after %.0f s", time.monotonic() - started)
+        return code or 0
+    finally:
+        lock.release()

@@ -1,0 +1,75 @@
+"""Small text helpers shared by the panes: ages, countdowns, one-line previews."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+STATE_MARK = {"idle": "·", "running": "▶", "waiting": "⚑"}
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """Compact age for lists: "now", "5m", "3h", "2d"."""
+    if not ts:
+        return ""
+    s = max(0, int((now or time.time()) - ts))
+    if s < 60:
+        return "now"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def time_left(expires_at: float | None, now: float | None = None) -> str:
+    """"1:05" until a gate times out; "∞" when it waits until answered."""
+    if not expires_at:
+        return "∞"
+    s = max(0, int(expires_at - (now or time.time())))
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def one_line(text: str, width: int) -> str:
+    flat = " ".join(str(text).split())
+    if width <= 1:
+        return flat[:width]
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
+
+def args_preview(args: Any, width: int = 60) -> str:
+    if isinstance(args, dict):
+        for key in ("sql", "query", "statement", "q", "command"):
+            v = args.get(key)
+            if isinstance(v, str) and v.strip():
+                return one_line(v, width)
+        try:
+            return one_line(json.dumps(args, ensure_ascii=False, default=str), width)
+        except (TypeError, ValueError):
+            pass
+    return one_line(repr(args), width)
+
+
+def sql_of(args: Any) -> str | None:
+    if isinstance(args, dict):
+        for key in ("sql", "query", "statement"):
+            v = args.get(key)
+            if isinstance(v, str) and v.strip():
+                return v
+    return None
+
+
+def pretty_json(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return ""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    return f"{ms / 1000:.1f} s"

@@ -1,0 +1,154 @@
+"""Every key binding of the console, in one registry.
+
+Each binding has a stable id (what `[console] keymap` in aiops.toml overrides), default keys, the
+action it runs, a short description for the footer and a tooltip. Panes build their `BINDINGS`
+from here, F1 help and the command palette read the same list, and docs/CONSOLE.md documents it,
+so none of them can drift from what the keys really do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+# Panes, in the order the palette lists them after the focused one.
+PANES: dict[str, str] = {
+    "global": "Everywhere",
+    "input": "Input",
+    "chat": "Chat",
+    "sessions": "Sessions",
+    "gates": "Gates inbox",
+    "prompt": "Prompt tree",
+    "limits": "Rate limits",
+    "log": "Log",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    id: str
+    keys: str  # comma-separated, Textual key names
+    action: str
+    description: str  # short: footer and palette title
+    tooltip: str  # one sentence: footer tooltip, palette help, F1 help
+    pane: str
+    show: bool = True  # in the footer
+    priority: bool = False
+    palette: bool = True  # offered in the command palette
+
+    def binding(self) -> Binding:
+        return Binding(self.keys, self.action, self.description, show=self.show, priority=self.priority,
+                       tooltip=self.tooltip, id=self.id)
+
+
+KEYS: tuple[KeySpec, ...] = (
+    # -- everywhere --
+    KeySpec("app.quit", "ctrl+q", "quit", "Quit",
+            "Quit aiops: running turns are cancelled and recorded, the server stops", "global",
+            priority=True),
+    KeySpec("app.palette", "ctrl+p", "command_palette", "Palette",
+            "Open the command palette; the focused pane's actions come first", "global", priority=True,
+            palette=False),
+    KeySpec("app.help", "f1", "help", "Help", "Explain the focused pane and list its keys", "global",
+            priority=True),
+    KeySpec("app.jump_gate", "ctrl+g", "jump_gate", "Oldest gate",
+            "Jump to the oldest pending gate in the inbox", "global", priority=True),
+    KeySpec("app.new_session", "ctrl+n", "new_session", "New session",
+            "Open a new console session and put the cursor in the input", "global", priority=True),
+    KeySpec("app.toggle_sessions", "f2", "toggle_sessions", "Sessions",
+            "Show or hide the sessions pane", "global", priority=True),
+    KeySpec("app.toggle_side", "f3", "toggle_side", "Side",
+            "Show or hide the side pane (gates, prompt tree, rate limits, log)", "global", priority=True),
+    KeySpec("app.next_side_tab", "f5", "next_side_tab", "Next tab",
+            "Cycle the side pane: gates, prompt tree, rate limits, log", "global", show=False,
+            priority=True),
+    KeySpec("app.next_pane", "f6", "next_pane", "Next pane",
+            "Move to the next pane (on narrow terminals: show the next pane)", "global", show=False,
+            priority=True),
+    KeySpec("app.previous_pane", "shift+f6", "previous_pane", "Previous pane",
+            "Move to the previous pane", "global", show=False, priority=True),
+    KeySpec("app.narrower", "alt+left", "resize(-4)", "Narrower",
+            "Make the focused side pane narrower (the sessions pane while typing)", "global", show=False,
+            priority=True),
+    KeySpec("app.wider", "alt+right", "resize(4)", "Wider",
+            "Make the focused side pane wider (the sessions pane while typing)", "global", show=False,
+            priority=True),
+    KeySpec("app.focus_input", "i", "focus_input", "Type",
+            "Put the cursor in the message input", "global"),
+    # -- the input --
+    # The input handles its own keys in order with the characters typed before them (a priority
+    # binding would run before earlier keystrokes reached the text); see ChatInput._on_key.
+    KeySpec("input.send", "enter", "send", "Send",
+            "Send the message (lines starting with ! are commands, @model picks a model for one turn)",
+            "input"),
+    KeySpec("input.newline", "shift+enter,ctrl+j,alt+enter", "newline", "Newline",
+            "Insert a line break; ctrl+j works in every terminal, shift+enter where the terminal sends it",
+            "input", show=False),
+    KeySpec("input.cancel", "escape", "cancel", "Cancel turn",
+            "Cancel the running turn of this session and put its prompt back in the input", "input"),
+    KeySpec("input.complete", "tab", "complete", "Complete",
+            "Complete the !command or @model under the cursor", "input", show=False),
+    # -- the chat --
+    KeySpec("chat.earlier", "e", "load_earlier", "Earlier",
+            "Load earlier messages of this session", "chat"),
+    KeySpec("chat.details", "t", "toggle_details", "Details",
+            "Expand or collapse every thinking and tool-call block", "chat"),
+    KeySpec("chat.bottom", "end", "bottom", "Bottom",
+            "Scroll to the newest message and follow the conversation again", "chat"),
+    # -- sessions --
+    KeySpec("sessions.open", "enter", "select", "Open",
+            "Show the highlighted session in the chat pane", "sessions"),
+    KeySpec("sessions.new", "n", "new", "New", "Open a new console session", "sessions"),
+    KeySpec("sessions.stop", "x", "stop", "Stop turn",
+            "Cancel the running turn of the highlighted session", "sessions"),
+    # -- gates --
+    KeySpec("gates.approve", "a", "approve", "Approve",
+            "Approve the highlighted gate once", "gates"),
+    KeySpec("gates.approve_session", "s", "approve_session", "Approve session",
+            "Approve it and let the same tool, operation and tables through for the rest of the session",
+            "gates"),
+    KeySpec("gates.deny", "d", "deny", "Deny",
+            "Deny the highlighted gate; the model is told it was not allowed", "gates"),
+    KeySpec("gates.deny_stop", "x", "deny_stop", "Deny+stop",
+            "Deny the highlighted gate and cancel the turn that asked", "gates"),
+    KeySpec("gates.details", "enter", "details", "Details",
+            "Open the gate: full arguments, SQL highlighted, what the session was doing", "gates"),
+    # -- prompt tree --
+    KeySpec("prompt.edit", "e", "edit", "Edit",
+            "Edit the selected section and save it through the prompt-tree engine", "prompt"),
+    KeySpec("prompt.reload", "r", "reload", "Reload", "Re-read the prompt files from disk", "prompt"),
+    # -- rate limits --
+    KeySpec("limits.enable", "e", "enable", "Re-enable",
+            "Re-enable the highlighted tool type for its session (auto-disabled after exceeding)",
+            "limits"),
+    KeySpec("limits.refresh", "r", "refresh", "Refresh", "Read the usage again", "limits",
+            show=False),
+    # -- log --
+    KeySpec("log.clear", "c", "clear", "Clear", "Clear the log view (the log file keeps everything)",
+            "log"),
+)
+
+BY_ID: dict[str, KeySpec] = {k.id: k for k in KEYS}
+
+
+def bindings_for(pane: str) -> list[Binding]:
+    return [k.binding() for k in KEYS if k.pane == pane]
+
+
+def specs_for(pane: str) -> list[KeySpec]:
+    return [k for k in KEYS if k.pane == pane]
+
+
+def unknown_ids(keymap: Mapping[str, str]) -> list[str]:
+    return sorted(set(keymap) - set(BY_ID))
+
+
+def keys_of(spec: KeySpec, keymap: Mapping[str, str]) -> str:
+    """The keys in effect for a binding after the user's keymap."""
+    return keymap.get(spec.id, spec.keys)
+
+
+def display_keys(keys: str) -> str:
+    return " / ".join(k.strip() for k in keys.split(",") if k.strip())

@@ -1,0 +1,1 @@
+"""Console screens: the main layout and the modals."""

@@ -1,0 +1,233 @@
+"""The main screen: sessions | chat + input | side pane (gates, prompt tree, rate limits, log).
+
+Below `NARROW_WIDTH` columns (80×24 over SSH) the same widgets are shown one at a time, chosen
+with a tab bar (or F6), so nothing is lost on a small terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Static, Tab, TabbedContent, TabPane, Tabs
+
+from aiops.tui.widgets.chat import ChatView
+from aiops.tui.widgets.chat_input import ChatInput
+from aiops.tui.widgets.gates import GatesInbox
+from aiops.tui.widgets.limits import LimitsTable
+from aiops.tui.widgets.log import LogView
+from aiops.tui.widgets.prompt_tree import PromptPane
+from aiops.tui.widgets.sessions import SessionsList
+from aiops.tui.widgets.status import StatusBar
+
+NARROW_WIDTH = 100
+SIDE_TABS = ("gates", "prompt", "limits", "log")
+VIEWS = ("chat", "sessions", *SIDE_TABS)
+MIN_WIDTH, MAX_WIDTH = 16, 90
+
+
+class SidePane(TabbedContent):
+    """The side pane's tabs. A pane's widget taking focus shows its tab (as in TabbedContent) only
+    while it still has focus: a focus that a quicker tab switch overtook must not switch back."""
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        event.prevent_default()  # the base class handler runs only through the call below
+        focused = self.screen.focused
+        if focused is None or event.tab_pane not in focused.ancestors_with_self:
+            event.stop()
+            return
+        super()._on_tab_pane_focused(event)
+
+
+class MainScreen(Screen[None]):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_WIDTH, "-wide")]
+
+    view: reactive[str] = reactive("chat")
+    """On a narrow terminal: the one pane shown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sessions_width = 28
+        self.side_width = 42
+        self.narrow = False
+        self._focus_target: Widget | None = None
+
+    def compose(self) -> ComposeResult:
+        sessions = SessionsList(id="sessions")
+        yield StatusBar(id="status")
+        yield Tabs(*(Tab(v.capitalize(), id=f"v-{v}") for v in VIEWS), id="narrow-tabs")
+        with Horizontal(id="main"):
+            with Vertical(id="sessions-pane"):
+                yield sessions
+            with Vertical(id="center"):
+                yield Static("", id="guidance")
+                yield ChatView(id="chat")
+                yield ChatInput(id="input")
+            with SidePane(id="side", initial="tab-gates"):
+                with TabPane("Gates", id="tab-gates"):
+                    yield GatesInbox(sessions.short_id, id="gates")
+                with TabPane("Prompt", id="tab-prompt"):
+                    yield PromptPane(id="prompt")
+                with TabPane("Limits", id="tab-limits"):
+                    yield LimitsTable(sessions.short_id, id="limits")
+                with TabPane("Log", id="tab-log"):
+                    yield LogView(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#sessions-pane").border_title = "Sessions"
+        self.query_one("#chat").border_title = "Chat"
+        self._apply_layout(self.size.width)
+        self.query_one(ChatInput).focus()
+
+    def on_resize(self, event: Any) -> None:
+        self._apply_layout(event.size.width)
+
+    # -- layout --
+
+    def _apply_layout(self, width: int) -> None:
+        narrow = 0 < width < NARROW_WIDTH
+        was = self.narrow
+        self.narrow = narrow
+        sessions = self.query_one("#sessions-pane")
+        side = self.query_one("#side")
+        if narrow:
+            sessions.styles.width = None
+            side.styles.width = None
+            if not was:
+                self.view = self._view_of(self.focused)
+            self._apply_view()
+        else:
+            sessions.styles.width = self.sessions_width
+            side.styles.width = self.side_width
+
+    def _apply_view(self) -> None:
+        v = self.view
+        self.set_class(v == "chat", "view-chat")
+        self.set_class(v == "sessions", "view-sessions")
+        self.set_class(v in SIDE_TABS, "view-side")
+        tabs = self.query_one("#narrow-tabs", Tabs)
+        if tabs.active != f"v-{v}":
+            tabs.active = f"v-{v}"
+        if v in SIDE_TABS:
+            self.query_one("#side", TabbedContent).active = f"tab-{v}"
+
+    def watch_view(self) -> None:
+        if self.is_mounted:
+            self._apply_view()
+
+    @on(Tabs.TabActivated, "#narrow-tabs")
+    def _narrow_tab(self, event: Tabs.TabActivated) -> None:
+        event.stop()
+        if event.tab is None or event.tab.id is None:
+            return
+        view = event.tab.id.removeprefix("v-")
+        if view != self.view:
+            self.view = view
+            self.focus_pane(view)
+
+    def pane_widget(self, name: str) -> Widget:
+        return {
+            "chat": lambda: self.query_one(ChatInput),
+            "input": lambda: self.query_one(ChatInput),
+            "sessions": lambda: self.query_one(SessionsList),
+            "gates": lambda: self.query_one(GatesInbox),
+            "prompt": lambda: self.query_one("#prompt-sections"),
+            "limits": lambda: self.query_one(LimitsTable),
+            "log": lambda: self.query_one(LogView),
+        }[name]()
+
+    def _view_of(self, widget: Widget | None) -> str:
+        node: Any = widget
+        while node is not None and node is not self:
+            pane = getattr(node, "PANE", None)
+            if pane in VIEWS:
+                return pane
+            if pane == "input":
+                return "chat"
+            node = node.parent
+        return "chat"
+
+    def show_pane(self, name: str, *, focus: bool = True) -> None:
+        """Make a pane visible (un-hide it, pick its tab, or switch to it when narrow)."""
+        view = "chat" if name == "input" else name
+        if view == "sessions":
+            self.remove_class("-no-sessions")
+        elif view in SIDE_TABS:
+            self.remove_class("-no-side")
+            self.query_one("#side", TabbedContent).active = f"tab-{view}"
+        if self.narrow:
+            self.view = view
+        if focus:
+            self.focus_pane(view)
+
+    def focus_pane(self, name: str) -> None:
+        """Focus a pane once it is displayed; a later request wins over one still pending."""
+        widget = self.pane_widget(name)
+        self._focus_target = widget
+
+        def focus() -> None:
+            if self._focus_target is widget:
+                widget.focus()
+
+        self.call_after_refresh(focus)
+
+    def toggle(self, what: str) -> None:
+        cls = "-no-sessions" if what == "sessions" else "-no-side"
+        if self.narrow:
+            self.show_pane("sessions" if what == "sessions" else self.side_tab())
+            return
+        hidden = not self.has_class(cls)
+        self.set_class(hidden, cls)
+        if hidden:
+            focused = self.focused
+            if focused is not None and self._view_of(focused) != "chat":
+                self.query_one(ChatInput).focus()
+        else:
+            self.focus_pane("sessions" if what == "sessions" else self.side_tab())
+
+    def side_tab(self) -> str:
+        active = self.query_one("#side", TabbedContent).active or "tab-gates"
+        return active.removeprefix("tab-")
+
+    def cycle_side_tab(self) -> None:
+        current = self.side_tab()
+        nxt = SIDE_TABS[(SIDE_TABS.index(current) + 1) % len(SIDE_TABS)] if current in SIDE_TABS else "gates"
+        self.show_pane(nxt)
+
+    def cycle_pane(self, step: int) -> None:
+        if self.narrow:
+            order = list(VIEWS)
+            current = self.view
+        else:
+            order = [p for p in ("sessions", "chat", "side") if not (
+                (p == "sessions" and self.has_class("-no-sessions")) or (p == "side" and self.has_class("-no-side")))]
+            current = self._view_of(self.focused)
+            current = "side" if current in SIDE_TABS else current
+        if current not in order:
+            current = order[0]
+        nxt = order[(order.index(current) + step) % len(order)]
+        self.show_pane(self.side_tab() if nxt == "side" else nxt)
+
+    def resize_pane(self, delta: int) -> None:
+        if self.narrow:
+            return
+        target = "side" if self._view_of(self.focused) in SIDE_TABS else "sessions"
+        if target == "side":
+            self.side_width = max(MIN_WIDTH, min(MAX_WIDTH, self.side_width + delta))
+            self.query_one("#side").styles.width = self.side_width
+        else:
+            self.sessions_width = max(MIN_WIDTH, min(MAX_WIDTH, self.sessions_width + delta))
+            self.query_one("#sessions-pane").styles.width = self.sessions_width
+
+    def set_gate_count(self, count: int) -> None:
+        label = f"Gates ({count})" if count else "Gates"
+        side = self.query_one("#side", TabbedContent)
+        side.get_tab("tab-gates").label = label
+        self.query_one("#narrow-tabs", Tabs).get_tab("v-gates").label = label  # type: ignore[union-attr]
+        self.query_one(StatusBar).gates = count

@@ -1,0 +1,142 @@
+"""Modal screens: F1 help, gate details, prompt-section editor."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.syntax import Syntax
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Markdown, Static, TextArea
+
+from aiops.tui.format import pretty_json, sql_of, time_left
+from aiops.tui.keys import PANES, KeySpec, display_keys, keys_of, specs_for
+
+
+class HelpScreen(ModalScreen[None]):
+    """Help for one pane: what it shows and the keys that work there (after the user's keymap)."""
+
+    BINDINGS = [
+        Binding("escape,f1,q", "dismiss", "Close", tooltip="Close the help", id="help.close"),
+    ]
+
+    def __init__(self, pane: str, help_markdown: str, keymap: Mapping[str, str]) -> None:
+        super().__init__(classes="modal")
+        self.pane = pane
+        self.help_markdown = help_markdown
+        self.keymap = keymap
+
+    def _table(self, specs: list[KeySpec]) -> str:
+        rows = ["| keys | what it does |", "|---|---|"]
+        for k in specs:
+            rows.append(f"| `{display_keys(keys_of(k, self.keymap))}` | {k.tooltip} |")
+        return "\n".join(rows)
+
+    def compose(self) -> ComposeResult:
+        text = self.help_markdown.strip() + "\n\n### Keys here\n\n" + self._table(specs_for(self.pane))
+        if self.pane != "global":
+            text += "\n\n### Keys everywhere\n\n" + self._table(specs_for("global"))
+        text += ("\n\nKeys can be changed in `aiops.toml` under `[console.keymap]` "
+                 "(binding id = \"keys\"); docs/CONSOLE.md lists every id.")
+        with Vertical(id="dialog"):
+            yield Label(f"Help · {PANES.get(self.pane, self.pane)}", classes="dialog-title")
+            with VerticalScroll():
+                yield Markdown(text)
+            yield Label("esc closes", classes="dialog-hint")
+
+
+class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
+    """One gate in full; answers it with the inbox's keys. Returns (decision, scope, stop)."""
+
+    BINDINGS = [
+        Binding("a", "answer('approve','once',False)", "Approve", tooltip="Approve once",
+                id="gate_details.approve"),
+        Binding("s", "answer('approve','session',False)", "Approve session",
+                tooltip="Approve for the rest of the session", id="gate_details.approve_session"),
+        Binding("d", "answer('deny','once',False)", "Deny", tooltip="Deny", id="gate_details.deny"),
+        Binding("x", "answer('deny','once',True)", "Deny+stop", tooltip="Deny and cancel the turn",
+                id="gate_details.deny_stop"),
+        Binding("escape", "close", "Close", tooltip="Close without answering", id="gate_details.close"),
+    ]
+
+    def __init__(self, gate: dict[str, Any], session_label: str, context: str) -> None:
+        super().__init__(classes="modal")
+        self.gate = gate
+        self.session_label = session_label
+        self.context = context
+
+    @property
+    def gate_id(self) -> str:
+        return str(self.gate.get("id"))
+
+    def compose(self) -> ComposeResult:
+        g = self.gate
+        head = (f"{g.get('client_kind')} session {self.session_label} · {g.get('tool')} "
+                f"{g.get('operation')} · {g.get('tool_type')}")
+        args = g.get("args") or {}
+        sql = sql_of(args)
+        with Vertical(id="dialog"):
+            yield Label(Content.assemble(("⚑ gate ", "bold"), self.gate_id), classes="dialog-title")
+            yield Static(Content(head))
+            if g.get("tables"):
+                yield Static(Content("tables: " + ", ".join(g["tables"])))
+            yield Static(Content(f"time left: {time_left(g.get('expires_at'))}"), id="gate-time-left")
+            with VerticalScroll(id="gate-body"):
+                if sql is not None:
+                    yield Static(Syntax(sql, "sql", word_wrap=True, background_color="default"),
+                                 id="gate-sql", classes="code")
+                yield Static(Syntax(pretty_json(args), "json", word_wrap=True, background_color="default"),
+                             id="gate-args", classes="code")
+                yield Label("what the session was doing", classes="dialog-subtitle")
+                yield Static(Content(self.context or "(no messages yet)"), id="gate-context")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Approve", id="b-approve", variant="success", compact=True)
+                yield Button("For session", id="b-session", variant="primary", compact=True)
+                yield Button("Deny", id="b-deny", variant="error", compact=True)
+                yield Button("Deny+stop", id="b-stop", variant="error", compact=True)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        answers = {"b-approve": ("approve", "once", False), "b-session": ("approve", "session", False),
+                   "b-deny": ("deny", "once", False), "b-stop": ("deny", "once", True)}
+        if event.button.id in answers:
+            self.dismiss(answers[event.button.id])
+
+    def action_answer(self, decision: str, scope: str, stop: bool) -> None:
+        self.dismiss((decision, scope, stop))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+class PromptEditScreen(ModalScreen[str | None]):
+    """Edit one leaf section's text; ctrl+s returns it for saving, esc discards."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save", tooltip="Save the section (atomic write, audited)",
+                id="prompt_edit.save", priority=True),
+        Binding("escape", "discard", "Discard", tooltip="Close without saving", id="prompt_edit.discard"),
+    ]
+
+    def __init__(self, section: str, body: str) -> None:
+        super().__init__(classes="modal")
+        self.section = section
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="wide"):
+            yield Label(Content.assemble(("edit section ", "bold"), self.section), classes="dialog-title")
+            yield TextArea(self.body, id="prompt-editor", soft_wrap=True, tab_behavior="indent")
+            yield Label("ctrl+s saves · esc discards", classes="dialog-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#prompt-editor", TextArea).focus()
+
+    def action_save(self) -> None:
+        self.dismiss(self.query_one("#prompt-editor", TextArea).text)
+
+    def action_discard(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,1 @@
+"""Console widgets: one module per pane."""

@@ -1,0 +1,420 @@
+"""The chat pane: one session's history and its live turn.
+
+History loads the latest page first with "load earlier" on demand. A live answer streams through
+one `MarkdownStream` per message and gets one full re-render when that message is complete.
+Thinking and tool calls are collapsible blocks; gate decisions, notices, command output and errors
+are lines styled apart. The view follows the bottom only while the reader is there (Textual's
+anchor: scrolling up releases it, scrolling back to the end restores it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from rich.syntax import Syntax
+from textual import on
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.message import Message
+from textual.widget import Widget
+from textual.widgets import Button, Collapsible, Markdown, Static
+
+from aiops.engine import events as ev
+from aiops.tui.format import args_preview, duration, one_line, pretty_json, sql_of
+from aiops.tui.keys import bindings_for
+
+if TYPE_CHECKING:
+    from textual.widgets.markdown import MarkdownStream
+
+    from aiops.engine.types import Message as HistoryMessage
+    from aiops.tui.adapter import EngineEvent
+
+PREVIEW_LINES = 30
+
+
+def _esc(text: str) -> Content:
+    return Content(text)
+
+
+class UserMessage(Static):
+    """What the user (or a client) sent."""
+
+    def __init__(self, text: str, *, command: bool = False, model: str | None = None,
+                 who: str = "you") -> None:
+        head = "!" if command else "›"
+        label = f"{who} @{model}" if model else who
+        super().__init__(Content.assemble((f"{head} {label}\n", "bold"), text),
+                         classes="msg user" + (" command" if command else ""))
+        self.text = text
+
+
+class ThinkingBlock(Collapsible):
+    def __init__(self, text: str = "") -> None:
+        self.body = Static(_esc(text), classes="thinking-text")
+        super().__init__(self.body, title=self._title_for(text), collapsed=True, classes="thinking")
+        self.text = text
+
+    @staticmethod
+    def _title_for(text: str) -> str:
+        words = len(text.split())
+        return f"thinking ({words} word{'s' if words != 1 else ''})" if words else "thinking…"
+
+    def append(self, text: str) -> None:
+        self.text += text
+        self.body.update(_esc(self.text))
+        self.title = self._title_for(self.text)
+
+
+class AssistantMessage(Vertical):
+    """One assistant message: optional thinking, then Markdown (streamed while live)."""
+
+    def __init__(self, text: str = "", thinking: str = "", *, status: str = "complete",
+                 model: str | None = None) -> None:
+        super().__init__(classes="msg assistant" + (" cancelled" if status == "cancelled" else ""))
+        self.text = text
+        self.markdown = Markdown(text, classes="answer")
+        self.thinking_block: ThinkingBlock | None = ThinkingBlock(thinking) if thinking else None
+        self._stream: MarkdownStream | None = None
+        self.status = status
+        self.model = model
+
+    def compose(self) -> Iterable[Widget]:
+        if self.thinking_block is not None:
+            yield self.thinking_block
+        yield self.markdown
+        if self.status == "cancelled":
+            yield Static("(cancelled)", classes="cancelled-mark")
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream is not None
+
+    async def write(self, text: str) -> None:
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.markdown)
+        self.text += text
+        await self._stream.write(text)
+
+    async def think(self, text: str) -> None:
+        if self.thinking_block is None:
+            self.thinking_block = ThinkingBlock()
+            await self.mount(self.thinking_block, before=self.markdown)
+        self.thinking_block.append(text)
+
+    async def finish(self) -> None:
+        """End the stream and render the whole message once more, now that it is complete."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.stop()
+            await self.markdown.update(self.text)
+
+
+class ToolCallBlock(Collapsible):
+    """A tool call and, once it finished, its result (arguments, preview, duration)."""
+
+    def __init__(self, call_id: str, name: str, arguments: Any) -> None:
+        self.call_id = call_id
+        self.tool_name = name
+        self.arguments = arguments
+        self.result: dict[str, Any] | None = None
+        self.args_view = Static(self._args_renderable(arguments), classes="tool-args")
+        self.result_view = Static("", classes="tool-result")
+        self.result_view.display = False
+        super().__init__(self.args_view, self.result_view, title=self._title_text(), collapsed=True,
+                         classes="tool")
+
+    @staticmethod
+    def _args_renderable(arguments: Any) -> Any:
+        sql = sql_of(arguments)
+        if sql is not None:
+            rest = {k: v for k, v in arguments.items() if v is not sql}
+            body = Syntax(sql, "sql", word_wrap=True, background_color="default")
+            if not rest:
+                return body
+            from rich.console import Group
+
+            return Group(body, Syntax(pretty_json(rest), "json", word_wrap=True, background_color="default"))
+        return Syntax(pretty_json(arguments), "json", word_wrap=True, background_color="default")
+
+    def _title_text(self) -> str:
+        from textual.markup import escape
+
+        head = f"⚙ {escape(self.tool_name)}  {escape(args_preview(self.arguments, 48))}"
+        r = self.result
+        if r is None:
+            return f"{head}  · running…"
+        mark = "✗" if r.get("is_error") else "✓"
+        extra = [duration(r.get("duration_ms"))]
+        if r.get("gate") and r.get("gate") not in ("allow",):
+            extra.append(str(r["gate"]))
+        return f"{head}  · {mark} {' · '.join(x for x in extra if x)}"
+
+    def set_result(self, content: str, *, is_error: bool, duration_ms: float | None,
+                   gate: str | None = None) -> None:
+        self.result = {"content": content, "is_error": is_error, "duration_ms": duration_ms, "gate": gate}
+        lines = content.splitlines()
+        preview = "\n".join(lines[:PREVIEW_LINES])
+        if len(lines) > PREVIEW_LINES:
+            preview += f"\n… {len(lines) - PREVIEW_LINES} more lines"
+        self.result_view.update(_esc(preview or "(empty result)"))
+        self.result_view.display = True
+        self.result_view.set_class(is_error, "error")
+        self.set_class(is_error, "failed")
+        self.title = self._title_text()
+
+
+class GateLine(Static):
+    """A gate decision, inline where it happened."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        decision = str(info.get("decision") or "")
+        scope = info.get("scope")
+        by = info.get("by") or ""
+        summary = info.get("summary") or info.get("tool") or ""
+        scope_txt = " for the session" if scope == "session" and decision == "approved" else ""
+        by_txt = f" by {by}" if by else ""
+        super().__init__(Content.assemble(("⚑ ", "bold"), f"{decision}{scope_txt}{by_txt}: ", summary),
+                         classes=f"msg gate-line {decision}")
+        self.info = info
+
+
+class NoticeLine(Static):
+    def __init__(self, text: str) -> None:
+        super().__init__(_esc(text), classes="msg notice")
+
+
+class CommandOutput(Static):
+    def __init__(self, text: str, command: str | None = None) -> None:
+        super().__init__(_esc(text), classes="msg command-output")
+        self.command = command
+
+
+class ErrorLine(Static):
+    def __init__(self, text: str, code: str | None = None) -> None:
+        label = f"error ({code}): " if code else "error: "
+        super().__init__(Content.assemble((label, "bold"), text), classes="msg error-line")
+
+
+class EarlierButton(Button):
+    def __init__(self) -> None:
+        super().__init__("↑ load earlier messages", id="load-earlier", compact=True, flat=True)
+        self.can_focus = False
+
+
+def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
+    """Turn stored messages into chat widgets (tool results attach to their calls)."""
+    out: list[Widget] = []
+    tools: dict[str, ToolCallBlock] = {}
+    for m in messages:
+        if m.role == "user":
+            out.append(UserMessage(m.content, command=bool(m.meta.get("command")), model=m.meta.get("model")))
+        elif m.role == "assistant":
+            if m.content.strip() or m.thinking:
+                out.append(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model")))
+            for tc in m.tool_calls:
+                block = ToolCallBlock(tc.id, tc.name, tc.arguments)
+                tools[tc.id] = block
+                out.append(block)
+        elif m.role == "tool":
+            block = tools.get(m.tool_call_id or "")
+            if block is None:
+                block = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
+                out.append(block)
+            block.set_result(m.content, is_error=bool(m.meta.get("is_error")),
+                             duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"))
+        elif m.role == "gate":
+            info = dict(m.meta)
+            info.setdefault("summary", m.content)
+            out.append(GateLine(info))
+        elif m.role == "notice":
+            if m.meta.get("kind") == "command":
+                out.append(CommandOutput(m.content, m.meta.get("command")))
+            else:
+                out.append(NoticeLine(m.content))
+        elif m.role == "error":
+            out.append(ErrorLine(m.content, m.meta.get("code")))
+    return out
+
+
+class ChatView(VerticalScroll, can_focus=True):
+    """The selected session's conversation."""
+
+    PANE = "chat"
+    BINDINGS = bindings_for("chat")
+    HELP = """\
+## Chat
+
+The selected session's conversation, live. Answers stream in as Markdown; **thinking** and
+**tool calls** are collapsible blocks (arguments, result preview, duration); gate decisions,
+notices, command output and errors are lines of their own.
+
+Only the latest messages are loaded: **load earlier** (or `e`) pages back. The view follows new
+output only while you are at the bottom; scroll up to read in peace, `end` to follow again.
+"""
+
+    class LoadEarlier(Message):
+        def __init__(self, session_id: str, before_id: int) -> None:
+            super().__init__()
+            self.session_id = session_id
+            self.before_id = before_id
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.session_id: str | None = None
+        self.oldest_id: int | None = None
+        self.has_more = False
+        self._current: AssistantMessage | None = None
+        self._tools: dict[str, ToolCallBlock] = {}
+        self._details_open = False
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    # -- building the view --
+
+    async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
+                   live: Iterable[EngineEvent] = ()) -> None:
+        """Replace the view: a page of history, then the events of the live turn (if any)."""
+        await self._finish_current()
+        self.session_id = session_id
+        self._tools.clear()
+        self._current = None
+        with self.app.batch_update():
+            await self.remove_children()
+            widgets = widgets_for_history(messages)
+            self._register_tools(widgets)
+            self.has_more = has_more
+            self.oldest_id = min((m.id for m in messages if m.id is not None), default=None)
+            if has_more and self.oldest_id is not None:
+                widgets.insert(0, EarlierButton())
+            if widgets:
+                await self.mount_all(widgets)
+        for event in live:
+            await self.apply(event)
+        self.scroll_end(animate=False, immediate=True)
+
+    async def prepend(self, messages: list[HistoryMessage], *, has_more: bool) -> None:
+        """Older messages above what is shown; the reader's place stays put."""
+        old_max = self.max_scroll_y
+        old_y = self.scroll_y
+        for button in self.query(EarlierButton):
+            await button.remove()
+        widgets = widgets_for_history(messages)
+        self._register_tools(widgets)
+        ids = [m.id for m in messages if m.id is not None]
+        if ids:
+            self.oldest_id = min(ids)
+        self.has_more = has_more and bool(ids)
+        if self.has_more:
+            widgets.insert(0, EarlierButton())
+        if widgets:
+            first = self.children[0] if self.children else None
+            if first is not None:
+                await self.mount_all(widgets, before=first)
+            else:
+                await self.mount_all(widgets)
+
+        def keep_place() -> None:
+            self.scroll_to(y=old_y + (self.max_scroll_y - old_max), animate=False, immediate=True)
+
+        self.call_after_refresh(keep_place)
+
+    def _register_tools(self, widgets: list[Widget]) -> None:
+        for w in widgets:
+            if isinstance(w, ToolCallBlock):
+                self._tools[w.call_id] = w
+
+    async def _add(self, widget: Widget) -> None:
+        await self.mount(widget)
+
+    async def _finish_current(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            await current.finish()
+
+    async def _assistant(self) -> AssistantMessage:
+        if self._current is None:
+            self._current = AssistantMessage()
+            await self._add(self._current)
+        return self._current
+
+    # -- live events --
+
+    async def apply(self, event: EngineEvent) -> None:
+        """Draw one live event of this session."""
+        name, data = event.name, event.data
+        if name == ev.TOK:
+            text = data.get("text", "")
+            if self._current is None and not text.strip():
+                return
+            await (await self._assistant()).write(text)
+        elif name == ev.THINKING:
+            await (await self._assistant()).think(data.get("text", ""))
+        elif name == ev.USER:
+            await self._finish_current()
+            await self._add(UserMessage(data.get("text", ""), command=bool(data.get("command")),
+                                        model=data.get("model")))
+        elif name == ev.TOOL_CALL:
+            await self._finish_current()
+            block = ToolCallBlock(data.get("id", ""), data.get("name", "tool"), data.get("arguments", {}))
+            if self._details_open:
+                block.collapsed = False
+            self._tools[block.call_id] = block
+            await self._add(block)
+        elif name == ev.TOOL_RESULT:
+            block = self._tools.get(data.get("id", ""))
+            if block is None:
+                block = ToolCallBlock(data.get("id", ""), data.get("name", "tool"), {})
+                self._tools[block.call_id] = block
+                await self._add(block)
+            content = data.get("content", "")
+            if data.get("truncated"):
+                content += "\n… (preview; the full result is in the session history)"
+            block.set_result(content, is_error=bool(data.get("is_error")),
+                             duration_ms=data.get("duration_ms"), gate=data.get("gate"))
+        elif name == ev.GATE_RESOLVED:
+            await self._finish_current()
+            await self._add(GateLine(data))
+        elif name == ev.NOTICE:
+            await self._finish_current()
+            if data.get("command"):
+                await self._add(CommandOutput(data.get("text", ""), data.get("command")))
+            else:
+                await self._add(NoticeLine(data.get("text", "")))
+        elif name == ev.ERROR:
+            await self._finish_current()
+            await self._add(ErrorLine(data.get("message", ""), data.get("code")))
+        elif name == ev.DONE:
+            await self._finish_current()
+
+    # -- actions --
+
+    @on(Button.Pressed, "#load-earlier")
+    def _earlier_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.action_load_earlier()
+
+    def action_load_earlier(self) -> None:
+        if self.session_id and self.has_more and self.oldest_id is not None:
+            self.post_message(self.LoadEarlier(self.session_id, self.oldest_id))
+        else:
+            self.notify("this is the beginning of the session", timeout=2)
+
+    def action_toggle_details(self) -> None:
+        self._details_open = not self._details_open
+        for block in self.query(Collapsible):
+            block.collapsed = not self._details_open
+
+    def action_bottom(self) -> None:
+        self.scroll_end(animate=False)
+
+    def text_preview(self) -> str:
+        """The conversation as plain text (for the details view of a gate)."""
+        parts = []
+        for w in self.children:
+            if isinstance(w, UserMessage):
+                parts.append("› " + one_line(w.text, 200))
+            elif isinstance(w, AssistantMessage):
+                parts.append(one_line(w.text, 200))
+        return "\n".join(parts)

@@ -1,0 +1,194 @@
+"""The message input: multi-line, Enter sends, history, !command and @model completion."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import events
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import TextArea
+
+from aiops.tui.keys import bindings_for, keys_of, specs_for
+
+HISTORY_SIZE = 200
+TITLE = "message · enter send · ctrl+j newline · esc cancel"
+
+
+class ChatInput(TextArea):
+    """Enter sends; shift+enter (or ctrl+j, or alt+enter) inserts a newline."""
+
+    PANE = "input"
+    BINDINGS = bindings_for("input")
+    HELP = """\
+## Input
+
+Type a message for the selected session and press **enter** to send it.
+
+- **shift+enter** inserts a line break where the terminal sends it; **ctrl+j** and **alt+enter**
+  work everywhere (many terminals, and tmux, send shift+enter as a plain enter).
+- **up** on the first line and **down** on the last line walk through what you sent before.
+- Lines starting with `!` are commands (`!help` lists them); `@model text` sends one turn to
+  another model. **tab** (or **right** at the end) completes a command or model name.
+- **esc** cancels the running turn of this session and puts its prompt back here.
+"""
+
+    busy: reactive[bool] = reactive(False)
+    """A turn of the selected session is running (esc cancels it)."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    class CancelRequested(Message):
+        pass
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
+                         highlight_cursor_line=False,
+                         placeholder="Message, !command or @model … (F1 for help)", **kw)
+        self.sent: list[str] = []
+        self._hist_pos: int | None = None
+        self._draft = ""
+        self.commands: list[str] = []
+        self.models: list[str] = []
+        self.candidates: list[str] = []
+        self.border_title = TITLE
+
+    # -- keys --
+
+    def _key_actions(self) -> dict[str, str]:
+        keymap = getattr(self.app, "keymap_overrides", {})
+        actions: dict[str, str] = {}
+        for spec in specs_for("input"):
+            for key in keys_of(spec, keymap).split(","):
+                if key.strip():
+                    actions[key.strip()] = spec.action
+        return actions
+
+    async def _on_key(self, event: events.Key) -> None:
+        """The input's own keys, handled in this widget's queue, so in order with the characters
+        typed before them; everything else goes on to TextArea."""
+        action = self._key_actions().get(event.key)
+        if action is None or not self.check_action(action, ()):
+            return
+        event.stop()
+        event.prevent_default()
+        await self.run_action(action)
+
+    # -- sending --
+
+    def action_send(self) -> None:
+        text = self.text
+        if not text.strip():
+            return
+        self.remember(text)
+        self.clear()
+        self.post_message(self.Submitted(text))
+
+    def remember(self, text: str) -> None:
+        if not self.sent or self.sent[-1] != text:
+            self.sent.append(text)
+            del self.sent[:-HISTORY_SIZE]
+        self._hist_pos = None
+        self._draft = ""
+
+    def action_newline(self) -> None:
+        self.insert("\n")
+
+    def action_cancel(self) -> None:
+        self.post_message(self.CancelRequested())
+
+    def put_back(self, text: str) -> None:
+        """Restore a prompt (after a cancel), unless the user already typed something new."""
+        if self.text.strip():
+            return
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "cancel":
+            return self.busy
+        if action == "complete":
+            return bool(self.suggestion)
+        return super().check_action(action, parameters)
+
+    def watch_busy(self) -> None:
+        self.refresh_bindings()
+
+    # -- history --
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.cursor_at_first_line and self.sent:
+            if self._hist_pos is None:
+                self._draft = self.text
+                self._hist_pos = len(self.sent)
+            if self._hist_pos > 0:
+                self._hist_pos -= 1
+                self._show(self.sent[self._hist_pos])
+            return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        if not select and self.cursor_at_last_line and self._hist_pos is not None:
+            self._hist_pos += 1
+            if self._hist_pos >= len(self.sent):
+                self._hist_pos = None
+                self._show(self._draft)
+            else:
+                self._show(self.sent[self._hist_pos])
+            return
+        super().action_cursor_down(select)
+
+    def _show(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    # -- completion --
+
+    def set_completions(self, commands: list[str], models: list[str]) -> None:
+        self.commands = sorted(commands)
+        self.models = sorted(models)
+
+    def update_suggestion(self) -> None:
+        self.suggestion = ""
+        self.candidates = self._candidates()
+        if self.candidates:
+            word = self._word()
+            self.suggestion = self.candidates[0][len(word):]
+            self.border_subtitle = "  ".join(self.candidates[:8]) + (" …" if len(self.candidates) > 8 else "")
+        else:
+            self.border_subtitle = ""
+        if self.is_mounted:
+            self.refresh_bindings()
+
+    def _word(self) -> str:
+        row, col = self.cursor_location
+        line = self.document.get_line(row)
+        if col < len(line) and not line[col].isspace():
+            return ""
+        before = line[:col]
+        if not before or before[-1].isspace():
+            return ""
+        word = before.split()[-1]
+        # Commands start a line; a model switch starts the message.
+        if word.startswith("!") and before.lstrip() == word:
+            return word
+        if word.startswith("@") and row == 0 and before.lstrip() == word:
+            return word
+        return ""
+
+    def _candidates(self) -> list[str]:
+        word = self._word()
+        if not word:
+            return []
+        if word.startswith("!"):
+            names = [f"!{c}" for c in self.commands]
+        else:
+            names = [f"@{m}" for m in self.models]
+        return [n for n in names if n.startswith(word) and n != word]
+
+    def action_complete(self) -> None:
+        if self.suggestion:
+            self.insert(self.suggestion + " ")

@@ -1,0 +1,127 @@
+"""A closed-loop load generator: `concurrency` workers, each sending its next request as soon as the
+previous one is fully read, until `requests` have completed.
+
+Latency is measured per request from just before sending to the last byte of the body (for a
+stream: through `data: [DONE]`). Every answer is checked, so a fast wrong answer cannot pass as a
+fast one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+EXPECTED = "Hello! This is the benchmark upstream's short, fixed completion."
+
+
+@dataclass
+class Result:
+    target: str  # direct | aiops
+    stream: bool
+    concurrency: int
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return len(self.latencies_ms)
+
+    def pct(self, p: float) -> float:
+        xs = sorted(self.latencies_ms)
+        if not xs:
+            return float("nan")
+        k = min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))
+        return xs[k]
+
+    @property
+    def rps(self) -> float:
+        return self.count / self.wall_s if self.wall_s else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"target": self.target, "stream": self.stream, "concurrency": self.concurrency,
+                "requests": self.count, "errors": self.errors, "p50_ms": round(self.pct(50), 3),
+                "p99_ms": round(self.pct(99), 3), "mean_ms": round(statistics.fmean(self.latencies_ms), 3)
+                if self.latencies_ms else None, "rps": round(self.rps, 1), "wall_s": round(self.wall_s, 3)}
+
+
+def _check(stream: bool, body: bytes) -> str | None:
+    """Why the answer is wrong, or None."""
+    if not stream:
+        try:
+            text = json.loads(body)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            return f"not a chat.completion: {body[:200]!r}"
+        return None if text == EXPECTED else f"unexpected answer {text!r}"
+    if not body.rstrip().endswith(b"data: [DONE]"):
+        return f"stream did not end with [DONE]: {body[-200:]!r}"
+    text = ""
+    for frame in body.split(b"\n\n"):
+        if frame.startswith(b"data: {"):
+            obj = json.loads(frame[6:])
+            if obj.get("choices"):
+                text += obj["choices"][0]["delta"].get("content") or ""
+    return None if text == EXPECTED else f"unexpected streamed answer {text!r}"
+
+
+async def run_load(url: str, model: str, *, target: str, stream: bool, concurrency: int, requests: int,
+                   warmup: int, session_header: bool, timeout: float = 30.0,
+                   deadline_s: float = 300.0) -> Result:
+    """Send `warmup` unmeasured requests, then `requests` measured ones, `concurrency` at a time."""
+    result = Result(target, stream, concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    endpoint = url.rstrip("/") + "/v1/chat/completions"
+    prefix = uuid.uuid4().hex[:8]
+
+    def body(i: int) -> bytes:
+        return json.dumps({"model": model, "stream": stream,
+                           "messages": [{"role": "user", "content": f"Say hello (request {i})."}]}).encode()
+
+    async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
+
+        async def one(i: int, record: bool) -> None:
+            headers = {"Content-Type": "application/json"}
+            if session_header:
+                headers["X-Aiops-Session"] = f"bench-{prefix}-{i}"  # a new conversation per request
+            data = body(i)
+            t0 = time.perf_counter()
+            try:
+                async with session.post(endpoint, data=data, headers=headers) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except (aiohttp.ClientError, TimeoutError) as e:
+                result.errors += 1
+                result.first_error = result.first_error or f"{type(e).__name__}: {e}"
+                return
+            elapsed = (time.perf_counter() - t0) * 1000
+            why = _check(stream, raw) if status == 200 else f"HTTP {status}: {raw[:200]!r}"
+            if why:
+                result.errors += 1
+                result.first_error = result.first_error or why
+            elif record:
+                result.latencies_ms.append(elapsed)
+
+        async def phase(n: int, record: bool, counter: itertools.count[int]) -> None:
+            async def worker() -> None:
+                while (i := next(counter)) < n:
+                    await one(i, record)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+        ids = itertools.count()
+        await asyncio.wait_for(phase(warmup, False, ids), deadline_s)
+        start = time.perf_counter()
+        measured = itertools.count(warmup)
+        await asyncio.wait_for(phase(warmup + requests, True, measured), deadline_s)
+        result.wall_s = time.perf_counter() - start
+    return result

@@ -1,0 +1,215 @@
+"""The proxy benchmark: direct-to-upstream versus through aiops `/v1/chat/completions`, streaming and
+not, at each concurrency, the same number of requests each, in one run.
+
+    make bench                                   # or: python -m benchmarks.run [--requests N] ...
+
+Four processes: the fast fake upstream (benchmarks.upstream), `aiops serve` on it (fresh config and
+data in a temp dir, no system prompt so the upstream request stays small), a bare aiohttp relay to
+the upstream (benchmarks.relay: the floor for any Python proxy on this machine, for reference), and
+this load generator.
+Everything is on 127.0.0.1. Each scenario runs `--warmup` unmeasured requests first; every request
+through aiops is a new conversation (its own `X-Aiops-Session`), so each one also creates a session.
+
+Output: a table of p50/p99 latency and throughput per scenario, then the overhead of aiops relative
+to direct (added p50/p99, throughput ratio) checked against the targets: at most 2 ms added p50 at
+concurrency 1, and at least 25 % of direct throughput at concurrency 32 with streaming. Exit status 1
+if a target is missed or any request failed; `--json FILE` also writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.load import Result, run_load
+
+TARGET_ADDED_P50_MS = 2.0  # at concurrency 1
+TARGET_THROUGHPUT_RATIO = 0.25  # at concurrency 32, streaming
+UPSTREAM_MODEL = "bench-model"
+
+
+# ---- processes -------------------------------------------------------------------------------------------
+
+
+def _wait_line(proc: subprocess.Popen[str], pattern: str, what: str, timeout: float = 60.0) -> re.Match[str]:
+    """Read the child's stdout until `pattern` matches (bounded by `timeout`)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    os.set_blocking(proc.stdout.fileno(), True)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if m := re.search(pattern, line):
+            return m
+    proc.kill()
+    raise SystemExit(f"benchmark: {what} did not start; its output:\n{''.join(seen)}")
+
+
+@contextmanager
+def child(cmd: list[str], pattern: str, what: str, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> Iterator[str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+    try:
+        yield _wait_line(proc, pattern, what).group(1)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _aiops_config(root: Path, upstream: str) -> Path:
+    cfg = root / "config"
+    cfg.mkdir(parents=True)
+    (cfg / "models.toml").write_text(
+        'default_model = "bench"\n\n[models.bench]\ntype = "openai"\n'
+        f'model_id = "{UPSTREAM_MODEL}"\nbase_url = "{upstream}/v1"\ntimeout = 30\n'
+        'system_prompt_folder = "none"\n')
+    (cfg / "aiops.toml").write_text('[server]\nhost = "127.0.0.1"\nport = 0\n\n[auth.tokens]\n')
+    (cfg / "plugins.toml").write_text("[mysql]\nenabled = false\n")
+    return cfg
+
+
+# ---- report ------------------------------------------------------------------------------------------------
+
+
+def _row(r: Result) -> str:
+    return (f"| {r.target:<6} | {'yes' if r.stream else 'no':<6} | {r.concurrency:>3} | {r.count:>5} | "
+            f"{r.pct(50):8.2f} | {r.pct(99):8.2f} | {r.rps:8.0f} | {r.errors:>3} |")
+
+
+def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
+    """The results table and the overhead table (aiops and the bare relay, each against direct)."""
+    lines = ["| target | stream | conc | reqs  | p50 ms   | p99 ms   | req/s    | err |",
+             "|--------|--------|-----:|------:|---------:|---------:|---------:|----:|"]
+    lines += [_row(r) for r in results]
+    lines += ["", "| via   | stream | conc | added p50 ms | added p99 ms | throughput vs direct | target | met |",
+              "|-------|--------|-----:|-------------:|-------------:|---------------------:|--------|-----|"]
+    overhead: list[dict[str, Any]] = []
+    ok = all(r.errors == 0 for r in results)
+    by = {(r.target, r.stream, r.concurrency): r for r in results}
+    for (target, stream, conc), d in by.items():
+        if target != "direct":
+            continue
+        for via in ("aiops", "relay"):
+            if (via, stream, conc) not in by:
+                continue
+            a = by[(via, stream, conc)]
+            added50, added99 = a.pct(50) - d.pct(50), a.pct(99) - d.pct(99)
+            ratio = a.rps / d.rps if d.rps else 0.0
+            goal, met = "", None
+            if via == "aiops" and conc == 1:
+                goal, met = f"added p50 ≤ {TARGET_ADDED_P50_MS:g} ms", added50 <= TARGET_ADDED_P50_MS
+            elif via == "aiops" and conc >= 32 and stream:
+                goal, met = f"≥ {TARGET_THROUGHPUT_RATIO:.0%} of direct", ratio >= TARGET_THROUGHPUT_RATIO
+            if met is False:
+                ok = False
+            lines.append(f"| {via:<5} | {'yes' if stream else 'no':<6} | {conc:>4} | {added50:12.2f} | "
+                         f"{added99:12.2f} | {ratio:19.1%} | {goal:<6} | "
+                         f"{'' if met is None else ('yes' if met else 'NO')} |")
+            overhead.append({"via": via, "stream": stream, "concurrency": conc,
+                             "added_p50_ms": round(added50, 3), "added_p99_ms": round(added99, 3),
+                             "throughput_ratio": round(ratio, 4), "target": goal or None, "met": met})
+    return "\n".join(lines), overhead, ok
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+# ---- main --------------------------------------------------------------------------------------------------
+
+
+async def _scenarios(upstream: str, relay: str | None, aiops: str, args: argparse.Namespace) -> list[Result]:
+    results: list[Result] = []
+    targets = [("direct", upstream, UPSTREAM_MODEL), ("aiops", aiops, "aiops")]
+    if relay:
+        targets.insert(1, ("relay", relay, UPSTREAM_MODEL))
+    for conc in args.concurrency:
+        for stream in (False, True):
+            for target, url, model in targets:
+                r = await run_load(url, model, target=target, stream=stream, concurrency=conc,
+                                   requests=args.requests, warmup=args.warmup,
+                                   session_header=target == "aiops")
+                print(_row(r), flush=True)
+                if r.errors:
+                    print(f"    first error: {r.first_error}", flush=True)
+                results.append(r)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description="aiops proxy benchmark")
+    p.add_argument("--requests", type=int, default=2000, help="measured requests per scenario (default 2000)")
+    p.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32],
+                   help="comma-separated (default 1,32)")
+    p.add_argument("--no-relay", action="store_true", help="skip the bare-relay reference rows")
+    p.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = p.parse_args(argv)
+
+    root = Path(tempfile.mkdtemp(prefix="aiops-bench-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    started = datetime.now(UTC)
+    try:
+        with child([sys.executable, "-m", "benchmarks.upstream"], r"upstream on (http://\S+)",
+                   "the upstream", env=env) as upstream:
+            cfg = _aiops_config(root, upstream)
+            cmd = [sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir",
+                   str(root / "data"), "serve"]
+            relay_cmd = [sys.executable, "-m", "benchmarks.relay", "--upstream", upstream]
+            with child(cmd, r"aiops serving on (http://\S+)", "aiops serve", env=env, cwd=root) as aiops, \
+                    child(relay_cmd if not args.no_relay else [sys.executable, "-c", "print('relay on none')"],
+                          r"relay on (\S+)", "the relay", env=env) as relay:
+                relay_url = None if args.no_relay else relay
+                print(f"upstream {upstream}, relay {relay_url}, aiops {aiops}; {args.requests} requests per "
+                      f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
+                results = asyncio.run(_scenarios(upstream, relay_url, aiops, args))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    table, overhead, ok = report(results)
+    print()
+    print(table)
+    print(f"\n{'all targets met' if ok else 'TARGET MISSED or errors'}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "date": started.isoformat(timespec="seconds"), "machine": machine(),
+            "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "results": [r.summary() for r in results], "overhead": overhead}, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The `aiops` command as a user runs it: chat turns in subprocesses, SIGKILL mid-turn, restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.fixtures import make_config_dir, openai_model_entry
+from tests.fakes.openai_server import FakeOpenAI, Reply
+
+AIOPS = [sys.executable, "-m", "aiops.cli"]
+
+
+def run_aiops(args: list[str], cfg: Path, data: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), *args],
+                          capture_output=True, text=True, timeout=timeout, env=_env())
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("AIOPS_CONFIG_DIR", None)
+    env.pop("AIOPS_DATA_DIR", None)
+    return env
+
+
+@pytest.fixture
+def setup(tmp_path: Path, fake_openai: FakeOpenAI) -> tuple[Path, Path, FakeOpenAI]:
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n"})
+    return cfg, tmp_path / "data", fake_openai
+
+
+def test_chat_runs_a_turn_with_a_tool_call(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.tool_calls(("read_system_prompt", {"section": "role"})),
+                Reply.text("I am your ops assistant."))
+    r = run_aiops(["chat", "who are you?"], cfg, data)
+    assert r.returncode == 0, r.stderr
+    assert "→ read_system_prompt" in r.stdout
+    assert "← read_system_prompt:" in r.stdout
+    assert r.stdout.rstrip().endswith("I am your ops assistant.")
+    assert "[session 101" in r.stderr
+    # the same session continues with --session and its shorthand id
+    r2 = run_aiops(["chat", "and again?", "--session", "101"], cfg, data)
+    assert r2.returncode == 0, r2.stderr
+    assert "who are you?" in json.dumps(fake.requests[-1].json)
+
+
+def test_chat_with_a_failing_model_exits_non_zero_with_the_reason(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.error(401, "invalid api key"))
+    r = run_aiops(["chat", "hi"], cfg, data)
+    assert r.returncode == 1
+    assert "error: model 'local'" in r.stdout and "401" in r.stdout
+
+
+def test_bad_config_names_file_and_key_without_traceback(tmp_path):
+    cfg = tmp_path / "cfg"
+    cfg.mkdir()
+    (cfg / "models.toml").write_text('default_model = "a"\n[models.a]\ntype = "openai"\nmodel_id = "x"\n'
+                                     'timeout = "soon"\n')
+    r = run_aiops(["config", "check"], cfg, tmp_path / "data")
+    assert r.returncode == 2
+    assert f"{cfg / 'models.toml'}: models.a.timeout:" in r.stderr
+    assert "Traceback" not in r.stderr
+    (cfg / "models.toml").write_text('default_model = "nope"\n[models.a]\ntype = "openai"\nmodel_id = "x"\n')
+    r = run_aiops(["models"], cfg, tmp_path / "data")
+    assert r.returncode == 2 and "default_model 'nope'" in r.stderr
+
+
+def test_config_paths_and_env_override(tmp_path):
+    env = _env() | {"AIOPS_CONFIG_DIR": str(tmp_path / "c"), "AIOPS_DATA_DIR": str(tmp_path / "d")}
+    r = subprocess.run([*AIOPS, "config", "paths"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0
+    assert f"config dir       {tmp_path / 'c'}" in r.stdout
+    assert f"database       {tmp_path / 'd' / 'aiops.sqlite3'}" in r.stdout
+    assert "models.toml" in r.stdout and "(default)" in r.stdout
+
+
+def test_sigkill_mid_turn_loses_only_the_streaming_answer(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.text("first answer, committed"))
+    assert run_aiops(["chat", "first question"], cfg, data).returncode == 0
+    # The second turn streams two chunks and then hangs: kill the process while it streams.
+    fake.script(Reply.hang(after_chunks=2))
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat",
+                             "second question", "--session", "101"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        fake.wait_for_requests(2, timeout=30)
+        deadline = time.monotonic() + 10
+        # the hung request is in flight: the user message was committed before the model was called
+        while time.monotonic() < deadline:
+            conn = sqlite3.connect(data / "aiops.sqlite3")
+            n = conn.execute("SELECT COUNT(*) FROM messages WHERE content='second question'").fetchone()[0]
+            conn.close()
+            if n:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    conn = sqlite3.connect(data / "aiops.sqlite3")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    # After a restart every committed message is there.
+    fake.script(Reply.text("third answer"))
+    r = run_aiops(["chat", "!session", "--session", "101"], cfg, data)
+    assert r.returncode == 0 and "101" in r.stdout
+    r = run_aiops(["chat", "still there?", "--session", "101"], cfg, data)
+    assert r.returncode == 0, r.stderr
+    sent = [m["content"] for m in fake.requests[-1].json["messages"] if m["role"] in ("user", "assistant")]
+    assert sent == ["first question", "first answer, committed", "second question", "still there?"]
+
+
+def test_a_second_aiops_on_the_same_data_dir_is_told_where_the_first_runs(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.hang())
+    first = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "wait"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        fake.wait_for_requests(1, timeout=30)  # the first holds the data dir while its turn runs
+        for args in (["chat", "hello"], ["serve", "--port", "0"]):
+            r = run_aiops(args, cfg, data)
+            assert r.returncode == 2, (args, r.stderr)
+            assert f"aiops is already running on the data dir {data}" in r.stderr
+            assert f"pid {first.pid}" in r.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(10)

@@ -1,0 +1,240 @@
+"""The Ollama-compatible surface through the real `ollama` Python client (chat, generate, list,
+show, ps, version), against `aiops serve` in a subprocess with the fake model server behind it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+
+import httpx
+import ollama
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.server import ServeProcess, server_config_dir, start_serve
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def served(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    root = tmp_path_factory.mktemp("ollama-proxy")
+    cfg = server_config_dir(root, fake, models={
+        "local": {"type": "openai", "model_id": "fake-model", "base_url": fake.url, "timeout": 10},
+        "other": {"type": "openai", "model_id": "fake-other", "base_url": fake.url, "timeout": 10},
+    }, server={"keepalive_seconds": 0.2})
+    proc = start_serve(cfg, root / "data", fake=fake)
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def client(served: ServeProcess) -> ollama.Client:
+    return ollama.Client(host=served.url)
+
+
+# ---- discovery ---------------------------------------------------------------------------------------
+
+
+def test_root_answers_like_ollama(served: ServeProcess) -> None:
+    r = httpx.get(served.url + "/")
+    assert (r.status_code, r.text) == (200, "Ollama is running")
+    h = httpx.head(served.url + "/")
+    assert h.status_code == 200
+
+
+def test_version(client: ollama.Client) -> None:
+    version = client._request_raw("GET", "/api/version").json()["version"]  # no public method for it
+    assert [int(p) for p in version.split(".")] >= [0, 5, 0]
+
+
+def test_list_publishes_tagged_models_with_full_objects(client: ollama.Client, served: ServeProcess) -> None:
+    models = client.list().models
+    assert [m.model for m in models] == ["aiops:latest", "aiops/local:latest", "aiops/other:latest"]
+    for m in models:
+        assert isinstance(m.modified_at, datetime)
+        assert m.digest is not None and len(m.digest) == 64
+        assert m.size is not None
+        assert m.details is not None and m.details.family == "openai"
+    raw = httpx.get(served.url + "/api/tags").json()["models"]
+    for entry in raw:
+        assert {"name", "model", "modified_at", "size", "digest", "details"} <= set(entry)
+        assert entry["name"] == entry["model"]
+        assert "." in entry["modified_at"]  # fractional seconds, as Ollama writes them
+        assert set(entry["details"]) == {"parent_model", "format", "family", "families", "parameter_size",
+                                         "quantization_level"}
+        assert all(isinstance(v, str) for k, v in entry["details"].items() if k != "families")
+
+
+def test_show_accepts_names_with_or_without_latest(client: ollama.Client) -> None:
+    for name in ("aiops", "aiops:latest", "aiops/other", "aiops/other:latest"):
+        shown = client.show(name)
+        assert shown.details is not None and shown.details.family == "openai"
+        assert shown.capabilities == ["completion"]
+        assert shown.modelfile
+    assert "fake-other" in str(client.show("aiops/other").modelinfo)
+
+
+def test_ps_lists_the_models(client: ollama.Client) -> None:
+    running = client.ps().models
+    assert [m.name for m in running] == ["aiops:latest", "aiops/local:latest", "aiops/other:latest"]
+    assert all(m.expires_at is not None and m.details is not None for m in running)
+
+
+def test_unknown_model_is_an_ollama_404(client: ollama.Client, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="llama3.2", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 404
+    assert "llama3.2" in e.value.error and "not found" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="aiops:7b", prompt="hi")
+    assert e.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as e:
+        client.show("nope")
+    assert e.value.status_code == 404
+    assert len(fake.requests) == before
+
+
+def test_client_tools_are_refused_with_a_400(client: ollama.Client, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+
+    def get_weather(city: str) -> str:
+        """Weather for a city.
+
+        Args:
+          city: the city
+        """
+        return "sunny"
+
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="aiops", messages=[{"role": "user", "content": "weather?"}], tools=[get_weather])
+    assert e.value.status_code == 400
+    assert "tools" in e.value.error
+    assert len(fake.requests) == before
+
+
+def test_errors_have_ollama_shape(served: ServeProcess) -> None:
+    for path, body in [("/api/chat", b"{oops"), ("/api/chat", b'{"messages": []}'),
+                       ("/api/generate", b'{"model": 3}'), ("/api/show", b"{}")]:
+        r = httpx.post(served.url + path, content=body)
+        assert r.status_code == 400, (path, body)
+        assert isinstance(r.json()["error"], str) and r.json()["error"]
+
+
+# ---- chat and generate ---------------------------------------------------------------------------------
+
+
+def test_chat_streams_by_default_and_ends_with_stats(client: ollama.Client, fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("The backup finished at 03:12 without errors.", chunks=4, usage=(40, 11)))
+    parts = list(client.chat(model="aiops:latest", messages=[{"role": "user", "content": "backup?"}],
+                             stream=True))
+    assert all(p.model == "aiops:latest" for p in parts)
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content or "" for p in parts) == "The backup finished at 03:12 without errors."
+    last = parts[-1]
+    assert last.done_reason == "stop"
+    assert (last.prompt_eval_count, last.eval_count) == (40, 11)
+    assert last.total_duration and last.total_duration > 0
+    assert last.load_duration == 0 and last.eval_duration is not None
+
+
+def test_chat_without_stream(client: ollama.Client, fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("one answer", usage=(3, 2)))
+    r = client.chat(model="aiops/other", messages=[{"role": "user", "content": "once"}], stream=False)
+    assert fake.requests[-1].model == "fake-other"
+    assert r.done and r.done_reason == "stop"
+    assert r.message.role == "assistant" and r.message.content == "one answer"
+    assert (r.prompt_eval_count, r.eval_count) == (3, 2)
+
+
+def test_stream_is_the_default_on_the_wire(served: ServeProcess) -> None:
+    body = {"model": "aiops", "messages": [{"role": "user", "content": "wire check"}]}
+    with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10) as r:
+        assert r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    assert len(lines) > 1 and lines[-1]["done"] is True
+    assert all(line["done"] is False for line in lines[:-1])
+    assert "".join(line["message"]["content"] for line in lines) == "echo: wire check"
+
+
+def test_generate_stream_and_not(client: ollama.Client, fake: FakeOpenAI) -> None:
+    parts = list(client.generate(model="aiops", prompt="uptime?", stream=True))
+    assert "".join(p.response or "" for p in parts) == "echo: uptime?"
+    assert parts[-1].done and parts[-1].done_reason == "stop"
+    r = client.generate(model="aiops/local", prompt="load?", system="be brief", stream=False)
+    assert r.response == "echo: load?"
+    sent = fake.requests[-1].json["messages"]
+    assert sent[-1] == {"role": "user", "content": "load?"}
+
+
+def test_empty_chat_and_prompt_load_the_model(client: ollama.Client, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    r = client.chat(model="aiops", messages=[])
+    assert r.done and r.done_reason == "load"
+    g = client.generate(model="aiops", prompt="", keep_alive=0)
+    assert g.done and g.done_reason == "unload"
+    assert len(fake.requests) == before
+
+
+async def test_async_client(served: ServeProcess) -> None:
+    c = ollama.AsyncClient(host=served.url)
+    parts = [p.message.content or "" async for p in await c.chat(
+        model="aiops", messages=[{"role": "user", "content": "async ollama"}], stream=True)]
+    assert "".join(parts) == "echo: async ollama"
+    assert (await c.generate(model="aiops", prompt="async gen", stream=False)).response == "echo: async gen"
+
+
+def test_model_failure_mid_stream_is_a_final_error_line(client: ollama.Client, fake: FakeOpenAI) -> None:
+    fake.script(Reply.drop(after_chunks=4, reply=Reply.text("this reply is cut off by the model server "
+                                                            "before it ends", chunks=6)))
+    got: list[str] = []
+    with pytest.raises(ollama.ResponseError) as e:
+        for p in client.chat(model="aiops", messages=[{"role": "user", "content": "cut"}], stream=True):
+            got.append(p.message.content or "")
+    assert "stream ended unexpectedly" in e.value.error
+    assert "".join(got).startswith("this reply")
+
+
+def test_legacy_v1_api_alias(served: ServeProcess) -> None:
+    tags = httpx.get(served.url + "/v1/api/tags").json()
+    assert [m["name"] for m in tags["models"]][0] == "aiops:latest"
+    r = httpx.post(served.url + "/v1/api/chat", json={"model": "aiops", "stream": False,
+                                                      "messages": [{"role": "user", "content": "legacy"}]})
+    assert r.json()["message"]["content"] == "echo: legacy"
+    assert httpx.post(served.url + "/v1/api/chat", json={"model": "nope"}).json() == {
+        "error": 'model "nope" not found; this server has aiops:latest, aiops/local:latest, aiops/other:latest'}
+
+
+def test_a_slow_model_still_gets_the_stream_started(served: ServeProcess, fake: FakeOpenAI) -> None:
+    fake.script(Reply.hang())
+    body = {"model": "aiops", "messages": [{"role": "user", "content": "slow one"}]}
+    with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10,
+                      headers={"X-Aiops-Session": "ollama-slow-start"}) as r:
+        assert (r.status_code, r.headers["x-aiops-session"]) == (200, "ollama-slow-start")
+        first = json.loads(next(line for line in r.iter_lines() if line))  # a keep-alive line
+    assert first["done"] is False and first["message"]["content"] == ""
+
+
+def test_a_client_that_hangs_up_cancels_the_turn(served: ServeProcess, fake: FakeOpenAI) -> None:
+    gone = fake.disconnects
+    fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
+        "Scanning every table for orphaned rows, this may take a while", chunks=6)))
+    body = {"model": "aiops", "messages": [{"role": "user", "content": "scan"}]}
+    with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10,
+                      headers={"X-Aiops-Session": "ollama-hangup"}) as r:
+        for line in r.iter_lines():
+            if line and json.loads(line)["message"]["content"]:
+                break  # leaving the block closes the connection mid-answer
+    fake.wait_for_disconnects(gone + 1, timeout=10)
+    done = httpx.post(served.url + "/api/v1/submit", json={"client_id": "ollama-hangup", "text": "hello?",
+                                                           "wait": True, "timeout": 10}, timeout=15).json()
+    assert done["status"] == "complete"
+    msgs = httpx.get(served.url + "/api/v1/sessions/ollama-hangup").json()["messages"]
+    assert [(m["role"], m["status"]) for m in msgs[:3]] == [
+        ("user", "complete"), ("assistant", "cancelled"), ("notice", "complete")]

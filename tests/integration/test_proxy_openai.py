@@ -1,0 +1,262 @@
+"""The OpenAI-compatible surface through the real `openai` SDK (sync and async, streaming and not),
+against `aiops serve` in a subprocess with the fake model server behind it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.server import ServeProcess, server_config_dir, start_serve
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def served(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One `aiops serve` for the module: models "local" (default) and "other" on the fake."""
+    root = tmp_path_factory.mktemp("openai-proxy")
+    cfg = server_config_dir(root, fake, models={
+        "local": {"type": "openai", "model_id": "fake-model", "base_url": fake.url, "timeout": 10},
+        "other": {"type": "openai", "model_id": "fake-other", "base_url": fake.url, "timeout": 10},
+        "off": {"type": "openai", "model_id": "fake-off", "base_url": fake.url, "enabled": False},
+    }, server={"keepalive_seconds": 0.2})
+    proc = start_serve(cfg, root / "data", fake=fake)
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+def client(served: ServeProcess) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture
+async def aclient(served: ServeProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+
+
+def history(served: ServeProcess, session_id: str) -> list[dict]:
+    r = httpx.get(f"{served.url}/api/v1/sessions/{session_id}", params={"limit": 1000})
+    r.raise_for_status()
+    return r.json()["messages"]
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+def test_models_lists_the_session_model_and_every_enabled_registry_model(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["aiops", "aiops/local", "aiops/other"]
+    assert all(m.object == "model" and m.owned_by == "aiops" for m in models.data)
+    assert client.models.retrieve("aiops/other").id == "aiops/other"
+    assert client.models.retrieve("aiops:latest").id == "aiops"
+
+
+def test_unknown_and_disabled_models_are_openai_404s(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    for name in ("gpt-4o", "aiops/off", "aiops/nope"):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
+        assert e.value.status_code == 404
+        assert e.value.code == "model_not_found"
+        assert name in e.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("aiops/off")
+    assert len(fake.requests) == before  # nothing reached the model
+
+
+def test_client_tools_are_refused_with_a_clear_400(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "weather?"}],
+                                       tools=[tool])
+    assert e.value.status_code == 400
+    assert e.value.code == "tools_not_supported"
+    assert "tools" in e.value.message and "server-side" in e.value.message
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="aiops", messages=[
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            {"role": "user", "content": "and?"}])
+    assert len(fake.requests) == before
+
+
+# ---- sync ------------------------------------------------------------------------------------------------
+
+
+def test_sync_non_streaming_answer_has_openai_shape_and_real_usage(client: openai.OpenAI,
+                                                                    fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("Disk usage is fine.", usage=(120, 6)))
+    r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "check disk"}])
+    assert r.object == "chat.completion"
+    assert r.id.startswith("chatcmpl-")
+    assert r.model == "aiops"
+    assert len(r.choices) == 1
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == "Disk usage is fine."
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage is not None
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (120, 6, 126)
+    # The agent's side of the call: its own system prompt and tools went to the model.
+    sent = fake.requests[-1].json
+    assert sent["messages"][0]["role"] == "system"
+    assert sent["messages"][-1] == {"role": "user", "content": "check disk"}
+    assert any(t["function"]["name"] == "update_system_prompt" for t in sent["tools"])
+
+
+def test_sync_streaming_keeps_id_and_created_and_reports_usage_when_asked(client: openai.OpenAI,
+                                                                          fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("All twelve services are up and answering.", chunks=4, usage=(50, 9)))
+    stream = client.chat.completions.create(model="aiops/other", stream=True,
+                                            stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": "status?"}])
+    chunks = list(stream)
+    assert fake.requests[-1].model == "fake-other"  # aiops/<key> picked the backend
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert {c.created for c in chunks} == {chunks[0].created}
+    assert all(c.object == "chat.completion.chunk" and c.model == "aiops/other" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "All twelve services are up and answering."
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (50, 9)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_streaming_without_include_usage_sends_no_usage_chunk(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(model="aiops", stream=True,
+                                                 messages=[{"role": "user", "content": "ping"}]))
+    assert all(c.choices for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "echo: ping"
+
+
+def test_sse_wire_format_ends_with_done(served: ServeProcess) -> None:
+    body = {"model": "aiops", "stream": True, "messages": [{"role": "user", "content": "wire"}]}
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-aiops-session"].startswith("proxy-")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    first = json.loads(lines[0].removeprefix("data: "))
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+# ---- async -----------------------------------------------------------------------------------------------
+
+
+async def test_async_non_streaming(aclient: openai.AsyncOpenAI, fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("async answer", usage=(7, 2)))
+    r = await aclient.chat.completions.create(model="aiops/local",
+                                              messages=[{"role": "user", "content": "async please"}])
+    assert r.choices[0].message.content == "async answer"
+    assert r.usage is not None and r.usage.total_tokens == 9
+    await aclient.close()
+
+
+async def test_async_streaming(aclient: openai.AsyncOpenAI) -> None:
+    stream = await aclient.chat.completions.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": "stream this asynchronously"}])
+    chunks = [c async for c in stream]
+    assert len({(c.id, c.created) for c in chunks}) == 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "echo: stream this asynchronously"
+    await aclient.close()
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+
+
+def test_model_failure_mid_stream_is_an_error_chunk(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    fake.script(Reply.drop(after_chunks=4, reply=Reply.text("this answer is cut off by the model server "
+                                                            "before it ends", chunks=6)))
+    got: list[str] = []
+    with pytest.raises(openai.APIError) as e:
+        for c in client.chat.completions.create(model="aiops", stream=True,
+                                                messages=[{"role": "user", "content": "fail midway"}]):
+            got.append(c.choices[0].delta.content or "")
+    assert "stream ended unexpectedly" in str(e.value.message)
+    assert "".join(got).startswith("this answer")
+
+
+def test_model_failure_without_stream_is_a_502(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    fake.script(Reply.error(500, "upstream exploded"))
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "fail"}])
+    assert e.value.status_code == 502
+    assert "upstream exploded" in e.value.message
+
+
+def test_bad_input_is_an_openai_400(served: ServeProcess) -> None:
+    url = served.url + "/v1/chat/completions"
+    cases = [
+        b"{not json",
+        json.dumps({"model": "aiops"}).encode(),
+        json.dumps({"model": "aiops", "messages": "hi"}).encode(),
+        json.dumps({"model": "aiops", "messages": []}).encode(),
+        json.dumps({"model": "aiops", "messages": [{"role": "user", "content": "a"},
+                                                   {"role": "assistant", "content": "b"}]}).encode(),
+        json.dumps({"model": "aiops", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:,"}}]}]}).encode(),
+    ]
+    for body in cases:
+        r = httpx.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, body
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["message"], body
+
+
+def test_a_slow_model_still_gets_the_stream_started(served: ServeProcess, fake: FakeOpenAI) -> None:
+    """Headers and the role chunk go out with the first text, or on their own when none comes."""
+    fake.script(Reply.hang())
+    body = {"model": "aiops", "stream": True, "messages": [{"role": "user", "content": "slow one"}]}
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=10,
+                      headers={"X-Aiops-Session": "slow-start"}) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line)
+    assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"] == "assistant"
+
+
+# ---- disconnects -----------------------------------------------------------------------------------------
+
+
+def test_a_client_that_hangs_up_cancels_the_turn_and_keeps_the_partial_answer(
+        client: openai.OpenAI, served: ServeProcess, fake: FakeOpenAI) -> None:
+    gone = fake.disconnects
+    fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
+        "Checking the replication lag on every replica now, one moment", chunks=6)))
+    stream = client.chat.completions.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": "check replication"}],
+        extra_headers={"X-Aiops-Session": "hangup-1"})
+    seen = ""
+    for c in stream:
+        seen += c.choices[0].delta.content or ""
+        if seen:
+            break
+    stream.close()  # hang up mid-answer
+    fake.wait_for_disconnects(gone + 1, timeout=10)  # aiops hung up on the model in turn
+    # A session runs one turn at a time: this one starts only once the cancelled one has ended.
+    r = httpx.post(f"{served.url}/api/v1/submit", json={"client_id": "hangup-1", "text": "still there?",
+                                                          "wait": True, "timeout": 10}, timeout=15)
+    assert r.json()["status"] == "complete"
+    msgs = history(served, "hangup-1")
+    assert [m["role"] for m in msgs] == ["user", "assistant", "notice", "user", "assistant"]
+    partial = msgs[1]
+    assert partial["status"] == "cancelled"
+    assert partial["content"].startswith(seen)
+    assert "turn cancelled" in msgs[2]["content"]

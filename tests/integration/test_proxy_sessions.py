@@ -1,0 +1,384 @@
+"""Proxy semantics across both formats: one session per conversation, forks on an edited history,
+background tasks that touch no session, gates that wait for an operator while the chat stream stays
+alive, and what a chat user sees meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import ollama
+import openai
+import pytest
+
+from aiops.config import SHIPPED_PROMPT_DIR
+from tests.fakes.fixtures import openai_model_entry
+from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
+from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
+
+# ---- helpers --------------------------------------------------------------------------------------------
+
+
+async def sessions(srv: ApiServer) -> dict[str, dict[str, Any]]:
+    async with httpx.AsyncClient() as h:
+        r = await h.get(srv.url + "/api/v1/sessions", params={"kind": "proxy"})
+    return {s["client_id"]: s for s in r.json()["sessions"]}
+
+
+async def history(srv: ApiServer, sid: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient() as h:
+        r = await h.get(f"{srv.url}/api/v1/sessions/{sid}", params={"limit": 1000})
+    r.raise_for_status()
+    return r.json()["messages"]
+
+
+def convo(msgs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in msgs if m["role"] in ("user", "assistant")]
+
+
+async def ask(client: openai.AsyncOpenAI, messages: list[tuple[str, str]], **kw: Any) -> tuple[str, str]:
+    """(session id from the response header, answer)."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", messages=[{"role": r, "content": t} for r, t in messages], **kw)
+    return raw.headers["x-aiops-session"], raw.parse().choices[0].message.content or ""
+
+
+# ---- one session per conversation -----------------------------------------------------------------------
+
+
+async def test_a_conversation_continues_its_session_and_an_edit_forks_it(api_server: ApiServer) -> None:
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-42"})
+    sid, a1 = await ask(client, [("user", "how full is /var?")])
+    assert sid == "owui-chat-42"
+    sid2, a2 = await ask(client, [("user", "how full is /var?"), ("assistant", a1), ("user", "and /home?")])
+    assert sid2 == sid
+    # The model saw the whole conversation, from aiops's own history.
+    assert [m["content"] for m in api_server.fake.requests[-1].json["messages"][1:]] == [
+        "how full is /var?", a1, "and /home?"]
+    original = convo(await history(api_server, sid))
+    assert original == [("user", "how full is /var?"), ("assistant", a1), ("user", "and /home?"),
+                        ("assistant", a2)]
+
+    # The user edits the first answer: the conversation forks into a session holding the client's
+    # history, as written (an aiops status line the UI kept is left out).
+    edited = [("user", "how full is /var?"),
+              ("assistant", "It is 91% full:\n\n*⏳ waiting for operator approval: db_query (read)*\n\n"
+                            "| path | size |\n|---|---|\n| /var/log | 40G |"),
+              ("user", "what fills it?")]
+    fork, a3 = await ask(client, edited)
+    assert fork == "owui-chat-42+2"
+    fork_msgs = await history(api_server, fork)
+    assert convo(fork_msgs) == [edited[0], ("assistant", "It is 91% full:\n\n| path | size |\n|---|---|\n"
+                                                         "| /var/log | 40G |"), edited[2], ("assistant", a3)]
+    assert [m["meta"].get("imported", False) for m in fork_msgs if m["role"] in ("user", "assistant")] == [
+        True, True, False, False]
+    assert convo(await history(api_server, sid)) == original  # the original is untouched
+
+    # Each branch keeps going in its own session.
+    assert (await ask(client, [*edited, ("assistant", a3), ("user", "thanks")]))[0] == fork
+    assert (await ask(client, [*original, ("user", "and /tmp?")]))[0] == sid
+    assert set(await sessions(api_server)) == {sid, fork}
+    await client.close()
+
+
+async def test_sessions_by_fingerprint_when_the_client_sends_no_id(api_server: ApiServer) -> None:
+    client = ollama.AsyncClient(host=api_server.url)
+    first = [{"role": "user", "content": "list the cron jobs"}]
+    a1 = (await client.chat(model="aiops", messages=first, stream=False)).message.content
+    assert len(await sessions(api_server)) == 1
+    second = [*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "and disable backup"}]
+    await client.chat(model="aiops", messages=second, stream=False)
+    (only,) = (await sessions(api_server)).values()
+    assert only["message_count"] == 4
+    # A new chat that starts the same way is a new conversation, not a continuation.
+    await client.chat(model="aiops", messages=first, stream=False)
+    await client.chat(model="aiops", messages=[{"role": "user", "content": "something else"}], stream=False)
+    assert sorted(s["message_count"] for s in (await sessions(api_server)).values()) == [2, 2, 4]
+
+
+async def test_the_openai_user_field_names_the_conversation(api_server: ApiServer) -> None:
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    assert (await ask(client, [("user", "hi")], user="alice"))[0] == "user-alice"
+    assert (await ask(client, [("user", "hi")], user="bob@example.com"))[0] == "user-bob@example.com"
+    await client.close()
+
+
+async def test_x_aiops_session_wins_and_may_send_only_the_new_message(api_server: ApiServer) -> None:
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-Aiops-Session": "nightly-report",
+                                                 "X-OpenWebUI-Chat-Id": "ignored"})
+    _, a1 = await ask(client, [("user", "count failed logins")], user="ignored-too")
+    sid, _ = await ask(client, [("user", "now per host")])
+    assert sid == "nightly-report"
+    assert [m["content"] for m in api_server.fake.requests[-1].json["messages"][1:]] == [
+        "count failed logins", a1, "now per host"]
+    assert set(await sessions(api_server)) == {"nightly-report"}
+    async with httpx.AsyncClient() as h:
+        for bad in ("bad id!", "-dash", "101"):
+            r = await h.post(api_server.url + "/v1/chat/completions", headers={"X-Aiops-Session": bad},
+                             json={"model": "aiops", "messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 400 and "X-Aiops-Session" in r.json()["error"]["message"], bad
+    await client.close()
+
+
+async def test_a_fork_id_can_be_sent_back_as_the_session(api_server: ApiServer) -> None:
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-Aiops-Session": "runbook"})
+    _, a1 = await ask(client, [("user", "step one")])
+    fork, _ = await ask(client, [("user", "step one"), ("assistant", "something else"), ("user", "step two")])
+    assert fork == "runbook+2"
+    again, _ = await ask(client, [("user", "step three")], extra_headers={"X-Aiops-Session": fork})
+    assert again == fork
+    assert [t for r, t in convo(await history(api_server, fork)) if r == "user"] == [
+        "step one", "step two", "step three"]
+    await client.close()
+
+
+async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server: ApiServer) -> None:
+    fake = api_server.fake
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-7"})
+    sid, _ = await ask(client, [("user", "restart nginx on web-1")])
+    before = await history(api_server, sid)
+    fake.script(Reply.text('{"title": "Restarting nginx"}'))
+    task = ("### Task:\nGenerate a concise, 3-5 word title for the chat history.\n"
+            "<chat_history>\nUSER: restart nginx on web-1\n</chat_history>")
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", messages=[{"role": "user", "content": task}])
+    assert "x-aiops-session" not in raw.headers  # no session was involved
+    assert raw.parse().choices[0].message.content == '{"title": "Restarting nginx"}'
+    sent = fake.requests[-1].json
+    assert sent["messages"] == [{"role": "user", "content": task}]  # no system prompt, no history
+    assert "tools" not in sent
+    stream = await client.chat.completions.create(model="aiops", stream=True,
+                                                  messages=[{"role": "user", "content": task}])
+    assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: {task}"
+    g = await ollama.AsyncClient(host=api_server.url).generate(model="aiops", prompt=task, stream=False)
+    assert g.response == f"echo: {task}"
+    assert await history(api_server, sid) == before
+    assert set(await sessions(api_server)) == {sid}
+    await client.close()
+
+
+async def test_the_operator_stopping_a_proxy_turn_ends_the_chat_answer(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
+        "Rotating the logs on all forty hosts, starting with web-1", chunks=6)))
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    stream = await client.chat.completions.create(model="aiops", stream=True, extra_headers={
+        "X-Aiops-Session": "stop-me"}, messages=[{"role": "user", "content": "rotate logs"}])
+    text, finishes, stopped = "", [], False
+    async for c in stream:
+        text += c.choices[0].delta.content or ""
+        if c.choices[0].finish_reason:
+            finishes.append(c.choices[0].finish_reason)
+        if text and not stopped:
+            async with httpx.AsyncClient() as h:
+                stopped = (await h.post(api_server.url + "/api/v1/sessions/stop-me/stop")).json()["stopped"]
+            assert stopped
+    assert finishes == ["stop"]
+    assert text.startswith("Rotating")
+    assert text.endswith("\n\n*⛔ the answer was stopped*\n\n")
+    statuses = [m["status"] for m in await history(api_server, "stop-me") if m["role"] == "assistant"]
+    assert statuses == ["cancelled"]
+    # The chat UI keeps the stopped answer, status line and all; the conversation goes on in place.
+    again = [("user", "rotate logs"), ("assistant", text), ("user", "continue")]
+    assert (await ask(client, again, extra_headers={"X-Aiops-Session": "stop-me"}))[0] == "stop-me"
+    await client.close()
+
+
+async def test_tool_progress_lines_only_when_configured(api_server_factory: ApiServerFactory) -> None:
+    for progress in (False, True):
+        srv = await api_server_factory(server={"proxy_tool_progress": progress})
+        srv.fake.responder = call_tool_when("peek", ("read_system_prompt", {}), then_text="Read it.")
+        client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x")
+        stream = await client.chat.completions.create(model="aiops", stream=True,
+                                                      messages=[{"role": "user", "content": "peek"}])
+        text = "".join([c.choices[0].delta.content or "" async for c in stream])
+        assert text == ("*🔧 running read_system_prompt*\n\nRead it." if progress else "Read it.")
+        await client.close()
+
+
+# ---- gates ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def prompt_copy(tmp_path: Path) -> Path:
+    """A private copy of the default system prompt, so an approved edit touches only the test's."""
+    dest = tmp_path / "prompt"
+    shutil.copytree(SHIPPED_PROMPT_DIR / "default", dest)
+    return dest
+
+
+REMEMBER = ("update_system_prompt", {"section": "memory", "operation": "append",
+                                     "content": "The operator prefers tea."})
+
+
+def gated_server(factory: ServeFactory, fake: FakeOpenAI, prompt: Path, tokens: Tokens,
+                 **server: Any) -> Any:
+    fake.responder = call_tool_when("remember", REMEMBER)
+    return factory(tokens=tokens, server={"keepalive_seconds": 0.2, **server},
+                   models={"local": openai_model_entry(fake, system_prompt_folder=str(prompt))})
+
+
+async def _wait_gate(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    async with httpx.AsyncClient() as h:
+        r = await h.get(url + "/api/v1/gates", headers=headers)
+    (gate,) = r.json()["gates"]
+    return gate
+
+
+async def test_an_openai_stream_waits_for_an_operator_with_keepalives_and_a_status_line(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI, prompt_copy: Path) -> None:
+    tokens = Tokens.make(ops="operator", chat="client")
+    srv = gated_server(aiops_serve_factory, fake_openai, prompt_copy, tokens)
+    waiting, kept_alive = asyncio.Event(), asyncio.Event()
+    frames: list[str] = []
+    content: list[str] = []
+
+    async def chat() -> None:
+        body = {"model": "aiops", "stream": True,
+                "messages": [{"role": "user", "content": "remember that I prefer tea"}]}
+        async with httpx.AsyncClient(timeout=30) as h, h.stream(
+                "POST", srv.url + "/v1/chat/completions", json=body, headers=tokens.header("chat")) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line:
+                    continue
+                frames.append(line)
+                if line.startswith("data: {"):
+                    content.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+                    if "waiting for operator approval" in "".join(content):
+                        waiting.set()
+                elif line.startswith(":") and waiting.is_set() and sum(
+                        f.startswith(":") for f in frames) >= 2:
+                    kept_alive.set()
+
+    task = asyncio.create_task(chat())
+    await asyncio.wait_for(waiting.wait(), 15)
+    assert "*⏳ waiting for operator approval: update_system_prompt (write)*" in "".join(content)
+    await asyncio.wait_for(kept_alive.wait(), 15)  # ": keep-alive" comments while the gate waits
+    gate = await _wait_gate(srv.url, tokens.header("ops"))
+    assert (gate["client_kind"], gate["tool"]) == ("proxy", "update_system_prompt")
+
+    async with httpx.AsyncClient() as h:
+        refused = await h.post(f"{srv.url}/api/v1/gates/{gate['id']}", json={"decision": "approve"},
+                               headers=tokens.header("chat"))
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "forbidden"
+        assert (await _wait_gate(srv.url, tokens.header("ops")))["id"] == gate["id"]  # still pending
+        ok = await h.post(f"{srv.url}/api/v1/gates/{gate['id']}", json={"decision": "approve"},
+                          headers=tokens.header("ops"))
+        assert ok.status_code == 200 and ok.json()["gate"]["decision"] == "approved"
+    await asyncio.wait_for(task, 15)
+
+    text = "".join(content)
+    before, _, after = text.partition("*✅ approved by the operator*")
+    assert before.endswith("*⏳ waiting for operator approval: update_system_prompt (write)*\n\n")
+    assert after.startswith("\n\ntool said: ")  # the tool ran; the model's answer follows
+    assert frames[-1] == "data: [DONE]"
+    assert "The operator prefers tea." in (prompt_copy / ".system_prompt_memory").read_text()
+    assert "🔧" not in text
+
+
+async def test_an_ollama_stream_stays_alive_with_empty_lines_and_shows_a_denial(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI, prompt_copy: Path) -> None:
+    tokens = Tokens.make(ops="operator", chat="client")
+    srv = gated_server(aiops_serve_factory, fake_openai, prompt_copy, tokens)
+    before = (prompt_copy / ".system_prompt_memory").read_text()
+    waiting, changed = asyncio.Event(), asyncio.Event()
+    lines: list[dict[str, Any]] = []
+
+    async def chat() -> None:
+        client = ollama.AsyncClient(host=srv.url, headers=tokens.header("chat"))
+        async for part in await client.chat(model="aiops", stream=True, messages=[
+                {"role": "user", "content": "remember that I prefer tea"}]):
+            lines.append(part.model_dump())
+            changed.set()
+            if "waiting for operator approval" in "".join(p["message"]["content"] or "" for p in lines):
+                waiting.set()
+
+    async def until_lines(n: int) -> None:
+        while len(lines) < n:
+            changed.clear()
+            await changed.wait()
+
+    task = asyncio.create_task(chat())
+    await asyncio.wait_for(waiting.wait(), 15)
+    gate = await _wait_gate(srv.url, tokens.header("ops"))
+    mark = len(lines)
+    # Keep-alives: empty `done: false` lines the ollama client parses like any other.
+    await asyncio.wait_for(until_lines(mark + 2), 10)
+    assert all(p["message"]["content"] == "" and p["done"] is False for p in lines[mark:mark + 2])
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(f"{srv.url}/api/v1/gates/{gate['id']}", json={"decision": "deny"},
+                         headers=tokens.header("ops"))
+        assert r.status == 200
+    await asyncio.wait_for(task, 15)
+    text = "".join(p["message"]["content"] or "" for p in lines)
+    assert "*⛔ denied by the operator*" in text
+    assert "tool said: The operator did not allow" in text
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
+    assert (prompt_copy / ".system_prompt_memory").read_text() == before
+
+
+async def next_sse_event(lines: AsyncIterator[str], name: str) -> dict[str, Any]:
+    """Read the lines of an /api/v1/stream response until the event `name`; its data."""
+    current = None
+    async for line in lines:
+        if line.startswith("event: "):
+            current = line[7:]
+        elif line.startswith("data: ") and current == name:
+            return json.loads(line[6:])
+    raise AssertionError(f"the stream ended before a {name!r} event")
+
+
+async def test_status_lines_can_be_turned_off(aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI,
+                                              prompt_copy: Path) -> None:
+    tokens = Tokens.make(ops="operator")
+    srv = gated_server(aiops_serve_factory, fake_openai, prompt_copy, tokens, proxy_status_lines=False)
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=tokens.secrets["ops"],
+                                default_headers={"X-Aiops-Session": "quiet"})
+    async with httpx.AsyncClient(timeout=30) as h, h.stream(
+            "GET", srv.url + "/api/v1/stream/quiet", headers=tokens.header("ops")) as events:
+        pending = asyncio.create_task(client.chat.completions.create(
+            model="aiops", stream=True, messages=[{"role": "user", "content": "remember it"}]))
+        gate = await asyncio.wait_for(next_sse_event(events.aiter_lines(), "gate"), 15)
+        await h.post(f"{srv.url}/api/v1/gates/{gate['id']}", json={"decision": "approve"},
+                     headers=tokens.header("ops"))
+        stream = await asyncio.wait_for(pending, 15)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream])
+    assert text.startswith("tool said: ")
+    assert "⏳" not in text and "✅" not in text
+    await client.close()
+
+
+async def test_hanging_up_while_a_gate_waits_cancels_the_turn_and_the_gate(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI, prompt_copy: Path) -> None:
+    tokens = Tokens.make(ops="operator")
+    srv = gated_server(aiops_serve_factory, fake_openai, prompt_copy, tokens)
+    before = (prompt_copy / ".system_prompt_memory").read_text()
+    async with httpx.AsyncClient(timeout=30) as h, h.stream(
+            "GET", srv.url + "/api/v1/stream/walk-away", headers=tokens.header("ops")) as events:
+        lines = events.aiter_lines()
+        body = {"model": "aiops", "stream": True, "messages": [{"role": "user", "content": "remember tea"}]}
+        async with h.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                            headers={**tokens.header("ops"), "X-Aiops-Session": "walk-away"}) as chat:
+            async for line in chat.aiter_lines():
+                if "waiting for operator approval" in line:
+                    break  # leaving the block hangs up while the gate waits
+        resolved = await asyncio.wait_for(next_sse_event(lines, "gate_resolved"), 15)
+        assert resolved["decision"] == "cancelled"
+        await asyncio.wait_for(next_sse_event(lines, "done"), 15)
+        assert (await h.get(srv.url + "/api/v1/gates", headers=tokens.header("ops"))).json()["gates"] == []
+        msgs = (await h.get(srv.url + "/api/v1/sessions/walk-away", headers=tokens.header("ops"))).json()["messages"]
+    gates = [m for m in msgs if m["role"] == "gate"]
+    assert [(g["meta"]["tool"], g["meta"]["decision"]) for g in gates] == [("update_system_prompt", "cancelled")]
+    assert [m["content"] for m in msgs if m["role"] == "notice"][-1].startswith("turn cancelled")
+    assert (prompt_copy / ".system_prompt_memory").read_text() == before  # the write never ran

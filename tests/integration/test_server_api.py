@@ -1,0 +1,518 @@
+"""The aiops API over real HTTP: submit, stream, sessions, gates, health, OpenAPI, AgentClient,
+`aiops attach`, and `aiops serve` as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+import aiohttp
+import pytest
+from pydantic import BaseModel
+
+import aiops
+from aiops.client import AgentClient, AgentError, EventStream
+from aiops.engine.events import CONTRACT_EVENTS
+from aiops.engine.plugins import Plugin, PluginAPI
+from aiops.engine.tools import Tool, ToolContext
+from aiops.integrations.server.api import ROUTES
+from tests.fakes.fixtures import openai_model_entry
+from tests.fakes.openai_server import Reply
+from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+async def events_until_done(stream: EventStream, turn_id: str | None = None,
+                            timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Every event of the stream up to (and including) the `done` of `turn_id` (any turn if None)."""
+    seen: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout):
+        async for e in stream:
+            seen.append(e)
+            if e["event"] == "done" and (turn_id is None or e["data"].get("turn_id") == turn_id):
+                return seen
+    raise AssertionError(f"the stream ended before done; got {[e['event'] for e in seen]}")
+
+
+async def next_event(stream: EventStream, name: str, timeout: float = 10.0) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
+        async for e in stream:
+            if e["event"] == name:
+                return e
+    raise AssertionError(f"the stream ended before a {name!r} event")
+
+
+class NoteArgs(BaseModel):
+    text: str
+
+
+class NotesPlugin(Plugin):
+    """A tiny write tool: gates.toml's defaults make every call to it ask an operator."""
+
+    name = "notes"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[str] = []
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def write_note(args: NoteArgs, ctx: ToolContext) -> str:
+            self.written.append(args.text)
+            return f"wrote {args.text!r}"
+
+        api.register_tool(Tool("write_note", "Write a note", NoteArgs, "notes", write_note, operation="write"))
+
+
+NOTES_ENABLED = {"plugins.toml": "[notes]\nenabled = true\n"}
+
+
+async def gated_server(factory: ApiServerFactory, **kw: Any) -> tuple[ApiServer, NotesPlugin, Tokens]:
+    plugin = NotesPlugin()
+    tokens = Tokens.make(ops="operator", bot="client")
+    srv = await factory(tokens=tokens, plugins=[plugin], extra_files=NOTES_ENABLED, **kw)
+    return srv, plugin, tokens
+
+
+# ---- submit and stream ---------------------------------------------------------------------------------
+
+
+async def test_async_submit_then_the_stream_carries_tok_to_done_in_order(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.text("hello from the agent", chunks=4))
+    async with api_server.client() as agent, agent.stream("api-order") as stream:
+        accepted = await agent.submit("hi", client_id="api-order")
+        assert accepted["status"] == "accepted" and accepted["client_id"] == "api-order"
+        events = await events_until_done(stream, accepted["turn_id"])
+
+    names = [e["event"] for e in events]
+    assert set(names) <= CONTRACT_EVENTS, names
+    assert names[-1] == "done" and "tok" in names
+    assert names.index("tok") < names.index("done")
+    toks = [e["data"]["text"] for e in events if e["event"] == "tok"]
+    assert "".join(toks) == "hello from the agent"
+    done = events[-1]["data"]
+    assert done["status"] == "complete" and done["text"] == "hello from the agent"
+    assert all(e["data"]["session_id"] == "api-order" for e in events)
+    assert all(e["data"]["turn_id"] == accepted["turn_id"] for e in events)
+
+
+
+async def test_submit_with_wait_answers_with_the_text_and_creates_an_api_session(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.text("forty-two"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(api_server.url + "/api/v1/submit", json={"text": "the answer?", "wait": True}) as r:
+            assert r.status == 200
+            body = await r.json()
+    assert body["status"] == "complete" and body["text"] == "forty-two"
+    assert re.fullmatch(r"api-[0-9a-f]{8}", body["client_id"]), body
+    assert body["turn_id"].startswith("turn_")
+    async with api_server.client() as agent:
+        listed = await agent.sessions()
+    assert [(s["client_id"], s["kind"]) for s in listed] == [(body["client_id"], "api")]
+
+
+async def test_submit_wait_times_out_and_the_turn_goes_on(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.hang())
+    async with api_server.client() as agent:
+        got = await agent.send("slow one", client_id="api-slow", timeout=0.2)
+        assert got["status"] == "timeout" and got["text"] == ""
+        assert (await agent.session("api-slow"))["session"]["state"] == "running"
+        assert (await agent.stop("api-slow"))["stopped"] is True
+
+
+async def test_a_model_can_be_chosen_and_unknown_or_disabled_models_are_refused(
+        api_server_factory: ApiServerFactory, fake_openai: Any) -> None:
+    srv = await api_server_factory(models={
+        "local": openai_model_entry(fake_openai),
+        "other": openai_model_entry(fake_openai, "other-model"),
+        "off": openai_model_entry(fake_openai, "off-model", enabled=False),
+    })
+    srv.fake.script(Reply.text("from other"))
+    async with srv.client() as agent:
+        got = await agent.send("hi", client_id="api-m", model="other")
+        assert got["text"] == "from other"
+        assert srv.fake.last_request.json["model"] == "other-model"
+        with pytest.raises(AgentError) as e:
+            await agent.submit("hi", model="nope")
+        assert (e.value.status, e.value.code) == (400, "unknown_model")
+        assert "'nope'" in e.value.message
+        with pytest.raises(AgentError) as e:
+            await agent.submit("hi", model="off")
+        assert (e.value.status, e.value.code) == (400, "model_disabled")
+    assert len(srv.fake.requests) == 1
+
+
+async def test_commands_go_through_submit(api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        got = await agent.send("!help", client_id="api-cmd")
+    assert got["status"] == "complete"
+    assert "!stop" in got["text"] and "!model" in got["text"]
+    assert api_server.fake.requests == []  # a command is not a model call
+
+
+async def test_two_readers_of_one_session_each_get_every_event(api_server: ApiServer) -> None:
+    # Spaced chunks: deltas queued together are merged for a reader, so only spacing shows streaming.
+    api_server.fake.script(Reply.text("one two three four five six seven eight nine ten eleven", chunks=6)
+                           .with_(chunk_delay=0.05))
+    assert api_server.handle.connected_clients() == 0
+    async with api_server.client() as agent, agent.stream("api-two") as a, agent.stream("api-two") as b:
+        assert api_server.handle.connected_clients() == 2
+        accepted = await agent.submit("go", client_id="api-two")
+        got_a, got_b = await asyncio.gather(events_until_done(a, accepted["turn_id"]),
+                                            events_until_done(b, accepted["turn_id"]))
+    assert got_a == got_b
+    assert [e["event"] for e in got_a].count("tok") >= 2
+
+
+async def test_the_stream_sends_keep_alive_comments_while_idle(api_server_factory: ApiServerFactory) -> None:
+    srv = await api_server_factory(server={"keepalive_seconds": 0.05})
+    async with aiohttp.ClientSession() as http, http.get(srv.url + "/api/v1/stream/api-idle") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        lines: list[bytes] = []
+        async with asyncio.timeout(10):
+            while lines.count(b": keep-alive\n") < 2:
+                lines.append(await r.content.readline())
+
+
+async def test_a_shorthand_id_that_names_no_session_is_404_for_the_stream(api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        with pytest.raises(AgentError) as e:
+            async for _ in agent.stream("999"):
+                pass
+    assert (e.value.status, e.value.code) == (404, "not_found")
+
+
+async def test_a_reader_that_falls_behind_is_dropped_with_an_error_event(
+        api_server_factory: ApiServerFactory) -> None:
+    # A small per-reader queue (engine.queue_size) and a reader that never reads, with a tiny
+    # receive buffer: it falls more than 8 events behind, so the server drops it with an `error`
+    # event and ends its stream. The turn itself is never held up, and the session streams again.
+    # (Token deltas merge while queued, so the flood is 300 large tool calls: 600 events that
+    # cannot merge; the unknown tool is answered with an error and never run.)
+    srv = await api_server_factory(engine={"queue_size": 8})
+    srv.fake.script(Reply.tool_calls(*[("no_such_tool", {"i": i, "pad": "y" * 2000}) for i in range(300)]),
+                    Reply.text("x" * 1000))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", srv.handle.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(b"GET /api/v1/stream/api-slowpoke HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        await reader.readuntil(b": connected\n\n")
+        async with srv.client() as agent:
+            got = await agent.send("flood", client_id="api-slowpoke", timeout=60)
+            assert got["status"] == "complete" and got["text"] == "x" * 1000
+            async with asyncio.timeout(30):
+                data = await reader.read()  # to EOF: the server ended the slow stream
+            head, _, tail = data.partition(b"slow_consumer")
+            assert tail and b"event: error" in head[-200:], data[-300:]
+            assert b"event: tool_call" in head and b"event: done" not in head
+            assert b"event:" not in tail  # nothing after the drop
+
+            srv.fake.script(Reply.text("back again"))
+            async with agent.stream("api-slowpoke") as again:
+                accepted = await agent.submit("hello?", client_id="api-slowpoke")
+                assert (await events_until_done(again, accepted["turn_id"]))[-1]["data"]["text"] == "back again"
+    finally:
+        writer.close()
+
+
+# ---- sessions --------------------------------------------------------------------------------------------
+
+
+async def test_sessions_are_listed_read_page_by_page_and_deleted(api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        for i in range(3):
+            assert (await agent.send(f"message {i}", client_id="api-hist"))["status"] == "complete"
+        await agent.send("elsewhere", client_id="api-other")
+        listed = await agent.sessions()
+        assert {s["client_id"] for s in listed} == {"api-hist", "api-other"}
+        hist = next(s for s in listed if s["client_id"] == "api-hist")
+        assert hist["message_count"] == 6 and hist["state"] == "idle" and hist["title"] == "message 0"
+        short = str(hist["short_id"])
+        assert [s["client_id"] for s in await agent.sessions(kind="console")] == []
+
+        full = await agent.session("api-hist", limit=1000)
+        msgs = full["messages"]
+        assert [m["role"] for m in msgs] == ["user", "assistant"] * 3
+        assert [m["content"] for m in msgs[:2]] == ["message 0", "echo: message 0"]
+        assert full["has_more"] is False and full["next_before"] is None
+        assert full["session"]["client_id"] == "api-hist"
+
+        page1 = await agent.session(short, limit=4)  # the shorthand id works too
+        assert page1["messages"] == msgs[-4:]
+        assert page1["has_more"] is True and page1["next_before"] == msgs[-4]["id"]
+        page2 = await agent.session("api-hist", limit=4, before=page1["next_before"])
+        assert page2["messages"] == msgs[:2] and page2["has_more"] is False
+        assert await agent.history("api-hist", page=2) == msgs
+
+        assert await agent.delete_session(short) == {"client_id": "api-hist", "deleted": True}
+        for call in (agent.session("api-hist"), agent.delete_session("api-hist"), agent.stop(short)):
+            with pytest.raises(AgentError) as e:
+                await call
+            assert (e.value.status, e.value.code) == (404, "not_found")
+        assert [s["client_id"] for s in await agent.sessions()] == ["api-other"]
+
+
+async def test_stop_cancels_a_hanging_turn(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.hang())
+    async with api_server.client() as agent, agent.stream("api-hang") as stream:
+        accepted = await agent.submit("this will hang", client_id="api-hang")
+        await api_server.fake.wait_for_requests_async(1)
+        short = str((await agent.session("api-hang"))["session"]["short_id"])
+        assert await agent.stop(short) == {"client_id": "api-hang", "stopped": True}
+        events = await events_until_done(stream, accepted["turn_id"])
+        assert events[-1]["data"]["status"] == "cancelled"
+        assert (await agent.stop("api-hang"))["stopped"] is False  # nothing runs any more
+        history = (await agent.session("api-hang"))["messages"]
+        assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in history)
+
+
+# ---- gates -----------------------------------------------------------------------------------------------
+
+
+async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_token(
+        api_server_factory: ApiServerFactory) -> None:
+    srv, plugin, _ = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "hello"})), Reply.text("noted"))
+    async with srv.client("ops") as ops, srv.client("bot") as bot, bot.stream("api-gated") as stream:
+        accepted = await bot.submit("write a note", client_id="api-gated")
+        gate = (await next_event(stream, "gate"))["data"]
+        assert (gate["tool"], gate["operation"], gate["session_id"]) == ("write_note", "write", "api-gated")
+        assert gate["args"] == {"text": "hello"} and gate["client_kind"] == "api"
+        assert [g["id"] for g in await bot.gates()] == [gate["id"]]  # pending, visible to every role
+
+        with pytest.raises(AgentError) as e:
+            await bot.resolve_gate(gate["id"], "approve")
+        assert (e.value.status, e.value.code) == (403, "forbidden")
+        assert plugin.written == [] and [g["id"] for g in await ops.gates()] == [gate["id"]]
+
+        resolved = await ops.resolve_gate(gate["id"], "approve")
+        assert (resolved["id"], resolved["decision"], resolved["scope"], resolved["by"]) == (
+            gate["id"], "approved", "once", "ops")
+        events = await events_until_done(stream, accepted["turn_id"])
+
+        with pytest.raises(AgentError) as e:
+            await ops.resolve_gate(gate["id"], "deny")
+        assert (e.value.status, e.value.code) == (409, "already_resolved")
+        assert "approved by ops" in e.value.message
+        with pytest.raises(AgentError) as e:
+            await ops.resolve_gate("g000000000000", "deny")
+        assert (e.value.status, e.value.code) == (404, "not_found")
+        assert await ops.gates() == []
+
+    names = [e["event"] for e in events]
+    assert names.index("gate_resolved") < names.index("tool_result") < names.index("done")
+    assert plugin.written == ["hello"]
+    assert events[-1]["data"]["text"] == "noted"
+
+
+async def test_a_denied_gate_does_not_run_the_tool(api_server_factory: ApiServerFactory) -> None:
+    srv, plugin, tokens = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "no"})), Reply.text("ok, not written"))
+    async with srv.client("ops") as ops, ops.stream("api-deny") as stream:
+        accepted = await ops.submit("write", client_id="api-deny")
+        gate = (await next_event(stream, "gate"))["data"]
+        async with aiohttp.ClientSession() as http, http.post(
+                f"{srv.url}/api/v1/gates/{gate['id']}", json={"decision": "deny"},
+                headers=tokens.header("ops")) as r:
+            assert r.status == 200
+            assert (await r.json())["gate"]["decision"] == "denied"
+        events = await events_until_done(stream, accepted["turn_id"])
+    result = next(e["data"] for e in events if e["event"] == "tool_result")
+    assert result["is_error"] is True and result["gate"] == "denied"
+    assert plugin.written == []
+
+
+# ---- health and OpenAPI ------------------------------------------------------------------------------------
+
+
+async def test_health_reports_models_sessions_gates_and_the_callers_role(
+        api_server_factory: ApiServerFactory) -> None:
+    tokens = Tokens.make(ops="operator", bot="client")
+    srv = await api_server_factory(tokens=tokens)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(srv.url + "/api/v1/health") as r:  # public: no token needed
+            assert r.status == 200
+            h = await r.json()
+        async with http.get(srv.url + "/api/v1/health", headers=tokens.header("bot")) as r:
+            assert (await r.json())["role"] == "client"
+    assert h == {"status": "ok", "version": aiops.__version__, "models": ["local"], "default_model": "local",
+                 "sessions": 0, "pending_gates": 0, "role": None}
+
+
+async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) -> None:
+    async with aiohttp.ClientSession() as http, http.get(api_server.url + "/api/v1/openapi.json") as r:
+        assert r.status == 200
+        doc = await r.json()
+    assert doc["openapi"] == "3.1.0"
+    documented = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+    registered = {(route.method, route.resource.canonical) for route in api_server.handle.app.router.routes()
+                  if route.resource is not None and route.resource.canonical.startswith("/api/v1")}
+    assert documented == registered
+    assert len(registered) == len(ROUTES)
+
+    def refs(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            return [v for k, v in node.items() if k == "$ref"] + [r for v in node.values() for r in refs(v)]
+        if isinstance(node, list):
+            return [r for v in node for r in refs(v)]
+        return []
+
+    schemas = doc["components"]["schemas"]
+    for ref in refs(doc):
+        assert ref.startswith("#/components/schemas/") and ref.rsplit("/", 1)[1] in schemas, ref
+    submit = doc["paths"]["/api/v1/submit"]["post"]
+    body = schemas[submit["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert body["required"] == ["text"]
+    assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout"}
+    assert doc["paths"]["/api/v1/health"]["get"]["security"] == []
+    assert "403" in doc["paths"]["/api/v1/gates/{id}"]["post"]["responses"]
+    history = doc["paths"]["/api/v1/sessions/{id}"]["get"]["parameters"]
+    assert {p["name"] for p in history} == {"id", "limit", "before"}
+
+
+# ---- AgentClient -------------------------------------------------------------------------------------------
+
+
+async def test_agent_client_auto_resolves_gates_with_its_policy(api_server_factory: ApiServerFactory) -> None:
+    srv, plugin, _ = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "keep"})), Reply.text("kept"),
+                    Reply.tool_calls(("write_note", {"text": "drop"})), Reply.text("dropped"))
+    asked: list[dict[str, Any]] = []
+
+    async def policy(gate: dict[str, Any]) -> str:
+        asked.append(gate)
+        return "approve" if gate["args"]["text"] == "keep" else "deny"
+
+    async with srv.client("ops", gate_policy=policy) as ops:
+        first = await ops.send("note keep", auto_resolve=True)
+        second = await ops.run_with_policy("note drop", client_id=first["client_id"])
+    assert (first["status"], first["text"]) == ("complete", "kept")
+    assert (second["status"], second["text"]) == ("complete", "dropped")
+    assert second["client_id"] == first["client_id"]
+    assert [g["args"]["text"] for g in asked] == ["keep", "drop"]
+    assert plugin.written == ["keep"]
+
+    requests_before = len(srv.fake.requests)
+    async with srv.client("bot", gate_policy=policy) as bot:
+        with pytest.raises(AgentError, match="operator token") as e:
+            await bot.send("note keep", auto_resolve=True)
+        assert e.value.status == 403
+    assert len(srv.fake.requests) == requests_before  # refused before anything was submitted
+
+
+async def test_a_policy_that_abstains_leaves_the_gate_to_a_human(api_server_factory: ApiServerFactory) -> None:
+    srv, plugin, _ = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "human"})), Reply.text("a human said yes"))
+
+    async def human(ops: AgentClient, watching: EventStream) -> None:
+        gate = (await next_event(watching, "gate"))["data"]  # a human watching the inbox
+        assert [g["id"] for g in await ops.gates()] == [gate["id"]]  # the policy left it pending
+        await ops.resolve_gate(gate["id"], "approve")
+
+    async with srv.client("ops", gate_policy=lambda gate: None) as ops, ops.stream("api-human") as watching:
+        got, _ = await asyncio.gather(ops.send("note", client_id="api-human", auto_resolve=True),
+                                      human(ops, watching))
+    assert got["text"] == "a human said yes" and plugin.written == ["human"]
+
+
+async def test_agent_client_reports_server_errors_with_status_and_code(api_server_factory: ApiServerFactory) -> None:
+    tokens = Tokens.make(ops="operator")
+    srv = await api_server_factory(tokens=tokens)
+    async with AgentClient(srv.url, token="wrong") as agent:
+        with pytest.raises(AgentError) as e:
+            await agent.sessions()
+    assert (e.value.status, e.value.code) == (401, "unauthorized")
+    async with AgentClient(srv.url, token=tokens.secrets["ops"]) as agent:
+        assert await agent.sessions() == []
+
+
+async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp_path: Any) -> None:
+    api_server.fake.script(Reply.text("attached and watching"))
+    before = api_server.engine.bus.subscriber_count
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiops.cli", "--config-dir", str(api_server.cfg.paths.config_dir),
+        "--data-dir", str(tmp_path / "attach-data"), "attach", "api-watched", "--url", api_server.url,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
+    try:
+        async with asyncio.timeout(30):
+            while api_server.engine.bus.subscriber_count <= before:  # attach has subscribed
+                if proc.returncode is not None:
+                    raise AssertionError((await proc.stderr.read()).decode())  # type: ignore[union-attr]
+                await asyncio.sleep(0.02)
+        async with api_server.client() as agent:
+            await agent.submit("watch this", client_id="api-watched")
+        lines: list[dict[str, Any]] = []
+        async with asyncio.timeout(10):
+            while not lines or lines[-1]["event"] != "done":
+                lines.append(json.loads(await proc.stdout.readline()))  # type: ignore[union-attr]
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+    assert lines[-1]["text"] == "attached and watching" and lines[-1]["session_id"] == "api-watched"
+    assert {line["event"] for line in lines} <= CONTRACT_EVENTS
+
+
+# ---- aiops serve -------------------------------------------------------------------------------------------
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_aiops_serve_answers_and_exits_cleanly_on_sigterm(aiops_serve: ServeProcess) -> None:
+    assert aiops_serve.banner.startswith("aiops serving on http://127.0.0.1:")
+    with urllib.request.urlopen(aiops_serve.url + "/api/v1/health", timeout=10) as r:
+        assert json.loads(r.read())["status"] == "ok"
+    aiops_serve.fake.script(Reply.text("hello from a subprocess"))  # type: ignore[union-attr]
+    status, body = _post(aiops_serve.url + "/api/v1/submit", {"text": "hi", "wait": True})
+    assert (status, body["status"], body["text"]) == (200, "complete", "hello from a subprocess")
+    assert aiops_serve.stop(signal.SIGTERM) == 0
+
+
+async def test_shutdown_cancels_running_turns_cleanly_and_loses_nothing(
+        aiops_serve_factory: ServeFactory) -> None:
+    first = aiops_serve_factory()
+    first.fake.script(Reply.hang())  # type: ignore[union-attr]
+    async with AgentClient(first.url, token="") as agent, agent.stream("api-shutdown") as stream:
+        accepted = await agent.submit("this never ends", client_id="api-shutdown")
+        await first.fake.wait_for_requests_async(1)  # type: ignore[union-attr]
+        first.proc.send_signal(signal.SIGINT)
+        events = await events_until_done(stream, accepted["turn_id"], timeout=30)
+        assert events[-1]["data"]["status"] == "cancelled"
+        async with asyncio.timeout(30):
+            async for _ in stream:  # the server ends the stream as it goes
+                pass
+    assert await asyncio.to_thread(first.proc.wait, 30) == 0
+
+    second = aiops_serve_factory(config_dir=first.config_dir, data_dir=first.data_dir)
+    async with AgentClient(second.url, token="") as agent:
+        messages = (await agent.session("api-shutdown"))["messages"]
+    assert messages[0]["content"] == "this never ends"
+    assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in messages)
+
+
+def test_the_server_modules_never_import_textual() -> None:
+    code = ("import sys, aiops.cli, aiops.integrations.server.run, aiops.client; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'textual' or m.startswith('aiops.tui')); "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)

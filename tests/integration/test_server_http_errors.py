@@ -1,0 +1,268 @@
+"""Bad input over raw HTTP: each gets a clear error in the shape of its surface, and the server
+keeps serving (every test ends with a normal request)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import pytest
+
+from aiops.integrations.server.auth import BindRefused
+from aiops.integrations.server.run import start_server
+from tests.support.server import (
+    ApiServer,
+    ApiServerFactory,
+    ServeFactory,
+    Tokens,
+    run_serve,
+    server_config_dir,
+)
+
+
+async def still_serving(srv: ApiServer, headers: dict[str, str] | None = None) -> None:
+    """A normal request after the bad one: a full turn on the fake model."""
+    async with aiohttp.ClientSession(headers=headers) as http, http.post(
+            srv.url + "/api/v1/submit", json={"text": "still there?", "wait": True}) as r:
+        assert r.status == 200, await r.text()
+        body = await r.json()
+    assert (body["status"], body["text"]) == ("complete", "echo: still there?")
+
+
+async def call(srv: ApiServer, method: str, path: str, *, data: Any = None, json: Any = None,
+               headers: dict[str, str] | None = None) -> tuple[int, Any, aiohttp.ClientResponse]:
+    async with aiohttp.ClientSession() as http, http.request(method, srv.url + path, data=data, json=json,
+                                                             headers=headers) as r:
+        body = await r.json(content_type=None)
+        return r.status, body, r
+
+
+def our_error(body: Any) -> tuple[str, str]:
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    return body["error"]["code"], body["error"]["message"]
+
+
+# ---- malformed JSON and wrong types -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "expect"), [
+    (b'{"text": "hi"', "malformed JSON body"),
+    (b"{bad json}", "malformed JSON body: Expecting property name"),
+    (b"", "body is empty"),
+    (b"\xff\xfe{}", "malformed JSON body"),
+    (b'["text"]', "must be a JSON object"),
+    (b'"hi"', "must be a JSON object"),
+])
+async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: bytes, expect: str) -> None:
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit", data=raw,
+                                 headers={"Content-Type": "application/json"})
+    code, message = our_error(body)
+    assert status == 400 and code in ("invalid_json", "invalid_request")
+    assert expect in message
+    await still_serving(api_server)
+
+
+@pytest.mark.parametrize(("payload", "field", "why"), [
+    ({"text": 5}, "text", "valid string"),
+    ({}, "text", "required field is missing"),
+    ({"text": ""}, "text", "at least 1 character"),
+    ({"text": "hi", "wait": "yes"}, "wait", "valid boolean"),
+    ({"text": "hi", "wait": 1}, "wait", "valid boolean"),
+    ({"text": "hi", "timeout": "10"}, "timeout", "valid number"),
+    ({"text": "hi", "timeout": -1}, "timeout", "greater than 0"),
+    ({"text": "hi", "client_id": 7}, "client_id", "valid string"),
+    ({"text": "hi", "client_id": "a b/c"}, "client_id", "match pattern"),
+    ({"text": "hi", "model": ["x"]}, "model", "valid string"),
+    ({"text": "hi", "stream": True}, "stream", "unknown field"),
+])
+async def test_wrong_types_are_a_400_naming_the_field(api_server: ApiServer, payload: dict[str, Any],
+                                                      field: str, why: str) -> None:
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit", json=payload)
+    code, message = our_error(body)
+    assert (status, code) == (400, "invalid_request")
+    assert f"{field}: " in message and why in message, message
+    await still_serving(api_server)
+
+
+@pytest.mark.parametrize(("payload", "field"), [
+    ({"decision": "maybe"}, "decision"),
+    ({"decision": "approve", "scope": "forever"}, "scope"),
+    ({}, "decision"),
+])
+async def test_a_bad_gate_decision_is_a_400_naming_the_field(api_server: ApiServer, payload: dict[str, Any],
+                                                             field: str) -> None:
+    status, body, _ = await call(api_server, "POST", "/api/v1/gates/g123", json=payload)
+    code, message = our_error(body)
+    assert (status, code) == (400, "invalid_request") and f"{field}: " in message
+    await still_serving(api_server)
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("limit=0", "limit"), ("limit=abc", "limit"), ("before=-3", "before"), ("page=2", "page"),
+])
+async def test_bad_query_parameters_are_a_400_naming_them(api_server: ApiServer, query: str, field: str) -> None:
+    await still_serving(api_server)
+    sessions = (await call(api_server, "GET", "/api/v1/sessions"))[1]["sessions"]
+    status, body, _ = await call(api_server, "GET", f"/api/v1/sessions/{sessions[0]['client_id']}?{query}")
+    code, message = our_error(body)
+    assert (status, code) == (400, "invalid_request") and f"{field}: " in message
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions?kind=robot")
+    assert status == 400 and "kind: " in our_error(body)[1]
+
+
+async def test_submitting_to_an_unknown_shorthand_id_is_404(api_server: ApiServer) -> None:
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit", json={"text": "hi", "client_id": "4242"})
+    assert (status, our_error(body)[0]) == (404, "not_found")
+    await still_serving(api_server)
+
+
+# ---- unknown routes and methods ---------------------------------------------------------------------------
+
+
+async def test_unknown_routes_answer_404_in_the_shape_of_their_surface(api_server: ApiServer) -> None:
+    status, body, _ = await call(api_server, "GET", "/api/v1/nope")
+    assert status == 404 and our_error(body) == ("not_found", "no route GET /api/v1/nope")
+    status, body, _ = await call(api_server, "GET", "/nowhere")
+    assert status == 404 and our_error(body)[0] == "not_found"
+    status, body, _ = await call(api_server, "GET", "/v1/nope")
+    assert status == 404
+    assert body["error"]["type"] == "invalid_request_error" and "/v1/nope" in body["error"]["message"]
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    status, body, _ = await call(api_server, "POST", "/api/nope", json={})
+    assert status == 404 and body == {"error": "no route POST /api/nope"}
+    await still_serving(api_server)
+
+
+async def test_a_wrong_method_is_405_with_allow(api_server: ApiServer) -> None:
+    status, body, resp = await call(api_server, "DELETE", "/api/v1/health")
+    assert (status, our_error(body)[0]) == (405, "method_not_allowed")
+    assert resp.headers["Allow"] == "GET"
+    status, body, _ = await call(api_server, "GET", "/api/v1/submit")
+    assert status == 405 and "POST" in our_error(body)[1]
+    await still_serving(api_server)
+
+
+# ---- body size and body timeout ---------------------------------------------------------------------------
+
+
+async def test_an_oversized_body_is_413_and_the_server_keeps_serving(api_server_factory: ApiServerFactory) -> None:
+    srv = await api_server_factory(server={"max_body_bytes": 2048})
+    big = {"text": "x" * 5000}
+    status, body, _ = await call(srv, "POST", "/api/v1/submit", json=big)  # with Content-Length
+    code, message = our_error(body)
+    assert (status, code) == (413, "payload_too_large") and "2048" in message
+
+    async def chunks() -> Any:  # no Content-Length: the limit applies while reading
+        for _ in range(10):
+            yield b"x" * 1000
+
+    status, body, _ = await call(srv, "POST", "/api/v1/submit", data=chunks(),
+                                 headers={"Content-Type": "application/json"})
+    assert (status, our_error(body)[0]) == (413, "payload_too_large")
+
+    status, body, _ = await call(srv, "POST", "/v1/chat/completions", json=big)
+    assert status == 413 and body["error"]["type"] == "invalid_request_error"
+    status, body, _ = await call(srv, "POST", "/api/chat", json=big)
+    assert status == 413 and isinstance(body["error"], str) and "too large" in body["error"]
+    await still_serving(srv)
+
+
+async def test_a_body_that_never_arrives_is_408(api_server_factory: ApiServerFactory) -> None:
+    srv = await api_server_factory(server={"request_timeout": 0.2})
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
+    try:
+        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"text\"")
+        await writer.drain()
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), head
+            rest = await reader.read(4096)
+        assert b"request_timeout" in rest
+    finally:
+        writer.close()
+    await still_serving(srv)
+
+
+# ---- tokens -----------------------------------------------------------------------------------------------
+
+
+async def test_missing_or_wrong_tokens_are_401_and_health_stays_public(
+        api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    tokens = Tokens.make(ops="operator", bot="client")
+    srv = await api_server_factory(tokens=tokens)
+
+    status, body, resp = await call(srv, "GET", "/api/v1/sessions")
+    assert (status, our_error(body)[0]) == (401, "unauthorized")
+    assert resp.headers["WWW-Authenticate"] == 'Bearer realm="aiops"'
+    assert "Authorization: Bearer" in our_error(body)[1]
+    for bad in ("Bearer nope", "Bearer " + tokens.secrets["ops"] + "x", "Basic " + tokens.secrets["ops"],
+                tokens.secrets["ops"], "Bearer "):
+        status, body, resp = await call(srv, "POST", "/api/v1/submit", json={"text": "hi"},
+                                        headers={"Authorization": bad})
+        assert status == 401, bad
+        assert resp.headers["WWW-Authenticate"].startswith('Bearer realm="aiops"')
+
+    status, body, _ = await call(srv, "GET", "/v1/models")  # OpenAI's shape on /v1
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    status, body, _ = await call(srv, "GET", "/api/tags")  # Ollama's on /api
+    assert status == 401 and isinstance(body["error"], str)
+    status, body, _ = await call(srv, "GET", "/api/v1/nope")  # no route map for strangers
+    assert status == 401
+
+    status, body, _ = await call(srv, "GET", "/api/v1/health")
+    assert status == 200 and body["role"] is None
+    async with aiohttp.ClientSession() as http, http.get(srv.url + "/") as r:
+        assert r.status != 401  # Ollama's probe is public
+
+    await still_serving(srv, tokens.header("bot"))
+    await still_serving(srv, {"Authorization": "bearer " + tokens.secrets["ops"]})  # scheme is case-blind
+    for secret in tokens.secrets.values():
+        assert secret not in caplog.text
+
+
+async def test_an_unset_token_variable_means_no_token_and_is_warned_by_name(
+        api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    srv = await api_server_factory(extra_files={"aiops.toml": (
+        '[server]\nhost = "127.0.0.1"\nport = 0\n'
+        '[auth.tokens.ops]\ntoken_env = "AIOPS_TEST_NEVER_SET"\nrole = "operator"\n')})
+    assert "AIOPS_TEST_NEVER_SET" in caplog.text
+    status, body, _ = await call(srv, "GET", "/api/v1/health")
+    assert body["role"] == "operator"  # no token configured: loopback callers are operators
+    await still_serving(srv)
+    with pytest.raises(BindRefused, match="AIOPS_TEST_NEVER_SET"):
+        await start_server(srv.engine, srv.cfg, host="0.0.0.0", port=0)
+    await still_serving(srv)
+
+
+def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake_openai: Any) -> None:
+    cfg_dir = server_config_dir(tmp_path, fake_openai)
+    done = run_serve(cfg_dir, tmp_path / "data", host="0.0.0.0")
+    assert done.returncode == 2
+    assert "refusing to listen on 0.0.0.0" in done.stderr and "auth token" in done.stderr
+    assert "aiops serving" not in done.stdout
+
+
+def test_a_non_loopback_bind_with_a_token_serves_and_needs_it(aiops_serve_factory: ServeFactory,
+                                                              tmp_path: Any) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    tokens = Tokens.make(ops="operator")
+    proc = aiops_serve_factory(tokens=tokens, args=["--host", "0.0.0.0"])
+    port = proc.url.rsplit(":", 1)[1]
+    base = f"http://127.0.0.1:{port}"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(base + "/api/v1/sessions", timeout=10)
+    assert e.value.code == 401
+    req = urllib.request.Request(base + "/api/v1/sessions", headers=tokens.header("ops"))
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read()) == {"sessions": []}
+    assert proc.stop() == 0
+    logs = (proc.data_dir / "aiops.log").read_text()
+    assert tokens.secrets["ops"] not in logs + proc.stderr + proc.stdout

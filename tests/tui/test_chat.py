@@ -1,0 +1,271 @@
+"""The chat and the input: streaming, commands, @model, cancel, history, switching sessions."""
+
+from __future__ import annotations
+
+from aiops.tui.widgets.chat import AssistantMessage, EarlierButton, UserMessage
+from aiops.tui.widgets.chat_input import ChatInput
+from tests.fakes.openai_server import Reply
+from tests.tui.conftest import (
+    SIZE,
+    chat_text,
+    ready,
+    screen_text,
+    send,
+    type_text,
+    wait_chat,
+    wait_for,
+    wait_text,
+)
+
+
+async def test_sending_a_message_streams_the_answer(make_app, fake_openai):
+    answer = "The **disk** on db-2 is at 91 percent; the largest table is `events`."
+    fake_openai.script(Reply.text(answer, chunks=6, chunk_delay=0.15))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "how full is db-2?")
+        await wait_text(pilot, "how full is db-2?")
+        # Part of the answer is on screen while the rest is still coming, through one stream.
+        msg = await wait_for(pilot, lambda: next(iter(app.chat.query(AssistantMessage)), None), "an answer")
+        await wait_for(pilot, lambda: msg.streaming and msg.text and msg.text != answer, "a partial answer")
+        assert app.chat_input.busy
+        await wait_for(pilot, lambda: not msg.streaming, "the stream to end")
+        # The final re-render shows the whole message, Markdown rendered (no ** or backticks).
+        assert msg.markdown.source == answer
+        await wait_chat(pilot, "The disk on db-2 is at 91 percent; the largest table is events.")
+        assert "**" not in chat_text(app)
+        assert not app.chat_input.busy
+        request = fake_openai.last_request.json
+        assert request["messages"][-1] == {"role": "user", "content": "how full is db-2?"}
+
+
+async def test_enter_sends_ctrl_j_breaks_the_line_and_history_comes_back(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "first line")
+        await pilot.press("ctrl+j")
+        await type_text(pilot, "second line")
+        assert app.chat_input.text == "first line\nsecond line"
+        await pilot.press("enter")
+        await wait_text(pilot, "echo: first line")
+        assert fake_openai.last_request.json["messages"][-1]["content"] == "first line\nsecond line"
+        assert app.chat_input.text == ""
+        await send(pilot, "again")
+        await wait_text(pilot, "echo: again")
+        await pilot.press("up")
+        assert app.chat_input.text == "again"
+        await pilot.press("up")
+        assert app.chat_input.text == "first line\nsecond line"
+        await pilot.press("down")
+        assert app.chat_input.text == "again"
+        await pilot.press("down")
+        assert app.chat_input.text == ""
+
+
+async def test_bang_commands_complete_and_run(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "!he")
+        assert app.chat_input.suggestion == "lp"
+        assert "!help" in screen_text(app)  # the candidates under the input
+        await pilot.press("tab")
+        assert app.chat_input.text == "!help "
+        await pilot.press("enter")
+        await wait_text(pilot, "Commands:")
+        assert "!model [KEY]" in screen_text(app)
+        await send(pilot, "!model")
+        await wait_text(pilot, "Models (* = this session")
+        assert fake_openai.requests == []  # commands never reach the model
+
+
+async def test_at_model_completes_and_sends_one_turn_to_that_model(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "@ot")
+        assert app.chat_input.suggestion == "her"
+        await pilot.press("tab")
+        await type_text(pilot, "status please")
+        assert app.chat_input.text == "@other status please"
+        await pilot.press("enter")
+        await wait_text(pilot, "echo: status please")
+        assert fake_openai.last_request.json["model"] == "other-model"
+        user = app.chat.query(UserMessage).last()
+        assert "you @other" in str(user.visual)
+        # The session itself stays on its model.
+        await send(pilot, "and you?")
+        await wait_text(pilot, "echo: and you?")
+        assert fake_openai.last_request.json["model"] == "fake-model"
+
+
+async def test_escape_cancels_the_running_turn_and_puts_the_prompt_back(make_app, fake_openai):
+    fake_openai.script(Reply.hang(after_chunks=2))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "a very long job")
+        await wait_for(pilot, lambda: app.chat_input.busy, "the turn to run")
+        await pilot.press("escape")
+        await wait_text(pilot, "turn cancelled")
+        assert app.chat_input.text == "a very long job"
+        await wait_for(pilot, lambda: not app.chat_input.busy, "the turn to end")
+        session = app.sessions_list.sessions[app.selected]
+        assert session["state"] == "idle"
+        history = await app.adapter.engine.history(app.selected)
+        assert history[-1].role == "notice" and history[-1].content == "turn cancelled"
+        # The prompt is back: enter sends it again.
+        await pilot.press("enter")
+        await wait_text(pilot, "echo: a very long job")
+
+
+async def test_escape_with_nothing_running_keeps_the_text(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "draft")
+        await pilot.press("escape")
+        assert app.chat_input.text == "draft"
+        assert "turn cancelled" not in screen_text(app)
+
+
+async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.selected
+        await send(pilot, "alpha in the console")
+        await wait_text(pilot, "echo: alpha in the console")
+        engine = app.adapter.engine
+        # Another client (an API script) starts its own session.
+        await engine.run("script-1", "beta from a script", kind="api", timeout=10)
+        await wait_text(pilot, "api (1)")
+        api_short = str(app.sessions_list.sessions["script-1"]["short_id"])
+        await wait_for(pilot, lambda: "●" in screen_text(app), "the unread marker")
+        # Pick the api session from the list.
+        sessions = app.sessions_list
+        sessions.focus()
+        sessions.highlighted = sessions.get_option_index("script-1")
+        await pilot.press("enter")
+        await wait_text(pilot, "echo: beta from a script")
+        assert app.selected == "script-1"
+        assert f"#{api_short}" in screen_text(app)
+        assert "alpha in the console" not in screen_text(app)
+        assert "●" not in screen_text(app)
+        # A new console session from anywhere, then back to the first one.
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.selected not in (first, "script-1"), "a new session")
+        assert isinstance(app.focused, ChatInput)
+        await wait_for(pilot, lambda: not app.chat.query(UserMessage), "an empty chat")
+        sessions.highlighted = sessions.get_option_index(first)
+        sessions.focus()
+        await pilot.press("enter")
+        await wait_text(pilot, "echo: alpha in the console")
+
+
+async def test_a_running_turn_of_another_session_is_shown_live_when_selected(make_app, fake_openai):
+    fake_openai.script(Reply.text("one two three four five six seven eight", chunks=8, chunk_delay=0.2))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        turn = await engine.submit("proxy-chat", "count slowly", kind="proxy")
+        await wait_for(pilot, lambda: "proxy-chat" in app.live_turn, "the proxy turn to run")
+        await wait_for(pilot, lambda: app.live_events.get("proxy-chat") and any(
+            e.name == "tok" for e in app.live_events["proxy-chat"]), "streamed text")
+        await app.select_session("proxy-chat")
+        await wait_chat(pilot, "› you count slowly")
+        await wait_chat(pilot, "one two")  # what streamed before it was selected
+        await turn.wait(10)
+        await wait_chat(pilot, "one two three four five six seven eight")
+        # Nothing twice: the history of the live turn is replaced by its events, not added to them.
+        assert [m.text for m in app.chat.query(UserMessage)] == ["count slowly"]
+        assert [m.text for m in app.chat.query(AssistantMessage)] == ["one two three four five six seven eight"]
+
+
+async def test_long_history_loads_the_latest_first_and_earlier_on_demand(make_app, fake_openai):
+    app = make_app(extra_files={"aiops.toml": "[console]\nhistory_page = 4\n"})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        for i in range(1, 5):
+            await engine.run("long-1", f"question {i}", kind="api", timeout=10)
+        await app.select_session("long-1")
+        await wait_text(pilot, "echo: question 4")
+        assert "question 2" not in screen_text(app)
+        assert app.chat.query(EarlierButton)
+        app.chat.focus()
+        await pilot.press("e")
+        await wait_text(pilot, "echo: question 2")
+        await pilot.press("e")
+        await wait_text(pilot, "question 1")
+        await wait_for(pilot, lambda: not app.chat.query(EarlierButton), "the beginning")
+
+
+async def test_the_view_follows_the_bottom_only_when_the_reader_is_there(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        for i in range(8):
+            await engine.run(app.selected, f"line {i}\n\n" + "filler\n\n" * 3, kind="console", timeout=10)
+        chat = app.chat
+        await wait_for(pilot, lambda: chat.max_scroll_y > 10, "a scrollable chat")
+        await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y, "the bottom")
+        chat.focus()
+        await pilot.press("home")
+        await wait_for(pilot, lambda: chat.scroll_y == 0, "the top")
+        await engine.run(app.selected, "while reading above", kind="console", timeout=10)
+        await wait_for(pilot, lambda: chat.query(UserMessage).last().text == "while reading above", "the new message")
+        await pilot.pause()
+        assert chat.scroll_y == 0  # the reader keeps their place
+        await pilot.press("end")
+        await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y, "the bottom again")
+        await engine.run(app.selected, "now following", kind="console", timeout=10)
+        await wait_text(pilot, "echo: now following")
+        await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y, "following")
+
+
+async def test_thinking_is_collapsed_and_tool_calls_show_arguments_result_and_duration(make_app, fake_openai):
+    fake_openai.script(Reply.reasoning("The user wants the notes, so read them first.",
+                                       calls=[("read_note", {"text": ""})]),
+                       Reply.text("There are no notes yet."))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "what do the notes say?")
+        await wait_chat(pilot, "There are no notes yet.")
+        text = chat_text(app)
+        assert "▶ thinking (9 words)" in text and "read them first" not in text
+        assert "▶ ⚙ read_note" in text and "✓" in text and " ms" in text
+        app.chat.focus()
+        await pilot.press("t")  # every block open
+        await wait_chat(pilot, "The user wants the notes, so read them first.")
+        text = chat_text(app)
+        assert '"text": ""' in text and "notes:" in text  # the arguments, then the result preview
+        await pilot.press("t")
+        await wait_for(pilot, lambda: "read them first" not in chat_text(app), "the blocks to close")
+
+
+async def test_quitting_cancels_a_running_turn_and_records_it(make_app, fake_openai, tmp_path):
+    from aiops.engine.store import Store
+
+    fake_openai.script(Reply.hang(after_chunks=2))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session = app.selected
+        await send(pilot, "a job that never ends")
+        await wait_for(pilot, lambda: app.chat_input.busy, "the turn to run")
+        await pilot.press("ctrl+q")
+    assert not app.adapter.engine.started
+    store = Store(tmp_path / "data" / "aiops.sqlite3")
+    await store.open()
+    try:
+        history = await store.history(session)
+    finally:
+        await store.close()
+    assert [m.role for m in history][:1] == ["user"]
+    assert history[-1].role == "notice" and history[-1].content == "turn cancelled"

@@ -1,0 +1,46 @@
+"""The cross-client flow: a chat UI asks through the console's own server, the operator answers in
+the console, and the chat UI's HTTP response completes with the tool's result."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+
+from aiops.tui.widgets.gates import GatesInbox
+from tests.fakes.openai_server import call_tool_when
+from tests.tui.conftest import SIZE, ready, region_text, screen_text, wait_for, wait_text
+
+
+async def test_a_gate_from_the_openai_proxy_is_approved_in_the_console(make_app, fake_openai, notes,
+                                                                        monkeypatch):
+    monkeypatch.delenv("AIOPS_OPERATOR_TOKEN", raising=False)  # loopback, no tokens: no auth needed
+    fake_openai.responder = call_tool_when("note this", ("write_note", {"text": "from the chat UI"}))
+    app = make_app(server=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.server_urls and app.server_urls[0].startswith("http://127.0.0.1:")
+        await wait_text(pilot, app.server_urls[0])  # the header shows where the server listens
+        client = openai.AsyncOpenAI(base_url=app.server_urls[0] + "/v1", api_key="unused", max_retries=0)
+        try:
+            names = [m.id async for m in client.models.list()]
+            assert "aiops" in names
+            request = asyncio.ensure_future(client.chat.completions.create(
+                model="aiops", messages=[{"role": "user", "content": "please note this for me"}], timeout=30))
+            await wait_for(pilot, lambda: app.inbox.gates or request.done(), "the proxy's gate")
+            assert not request.done(), request.result() if request.done() else None
+            gate = next(iter(app.inbox.gates.values()))
+            assert gate["client_kind"] == "proxy" and gate["tool"] == "write_note"
+            side = region_text(app, "#side")
+            assert "proxy" in side and "write_note write" in side and "from the chat UI" in side
+            assert "proxy (1)" in screen_text(app)  # the chat UI's session is listed with its kind
+            await pilot.press("ctrl+g")
+            assert isinstance(app.focused, GatesInbox)
+            await pilot.press("a")
+            response = await asyncio.wait_for(request, 30)
+        finally:
+            await client.close()
+        assert response.choices[0].message.content == "tool said: noted: from the chat UI"
+        assert response.choices[0].finish_reason == "stop"
+        assert notes.notes == ["from the chat UI"]
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")

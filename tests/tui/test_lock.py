@@ -1,0 +1,53 @@
+"""One aiops per data dir: a second one is told who holds it and where, and exits with status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiops.engine.lock import AlreadyRunning, DataDirLock, read_holder
+from aiops.tui.app import run_console
+from tests.tui.conftest import console_config
+
+AIOPS = Path(sys.executable).parent / "aiops"
+
+
+def test_a_second_lock_on_the_same_data_dir_says_who_holds_it(tmp_path):
+    path = tmp_path / "data" / "aiops.lock"
+    first = DataDirLock(path)
+    first.acquire()
+    first.update(url="http://127.0.0.1:8765")
+    second = DataDirLock(path)
+    with pytest.raises(AlreadyRunning) as e:
+        second.acquire()
+    message = str(e.value)
+    assert f"pid {first.info['pid']}" in message and "http://127.0.0.1:8765" in message
+    assert str(path.parent) in message
+    assert read_holder(path)["url"] == "http://127.0.0.1:8765"
+    first.release()
+    second.acquire()  # free again once released
+    second.release()
+    assert read_holder(path) == {}
+
+
+def test_run_console_refuses_a_held_data_dir(tmp_path, fake_openai, capsys):
+    cfg = console_config(tmp_path, fake_openai)
+    with DataDirLock(cfg.paths.lock_path) as held:
+        held.update(url="http://127.0.0.1:9999")
+        assert run_console(cfg, server=False) == 2
+    err = capsys.readouterr().err
+    assert "aiops is already running on the data dir" in err and "http://127.0.0.1:9999" in err
+
+
+def test_a_second_aiops_process_exits_with_status_2(tmp_path, fake_openai):
+    cfg = console_config(tmp_path, fake_openai)
+    with DataDirLock(cfg.paths.lock_path) as held:
+        held.update(url="http://127.0.0.1:4242")
+        proc = subprocess.run([str(AIOPS), "--config-dir", str(cfg.paths.config_dir), "--data-dir",
+                               str(cfg.paths.data_dir)], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert f"pid {held.info['pid']}" in proc.stderr and "http://127.0.0.1:4242" in proc.stderr

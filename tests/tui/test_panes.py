@@ -1,0 +1,256 @@
+"""The side panes, the layout, help, palette, keymap, themes, first-run guidance and logging."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+
+from textual.command import CommandPalette
+from textual.widgets import OptionList, TextArea
+
+from aiops.tui.app import _terminal_quiet
+from aiops.tui.screens.modals import HelpScreen, PromptEditScreen
+from aiops.tui.widgets.chat_input import ChatInput
+from aiops.tui.widgets.gates import GatesInbox
+from aiops.tui.widgets.limits import LimitsTable
+from tests.fakes.openai_server import call_tool_when
+from tests.tui.conftest import (
+    SIZE,
+    chat_text,
+    prompt_copy,
+    ready,
+    region_text,
+    screen_text,
+    send,
+    wait_chat,
+    wait_for,
+    wait_text,
+)
+
+
+async def test_the_prompt_tree_shows_sections_and_errors_and_edits_save_through_the_engine(
+        make_app, fake_openai, tmp_path):
+    folder = prompt_copy(tmp_path)
+    tools = folder / ".system_prompt_tools"
+    tools.write_text(tools.read_text() + "ghost: a section nobody wrote\n")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f5")  # gates -> prompt
+        await wait_for(pilot, lambda: app.main.side_tab() == "prompt", "the prompt tab")
+        await wait_text(pilot, "tools_search")
+        side = region_text(app, "#side")
+        for name in ("1. role", "2. tools", "3. tools_db", "6. gates", "7. memory", "1 error"):
+            assert name in side
+        assert "✗ ghost (missing)" in side
+        assert app.focused is app.main.query_one("#prompt-sections")
+        await pilot.press("down")  # root -> 1. role
+        role_body = app.adapter.engine.prompts.get(folder).find("role").body
+        first_words = " ".join(role_body.split()[:4])
+        await wait_for(pilot, lambda: first_words in region_text(app, "#prompt-reader"), "the role section")
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, PromptEditScreen), "the editor")
+        assert app.screen.query_one(TextArea).text == role_body
+        await pilot.press(*"Always answer in haiku. ")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "haiku" in region_text(app, "#prompt-reader"), "the saved section")
+        saved = (folder / ".system_prompt_role").read_text()
+        assert "Always answer in haiku. " + role_body.split("\n")[0] in saved
+        audit = await app.adapter.engine.store.audit()
+        edit = [a for a in audit if a.event == "prompt_edit"][-1]
+        assert edit.data["section"] == "role" and edit.actor == "operator" and "+Always answer in haiku" in \
+            edit.data["diff"]
+        # The next turn's system prompt carries the edit.
+        app.chat_input.focus()
+        await send(pilot, "hi")
+        await wait_chat(pilot, "echo: hi")
+        system = fake_openai.last_request.json["messages"][0]
+        assert system["role"] == "system" and "Always answer in haiku." in system["content"]
+
+
+async def test_rate_limits_pane_flags_a_disabled_type_and_a_key_re_enables_it(make_app, fake_openai):
+    limits = "[rate.notes]\ncalls = 1\nwindow_seconds = 600\nauto_disable = true\n"
+    fake_openai.responder = call_tool_when("read notes", ("read_note", {}))
+    app = make_app(extra_files={"limits.toml": limits})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "read notes")
+        await wait_chat(pilot, "tool said: notes:")
+        await send(pilot, "read notes twice")
+        await wait_chat(pilot, "rate limit exceeded")
+        limiter = app.adapter.engine.gatekeeper.limiter
+        assert limiter.is_disabled(app.selected, "notes")
+        await pilot.press("f5", "f5")  # gates -> prompt -> limits
+        await wait_for(pilot, lambda: isinstance(app.focused, LimitsTable), "the limits table")
+        short = str(app.sessions_list.sessions[app.selected]["short_id"])
+        side = region_text(app, "#side")
+        assert f"{short} notes 1/1 in 600s DISABLED" in side
+        await pilot.press("e")
+        await wait_for(pilot, lambda: "DISABLED" not in region_text(app, "#side"), "the re-enabled row")
+        assert not limiter.is_disabled(app.selected, "notes")
+        assert f"{short} notes 0/1 in 600s ok" in region_text(app, "#side")
+
+
+async def test_narrow_terminals_show_one_pane_at_a_time(make_app, fake_openai):
+    fake_openai.responder = call_tool_when("note", ("write_note", {"text": "x"}))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        text = screen_text(app)
+        assert "Chat  Sessions  Gates  Prompt  Limits  Log" in text
+        assert "╭─ Sessions" not in text
+        await pilot.press("f6")  # chat -> sessions
+        await wait_text(pilot, "╭─ Sessions")
+        assert "console (1)" in screen_text(app) and "╭─ Chat" not in screen_text(app)
+        await pilot.press("f6")
+        await wait_text(pilot, "No gate is waiting.")
+        await pilot.press("i")  # back to the input from any pane
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "the input")
+        await wait_text(pilot, "╭─ Chat")
+        await send(pilot, "note it")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await pilot.press("ctrl+g")
+        await wait_text(pilot, "write_note write")
+        assert isinstance(app.focused, GatesInbox)
+        await pilot.press("a")
+        app.main.show_pane("chat")
+        await wait_chat(pilot, "tool said: noted: x")
+        # Wider again: every pane side by side.
+        await pilot.resize_terminal(120, 40)
+        await wait_text(pilot, "╭─ Sessions")
+        text = screen_text(app)
+        assert "╭─ Chat" in text and "Gates" in text and "Chat  Sessions  Gates" not in text
+
+
+async def test_panes_hide_show_and_resize(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        sessions = app.main.query_one("#sessions-pane")
+        width = sessions.size.width
+        await pilot.press("alt+right")
+        await wait_for(pilot, lambda: sessions.size.width == width + 4, "a wider sessions pane")
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: "╭─ Sessions" not in screen_text(app), "the sessions pane to hide")
+        assert isinstance(app.focused, ChatInput)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: "Limits" not in screen_text(app), "the side pane to hide")
+        await pilot.press("f2", "f3")
+        await wait_text(pilot, "╭─ Sessions")
+        await wait_text(pilot, "Limits")
+
+
+async def test_f1_explains_the_focused_pane(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        text = screen_text(app)
+        assert "Help · Input" in text and "ctrl+j" in text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), "help to close")
+        await pilot.press("ctrl+g", "f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        text = screen_text(app)
+        assert "Help · Gates inbox" in text and "Approve it and let the same tool" in text
+
+
+async def test_the_palette_offers_the_focused_panes_actions_first(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+g", "ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+        results = app.screen.query_one(OptionList)
+        await wait_for(pilot, lambda: results.option_count > 10, "the commands")
+        first = [str(results.get_option_at_index(i).prompt) for i in range(5)]
+        assert all("Gates inbox:" in p for p in first), first
+        await pilot.press(*"show log")
+        await wait_for(pilot, lambda: results.option_count and "Show log" in str(
+            results.get_option_at_index(0).prompt), "the match")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.main.side_tab() == "log", "the log tab")
+
+
+async def test_the_keymap_in_aiops_toml_rebinds_keys_by_id(make_app, fake_openai):
+    keymap = '[console.keymap]\n"gates.approve" = "y"\n"no.such.binding" = "z"\n'
+    fake_openai.responder = call_tool_when("note", ("write_note", {"text": "k"}))
+    app = make_app(extra_files={"aiops.toml": keymap})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert any("no.such.binding" in n.message for n in app._notifications)
+        await send(pilot, "note it")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await pilot.press("ctrl+g", "a")
+        await pilot.pause()
+        assert app.inbox.gates  # `a` is no longer approve
+        await pilot.press("y")
+        await wait_chat(pilot, "tool said: noted: k")
+
+
+async def test_the_theme_comes_from_the_config(make_app):
+    app = make_app(extra_files={"aiops.toml": '[console]\ntheme = "nord"\n'})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.theme == "nord"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_first_run_without_a_reachable_model_says_why_and_how(make_app, monkeypatch):
+    monkeypatch.delenv("AIOPS_TEST_UNSET_KEY", raising=False)
+    models = {
+        "gpt": {"type": "openai", "model_id": "gpt-x", "api_key_env": "AIOPS_TEST_UNSET_KEY"},
+        "local": {"type": "openai", "model_id": "m", "base_url": f"http://127.0.0.1:{_closed_port()}/v1"},
+    }
+    app = make_app(models=models, default="gpt")
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await wait_text(pilot, "no model reachable")
+        await wait_for(pilot, lambda: "not reachable" in region_text(app, "#guidance"), "the guidance")
+        guidance = region_text(app, "#guidance")
+        assert "Model gpt (openai gpt-x at https://api.openai.com/v1) is not reachable" in guidance
+        assert "AIOPS_TEST_UNSET_KEY is not set" in guidance
+        assert "models.toml" in guidance and "aiops config init" in guidance
+        # Commands still work, and a turn says what failed where the user looks.
+        await send(pilot, "!help")
+        await wait_chat(pilot, "one turn on another model")
+        await send(pilot, "!model local")
+        await wait_chat(pilot, "this session now uses local")
+        await wait_for(pilot, lambda: "cannot connect to http://127.0.0.1" in region_text(app, "#guidance"),
+                       "the local model's reason")
+        await send(pilot, "hello?")
+        await wait_for(pilot, lambda: "error (model_error)" in chat_text(app), "the model error")
+
+
+async def test_log_records_go_to_the_log_pane(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        logging.getLogger("aiops.test").warning("a record for the viewer")
+        app.main.show_pane("log")
+        await wait_for(pilot, lambda: "a record for the viewer" in region_text(app, "#side"), "the record")
+
+
+def test_nothing_logs_to_the_terminal_while_the_console_draws(tmp_path, fake_openai, capsys):
+    from tests.tui.conftest import console_config
+
+    cfg = console_config(tmp_path, fake_openai)
+    root = logging.getLogger()
+    terminal = logging.StreamHandler(sys.stderr)
+    root.addHandler(terminal)
+    try:
+        with _terminal_quiet(cfg):
+            assert terminal not in root.handlers
+            logging.getLogger("aiops.test").error("only in the file")
+        assert terminal in root.handlers
+    finally:
+        root.removeHandler(terminal)
+    assert "only in the file" not in capsys.readouterr().err
+    assert "only in the file" in cfg.paths.log_path.read_text()

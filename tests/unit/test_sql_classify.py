@@ -1,0 +1,425 @@
+"""SQL classification for the SQL gate: a write classified as a read is a security hole."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiops.gates.sql import SqlClassification, classify_sql
+
+R, W = "read", "write"
+
+CASES = [
+    # --- reads -----------------------------------------------------------------------------
+    pytest.param("SELECT * FROM orders", R, ("orders",), id="select"),
+    pytest.param("select id from Orders where id = 1", R, ("orders",), id="select-lowercase-keywords"),
+    pytest.param("SELECT * FROM shop.orders", R, ("shop.orders",), id="schema-qualified"),
+    pytest.param("SELECT * FROM `shop`.`Orders`", R, ("shop.orders",), id="backticks"),
+    pytest.param("SELECT `select`.id FROM `select`", R, ("select",), id="backticked-keyword-name"),
+    pytest.param("SELECT o.id FROM orders AS o JOIN users u ON u.id = o.user_id", R, ("orders", "users"),
+                 id="aliases-join"),
+    pytest.param("SELECT * FROM orders o, users u WHERE o.uid = u.id", R, ("orders", "users"),
+                 id="comma-join"),
+    pytest.param("SELECT * FROM t1 LEFT JOIN t2 USING (id) NATURAL JOIN t3 CROSS JOIN t4 STRAIGHT_JOIN t5",
+                 R, ("t1", "t2", "t3", "t4", "t5"), id="join-variants"),
+    pytest.param("SELECT * FROM t1 JOIN (t2, t3) ON t1.a = t2.a", R, ("t1", "t2", "t3"), id="join-group"),
+    pytest.param("SELECT * FROM orders WHERE uid IN (SELECT id FROM users WHERE banned)", R,
+                 ("orders", "users"), id="subquery-in"),
+    pytest.param("SELECT (SELECT MAX(total) FROM orders) AS m, EXISTS (SELECT 1 FROM users)", R,
+                 ("orders", "users"), id="scalar-and-exists-subqueries"),
+    pytest.param("SELECT d.n FROM (SELECT COUNT(*) AS n FROM shop.items) AS d", R, ("shop.items",),
+                 id="derived-table"),
+    pytest.param("SELECT * FROM t, LATERAL (SELECT * FROM u WHERE u.a = t.a) AS x", R, ("t", "u"),
+                 id="lateral"),
+    pytest.param("WITH recent AS (SELECT * FROM orders) SELECT * FROM recent JOIN users", R,
+                 ("orders", "users"), id="cte-name-not-a-table"),
+    pytest.param("WITH a AS (SELECT * FROM x), b AS (SELECT * FROM a JOIN y) SELECT * FROM b", R,
+                 ("x", "y"), id="cte-chain"),
+    pytest.param("WITH orders AS (SELECT * FROM orders WHERE paid) SELECT * FROM orders", R, ("orders",),
+                 id="cte-shadowing-its-own-base-table"),
+    pytest.param("WITH RECURSIVE r (n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) "
+                 "SELECT * FROM r", R, (), id="recursive-cte-no-table"),
+    pytest.param("SELECT a FROM t1 UNION SELECT a FROM t2 UNION ALL SELECT a FROM shop.t3", R,
+                 ("shop.t3", "t1", "t2"), id="union"),
+    pytest.param("SELECT a FROM t1 INTERSECT SELECT a FROM t2", R, ("t1", "t2"), id="intersect"),
+    pytest.param("SELECT a FROM t1 EXCEPT SELECT a FROM t2", R, ("t1", "t2"), id="except"),
+    pytest.param("(SELECT a FROM t1) UNION (SELECT a FROM t2) ORDER BY a LIMIT 3", R, ("t1", "t2"),
+                 id="parenthesised-union"),
+    pytest.param("TABLE orders", R, ("orders",), id="table-statement"),
+    pytest.param("SELECT 1", R, (), id="no-table"),
+    pytest.param("SELECT NOW(), VERSION(), DATABASE(), @@version, @x", R, (), id="no-table-functions"),
+    pytest.param("SELECT 1 FROM DUAL", R, (), id="dual-is-no-table"),
+    pytest.param("SELECT SLEEP(1)", R, (), id="sleep-is-a-read"),
+    pytest.param("SELECT CAST(a AS DECIMAL(10, 2)), CONVERT(b, CHAR(3)), IF(c, 1, 2), LEFT(d, 1), "
+                 "TRIM(BOTH 'x' FROM e), EXTRACT(YEAR FROM f), GROUP_CONCAT(g SEPARATOR ',') FROM t",
+                 R, ("t",), id="builtin-functions"),
+    pytest.param("SELECT ROW_NUMBER() OVER (PARTITION BY a ORDER BY b) FROM t WINDOW w AS (ORDER BY a)",
+                 R, ("t",), id="window-functions"),
+    pytest.param("SELECT * FROM t WHERE a = ANY (SELECT a FROM u) AND b > SOME (SELECT b FROM v)", R,
+                 ("t", "u", "v"), id="any-some-subqueries"),
+    pytest.param("WITH c (a, b) AS (SELECT 1, 2) SELECT * FROM c", R, (), id="cte-column-list"),
+    pytest.param("SELECT * FROM JSON_TABLE('[1]', '$[*]' COLUMNS (a INT PATH '$')) AS j", R, (),
+                 id="json-table-is-no-table"),
+    pytest.param("SHOW TABLES", R, (), id="show-tables"),
+    pytest.param("SHOW COLUMNS FROM shop.orders", R, ("shop.orders",), id="show-columns"),
+    pytest.param("SHOW CREATE TABLE `Orders`", R, ("orders",), id="show-create-table"),
+    pytest.param("SHOW FULL PROCESSLIST", R, (), id="show-processlist"),
+    pytest.param("DESCRIBE orders", R, ("orders",), id="describe"),
+    pytest.param("DESC shop.orders", R, ("shop.orders",), id="desc"),
+    pytest.param("EXPLAIN SELECT * FROM orders JOIN users", R, ("orders", "users"), id="explain-select"),
+    pytest.param("SELECT 1; SELECT * FROM t", R, ("t",), id="stacked-reads"),
+    pytest.param("SELECT * FROM t -- ; DELETE FROM t", R, ("t",), id="dash-comment-hides-nothing"),
+    pytest.param("SELECT * FROM t # ; DELETE FROM t", R, ("t",), id="hash-comment-hides-nothing"),
+    pytest.param("SELECT * FROM t /* ; DELETE FROM t */", R, ("t",), id="block-comment-hides-nothing"),
+    pytest.param("SELECT 'a; DELETE FROM t' FROM u", R, ("u",), id="semicolon-in-string"),
+    pytest.param("SELECT * FROM t WHERE a LIKE 'it''s'", R, ("t",), id="doubled-quote"),
+    # --- writes ----------------------------------------------------------------------------
+    pytest.param("INSERT INTO orders (id) VALUES (1)", W, ("orders",), id="insert"),
+    pytest.param("INSERT INTO shop.archive SELECT * FROM shop.orders o JOIN users u ON u.id = o.uid", W,
+                 ("shop.archive", "shop.orders", "users"), id="insert-select"),
+    pytest.param("INSERT IGNORE INTO t SET a = (SELECT MAX(a) FROM u)", W, ("t", "u"), id="insert-set"),
+    pytest.param("INSERT DELAYED INTO t VALUES (1) ON DUPLICATE KEY UPDATE a = a + 1", W, ("t",),
+                 id="insert-on-duplicate"),
+    pytest.param("REPLACE INTO orders VALUES (1)", W, ("orders",), id="replace"),
+    pytest.param("REPLACE LOW_PRIORITY INTO shop.t SELECT * FROM s", W, ("s", "shop.t"),
+                 id="replace-select"),
+    pytest.param("UPDATE orders SET paid = 1 WHERE id = 2", W, ("orders",), id="update"),
+    pytest.param("UPDATE LOW_PRIORITY IGNORE orders SET paid = 1", W, ("orders",), id="update-modifiers"),
+    pytest.param("UPDATE orders o JOIN users u ON u.id = o.uid SET o.flag = u.flag", W,
+                 ("orders", "users"), id="update-join"),
+    pytest.param("UPDATE orders o, users u SET o.x = u.y WHERE o.uid = u.id", W, ("orders", "users"),
+                 id="update-multi-table"),
+    pytest.param("DELETE FROM orders WHERE id = 1", W, ("orders",), id="delete"),
+    pytest.param("DELETE QUICK FROM shop.orders", W, ("shop.orders",), id="delete-quick"),
+    pytest.param("DELETE o FROM orders o JOIN users u ON u.id = o.uid WHERE u.banned", W,
+                 ("orders", "users"), id="delete-multi-alias"),
+    pytest.param("DELETE FROM o, u USING orders AS o JOIN users AS u", W, ("orders", "users"),
+                 id="delete-using"),
+    pytest.param("WITH old AS (SELECT id FROM archive) DELETE FROM orders WHERE id IN (SELECT id FROM old)",
+                 W, ("archive", "orders"), id="cte-delete"),
+    pytest.param("WITH c AS (SELECT id FROM a) UPDATE b SET x = 1 WHERE id IN (SELECT id FROM c)", W,
+                 ("a", "b"), id="cte-update"),
+    pytest.param("SELECT 1; DELETE FROM t", W, ("t",), id="stacked-select-delete"),
+    pytest.param("SELECT * FROM a;\n-- tidy up\nDROP TABLE b;", W, ("a", "b"), id="stacked-select-drop"),
+    pytest.param("CREATE TABLE t (id INT)", W, ("t",), id="create-table"),
+    pytest.param("CREATE TABLE t AS SELECT * FROM u", W, ("t", "u"), id="create-table-as"),
+    pytest.param("CREATE OR REPLACE VIEW v AS SELECT * FROM t", W, ("t", "v"), id="create-view"),
+    pytest.param("CREATE INDEX i ON t (c)", W, ("t",), id="create-index"),
+    pytest.param("ALTER TABLE t ADD COLUMN c INT", W, ("t",), id="alter"),
+    pytest.param("DROP TABLE IF EXISTS a, shop.b", W, ("a", "shop.b"), id="drop"),
+    pytest.param("DROP INDEX i ON t", W, ("t",), id="drop-index"),
+    pytest.param("DROP DATABASE shop", W, (), id="drop-database"),
+    pytest.param("TRUNCATE TABLE orders", W, ("orders",), id="truncate"),
+    pytest.param("RENAME TABLE a TO b", W, (), id="rename"),
+    pytest.param("SELECT * FROM t INTO OUTFILE '/tmp/t.csv' FIELDS TERMINATED BY ',' LINES TERMINATED BY "
+                 "'\\n'", W, ("t",), id="into-outfile"),
+    pytest.param("SELECT * INTO DUMPFILE '/tmp/t.bin' FROM t", W, ("t",), id="into-dumpfile"),
+    pytest.param("SELECT id INTO @v FROM orders LIMIT 1", W, ("orders",), id="into-variable"),
+    pytest.param("LOAD DATA INFILE '/tmp/x' INTO TABLE t", W, (), id="load-data"),
+    pytest.param("CALL cleanup(1)", W, (), id="call"),
+    pytest.param("SET @x = 1", W, (), id="set-variable"),
+    pytest.param("SET GLOBAL read_only = 0", W, (), id="set-global"),
+    pytest.param("GRANT ALL ON *.* TO 'u'@'%'", W, (), id="grant"),
+    pytest.param("REVOKE ALL ON *.* FROM 'u'@'%'", W, (), id="revoke"),
+    pytest.param("LOCK TABLES orders WRITE", W, (), id="lock-tables"),
+    pytest.param("UNLOCK TABLES", W, (), id="unlock-tables"),
+    pytest.param("HANDLER orders OPEN", W, (), id="handler"),
+    pytest.param("DO GET_LOCK('k', 10)", W, (), id="do"),
+    pytest.param("FLUSH PRIVILEGES", W, (), id="flush"),
+    pytest.param("KILL 42", W, (), id="kill"),
+    pytest.param("USE shop", W, (), id="use"),
+    pytest.param("BEGIN", W, (), id="begin"),
+    pytest.param("START TRANSACTION", W, (), id="start-transaction"),
+    pytest.param("COMMIT", W, (), id="commit"),
+    pytest.param("ROLLBACK", W, (), id="rollback"),
+    pytest.param("ANALYZE TABLE orders", W, (), id="analyze"),
+    pytest.param("OPTIMIZE TABLE orders", W, (), id="optimize"),
+    pytest.param("REPAIR TABLE orders", W, (), id="repair"),
+    pytest.param("PREPARE s FROM 'DELETE FROM t'", W, (), id="prepare"),
+    pytest.param("EXECUTE s", W, (), id="execute"),
+    pytest.param("EXPLAIN ANALYZE DELETE FROM orders", W, ("orders",), id="explain-delete"),
+    pytest.param("SELECT * FROM orders WHERE id = 1 FOR UPDATE", W, ("orders",), id="for-update"),
+    pytest.param("SELECT * FROM orders LOCK IN SHARE MODE", W, ("orders",), id="lock-in-share-mode"),
+    pytest.param("SELECT * FROM t WHERE a IN (SELECT a FROM u FOR SHARE)", W, ("t", "u"),
+                 id="for-share-in-subquery"),
+    pytest.param("SELECT GET_LOCK('k', 1)", W, (), id="get-lock"),
+    pytest.param("SELECT a FROM t WHERE RELEASE_LOCK('k')", W, ("t",), id="release-lock"),
+    pytest.param("SELECT NEXTVAL(seq)", W, (), id="nextval"),
+    pytest.param("SELECT LOAD_FILE('/etc/passwd')", W, (), id="load-file"),
+    pytest.param("SELECT LAST_INSERT_ID(5)", W, (), id="last-insert-id-setter"),
+    pytest.param("SELECT @x := a FROM t", W, ("t",), id="variable-assignment"),
+    pytest.param("SELECT purge_old_rows(1)", W, (), id="unknown-function-may-be-stored"),
+    pytest.param("SELECT shop.format_money(total) FROM orders", W, ("orders",), id="qualified-function"),
+    pytest.param("SELECT `count`(1)", W, (), id="backticked-function"),
+    pytest.param("SELECT now ()", W, (), id="spaced-builtin-resolves-to-stored-function"),
+    pytest.param("WITH get_lock AS (SELECT 1) SELECT GET_LOCK('k', 1) FROM get_lock", W, (),
+                 id="cte-named-like-a-lock-function"),
+    pytest.param("SELECT any(1)", W, (), id="non-reserved-keyword-as-function"),
+    pytest.param("SELECT 1 /*! , SLEEP(10) */", W, (), id="executable-comment"),
+    pytest.param("SELECT 1; /*!50000 DROP TABLE t */", W, (), id="executable-comment-alone"),
+    pytest.param("SELECT 1 /*M! ; DROP TABLE t */", W, (), id="mariadb-executable-comment"),
+    pytest.param("SELECT * FROM t WHERE a = 'x\\'; DROP TABLE t; -- '", W, ("t",),
+                 id="backslash-quote-depends-on-sql-mode"),
+    pytest.param("SELECT 1 -- \r'\n; DROP TABLE t; -- '", W, ("t",), id="line-comment-runs-past-lone-cr"),
+    pytest.param("SELECT 1 # x\r; DROP TABLE t", R, (), id="lone-cr-inside-comment-hides-for-mysql-too"),
+    pytest.param("SELECT 1 --\u00a0x; DROP TABLE t", W, (), id="unicode-space-after-dashes"),
+    pytest.param("SELECT 1\x00; DROP TABLE t", W, ("t",), id="nul-byte"),
+    pytest.param("SELECT * FROM t1 JOIN lateral x ON 1", W, ("t1",), id="table-named-lateral"),
+    pytest.param("SHOW TABLES WHERE purge_old_rows(1)", W, (), id="show-with-unknown-function"),
+    pytest.param("FROBNICATE THE DATABASE", W, (), id="unknown-statement"),
+    pytest.param("SELECT * FROM", W, (), id="unparseable"),
+    pytest.param("SELECT * FROM t PROCEDURE ANALYSE()", W, (), id="unparseable-select"),
+    pytest.param("SELECT 'unterminated", W, (), id="untokenizable"),
+    pytest.param("SELECT 1; SELECT * FROM", W, (), id="stacked-with-unparseable"),
+]
+
+
+@pytest.mark.parametrize(("sql", "operation", "tables"), CASES)
+def test_classification_table(sql: str, operation: str, tables: tuple[str, ...]) -> None:
+    c = classify_sql(sql)
+    assert (c.operation, c.tables) == (operation, tables)
+
+
+@pytest.mark.parametrize(
+    ("sql", "kinds"),
+    [
+        ("SELECT 1", ["select"]),
+        ("SELECT 1; UPDATE t SET a = 1; DELETE FROM t; INSERT INTO t VALUES (1)",
+         ["select", "update", "delete", "insert"]),
+        ("REPLACE INTO t VALUES (1)", ["replace"]),
+        ("CREATE TABLE t (a INT); DROP TABLE t; TRUNCATE t; ALTER TABLE t ADD b INT", ["ddl"] * 4),
+        ("SHOW TABLES; DESCRIBE t; EXPLAIN SELECT 1", ["show", "describe", "explain"]),
+        ("SELECT * FROM t INTO OUTFILE '/tmp/x'", ["select_into"]),
+        ("GRANT ALL ON *.* TO u; FLUSH LOGS; KILL 3", ["admin"] * 3),
+        ("BEGIN; COMMIT", ["transaction", "transaction"]),
+        ("SELECT * FROM", ["unparseable"]),
+        ("HELLO WORLD", ["unknown"]),
+    ],
+)
+def test_statement_kinds(sql: str, kinds: list[str]) -> None:
+    assert [s.kind for s in classify_sql(sql).statements] == kinds
+
+
+def test_every_stacked_statement_is_classified_and_the_strictest_wins() -> None:
+    c = classify_sql("SELECT * FROM a; DELETE FROM b; SELECT * FROM c")
+    assert [(s.sql, s.operation, s.tables) for s in c.statements] == [
+        ("SELECT * FROM a", "read", ("a",)),
+        ("DELETE FROM b", "write", ("b",)),
+        ("SELECT * FROM c", "read", ("c",)),
+    ]
+    assert c.operation == "write"
+    assert c.tables == ("a", "b", "c")
+
+
+def test_tables_are_unique_and_sorted_across_statements() -> None:
+    c = classify_sql("SELECT * FROM Zed, alpha; SELECT * FROM ZED JOIN `Alpha`")
+    assert c.tables == ("alpha", "zed")
+
+
+def test_semicolons_only_between_statements_are_skipped() -> None:
+    c = classify_sql(";; SELECT 1 ;; ;")
+    assert [s.sql for s in c.statements] == ["SELECT 1"]
+
+
+@pytest.mark.parametrize("sql", ["", "   \n\t", "-- just a note", "# note\n/* more */", ";;", " ; -- x\n;"])
+def test_empty_sql_is_rejected(sql: str) -> None:
+    with pytest.raises(ValueError, match="empty SQL"):
+        classify_sql(sql)
+
+
+@pytest.mark.parametrize(
+    ("sql", "unknown"),
+    [
+        ("SELECT * FROM t", False),
+        ("SELECT 1", True),
+        ("SELECT NOW()", True),
+        ("SET @x = 1", True),
+        ("SELECT * FROM t; SELECT 1", True),
+        ("CALL p()", True),
+        ("DELETE FROM t", False),
+        # The statement also writes something that is not a table.
+        ("SELECT * FROM t INTO OUTFILE '/tmp/x'", True),
+        ("SELECT a INTO @v FROM t", True),
+        ("DROP DATABASE shop", True),
+        ("SELECT * FROM t WHERE f(a)", True),
+    ],
+)
+def test_unknown_flags_statements_the_tables_do_not_describe(sql: str, unknown: bool) -> None:
+    assert classify_sql(sql).unknown is unknown
+
+
+@pytest.mark.parametrize(
+    ("sql", "summary"),
+    [
+        ("DELETE FROM orders WHERE id IN (SELECT id FROM users)", "write on orders, users"),
+        ("SELECT 1", "read (no table)"),
+        ("SELECT * FROM t; SELECT 1", "read on t (+ unknown)"),
+        ("SET @x = 1", "write (no table)"),
+    ],
+)
+def test_summary_is_one_line(sql: str, summary: str) -> None:
+    assert classify_sql(sql).summary() == summary
+
+
+def test_statement_text_keeps_its_comments() -> None:
+    c = classify_sql("SELECT 1 /*! , 2 */; -- note\nSELECT 2")
+    assert [s.sql for s in c.statements] == ["SELECT 1 /*! , 2 */", "-- note\nSELECT 2"]
+
+
+# ------------------------------------------------------------------------------------------
+# Properties
+
+_WORD = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True)
+_KEYWORDS_AS_NAMES = st.sampled_from(["select", "from", "dual", "table", "where", "order", "key"])
+
+
+@st.composite
+def _table_ref(draw: st.DrawFn) -> tuple[str, str]:
+    """(how the table is written, the name classify_sql should report)."""
+    quoted = draw(st.booleans())
+    name = draw(_KEYWORDS_AS_NAMES) if quoted and draw(st.booleans()) else "tb_" + draw(_WORD)
+    name = draw(st.sampled_from([name, name.upper(), name.title()]))
+    parts = [name]
+    if draw(st.booleans()):
+        parts.insert(0, "db_" + draw(_WORD))
+    written = ".".join(f"`{p}`" if quoted else p for p in parts)
+    return written, ".".join(parts).lower()
+
+
+_SEPARATORS = st.sampled_from(
+    [" ", "  ", "\n", "\t", " /* note */ ", " -- note\n", " # note\n", "\n/* two\nlines */\n"]
+)
+_CASINGS: list[Callable[[str], str]] = [str.upper, str.lower, str.title, str.swapcase]
+
+# Write statements as token lists; {t}/{u} are tables, {c} a column, {f} a routine name.
+# The flag says whether MySQL accepts a `WITH ...` prefix.
+_WRITES: list[tuple[str, bool]] = [
+    ("INSERT INTO {t} ( {c} ) VALUES ( 1 )", False),
+    ("INSERT IGNORE INTO {t} SELECT * FROM {u}", False),
+    ("INSERT INTO {t} SET {c} = 1", False),
+    ("INSERT INTO {t} ( {c} ) VALUES ( 1 ) ON DUPLICATE KEY UPDATE {c} = {c} + 1", False),
+    ("REPLACE INTO {t} VALUES ( 1 )", False),
+    ("REPLACE LOW_PRIORITY INTO {t} SELECT * FROM {u}", False),
+    ("UPDATE {t} SET {c} = 1 WHERE {c} = 2", True),
+    ("UPDATE LOW_PRIORITY IGNORE {t} SET {c} = 1", True),
+    ("UPDATE {t} AS x JOIN {u} AS y ON x.{c} = y.{c} SET x.{c} = y.{c}", True),
+    ("DELETE FROM {t} WHERE {c} = 1", True),
+    ("DELETE QUICK IGNORE FROM {t}", True),
+    ("DELETE x FROM {t} AS x JOIN {u} AS y ON x.{c} = y.{c}", True),
+    ("TRUNCATE TABLE {t}", False),
+    ("DROP TABLE IF EXISTS {t} , {u}", False),
+    ("CREATE TABLE {t} ( {c} INT )", False),
+    ("CREATE TABLE {t} AS SELECT * FROM {u}", False),
+    ("ALTER TABLE {t} ADD COLUMN {c} INT", False),
+    ("RENAME TABLE {t} TO {u}", False),
+    ("CREATE INDEX idx ON {t} ( {c} )", False),
+    ("CREATE VIEW {t} AS SELECT * FROM {u}", False),
+    ("SELECT * FROM {t} FOR UPDATE", True),
+    ("SELECT * FROM {t} LOCK IN SHARE MODE", True),
+    ("SELECT * FROM {t} INTO OUTFILE '/tmp/out'", True),
+    ("SELECT * INTO DUMPFILE '/tmp/out' FROM {t}", True),
+    ("SELECT {c} INTO @v FROM {t}", True),
+    ("SELECT GET_LOCK( 'k' , 1 )", True),
+    ("SELECT {c} FROM {t} WHERE RELEASE_LOCK( 'k' )", True),
+    ("SELECT @v := {c} FROM {t}", True),
+    ("SELECT {f}( {c} ) FROM {t}", True),
+    ("SELECT db_x.{f}( 1 )", True),
+    ("SELECT 1 /*! , 2 */ FROM {t}", True),
+    ("LOAD DATA INFILE '/tmp/x' INTO TABLE {t}", False),
+    ("CALL {f}( 1 )", False),
+    ("SET @v = 1", False),
+    ("GRANT SELECT ON {t} TO 'u'@'%'", False),
+    ("LOCK TABLES {t} WRITE", False),
+    ("UNLOCK TABLES", False),
+    ("HANDLER {t} OPEN", False),
+    ("DO GET_LOCK( 'k' , 1 )", False),
+    ("FLUSH TABLES", False),
+    ("KILL 1", False),
+    ("USE db_x", False),
+    ("BEGIN", False),
+    ("COMMIT", False),
+    ("ROLLBACK", False),
+    ("START TRANSACTION", False),
+    ("ANALYZE TABLE {t}", False),
+    ("OPTIMIZE TABLE {t}", False),
+    ("PREPARE s FROM 'DELETE FROM x'", False),
+    ("EXECUTE s", False),
+    ("EXPLAIN ANALYZE DELETE FROM {t}", False),
+]
+
+
+def _render(draw: st.DrawFn, template: str, names: dict[str, str]) -> str:
+    casing = draw(st.sampled_from(_CASINGS))
+    out: list[str] = []
+    for word in template.split(" "):
+        word = word.format(**names)
+        # Only the template's keywords change case: identifiers keep theirs.
+        if word.isalpha() and word.isupper():
+            word = casing(word)
+        out.append(word)
+        out.append(draw(_SEPARATORS))
+    return "".join(out[:-1])
+
+
+@st.composite
+def write_sql(draw: st.DrawFn) -> str:
+    template, cte_ok = draw(st.sampled_from(_WRITES))
+    names = {
+        "t": draw(_table_ref())[0],
+        "u": draw(_table_ref())[0],
+        "c": "col_" + draw(_WORD),
+        "f": "fn_" + draw(_WORD),
+    }
+    statement = _render(draw, template, names)
+    if cte_ok and draw(st.booleans()):
+        statement = f"WITH cte_w AS (SELECT * FROM {draw(_table_ref())[0]}){draw(_SEPARATORS)}{statement}"
+    before = [f"SELECT * FROM {draw(_table_ref())[0]}" for _ in range(draw(st.integers(0, 2)))]
+    after = [f"SELECT {draw(st.integers(0, 9))}" for _ in range(draw(st.integers(0, 1)))]
+    stacked = ";".join(s + draw(_SEPARATORS) for s in [*before, statement, *after])
+    return draw(st.sampled_from(["", "  ", "\n", "-- lead\n"])) + stacked + draw(st.sampled_from(["", ";"]))
+
+
+@given(write_sql())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_no_generated_write_is_classified_as_a_read(sql: str) -> None:
+    assert classify_sql(sql).operation == "write", sql
+
+
+@st.composite
+def _select_over(draw: st.DrawFn, tables: list[str], depth: int = 0) -> str:
+    first, rest = tables[0], tables[1:]
+    if not rest:
+        return f"SELECT * FROM {first} AS a{depth}"
+    inner = draw(_select_over(rest, depth + 1))
+    shape = draw(st.sampled_from(["join", "comma", "in", "exists", "union", "cte", "derived"]))
+    if shape == "join":
+        return f"SELECT a{depth}.* FROM {first} AS a{depth} JOIN ({inner}) AS d{depth} ON 1 = 1"
+    if shape == "comma":
+        return f"SELECT * FROM {first} a{depth}, ({inner}) d{depth} WHERE 1 = 1"
+    if shape == "in":
+        return f"SELECT * FROM {first} AS a{depth} WHERE id IN (SELECT id FROM ({inner}) AS d{depth})"
+    if shape == "exists":
+        return f"SELECT * FROM {first} AS a{depth} WHERE EXISTS ({inner})"
+    if shape == "union":
+        return f"SELECT * FROM {first} AS a{depth} UNION ALL SELECT * FROM ({inner}) AS d{depth}"
+    if shape == "cte":
+        return f"WITH cte_{depth} AS ({inner}) SELECT * FROM {first} AS a{depth} JOIN cte_{depth} ON 1 = 1"
+    return f"SELECT * FROM (SELECT * FROM {first}) AS a{depth}, ({inner}) AS d{depth}"
+
+
+@st.composite
+def select_with_tables(draw: st.DrawFn) -> tuple[str, tuple[str, ...]]:
+    refs = draw(st.lists(_table_ref(), min_size=1, max_size=5))
+    sql = draw(_select_over([written for written, _ in refs]))
+    return sql, tuple(sorted({expected for _, expected in refs}))
+
+
+@given(select_with_tables())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_generated_select_lists_exactly_its_tables(case: tuple[str, tuple[str, ...]]) -> None:
+    sql, tables = case
+    c: SqlClassification = classify_sql(sql)
+    assert (c.operation, c.tables, c.unknown) == ("read", tables, False), sql

@@ -1,0 +1,118 @@
+"""The SQLite store: migrations, shorthand ids, history paging, reset archive, audit."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from aiops.engine.store import MIGRATIONS, Store, StoreError
+from aiops.engine.types import Message, ToolCall
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = Store(tmp_path / "db.sqlite3")
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def test_schema_is_versioned_and_wal(store, tmp_path):
+    conn = sqlite3.connect(tmp_path / "db.sqlite3")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_reopen_keeps_data_and_does_not_rerun_migrations(tmp_path):
+    s = Store(tmp_path / "db.sqlite3")
+    await s.open()
+    await s.create_session("a", "api", None)
+    await s.add_message("a", Message("user", "hello"))
+    await s.close()
+    s2 = Store(tmp_path / "db.sqlite3")
+    await s2.open()
+    assert [m.content for m in await s2.history("a")] == ["hello"]
+    await s2.close()
+
+
+async def test_newer_schema_is_refused_with_a_clear_message(tmp_path):
+    conn = sqlite3.connect(tmp_path / "db.sqlite3")
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 5}")
+    conn.close()
+    s = Store(tmp_path / "db.sqlite3")
+    with pytest.raises(StoreError, match="newer than this aiops"):
+        await s.open()
+
+
+async def test_short_ids_start_at_101_and_are_never_reused(store):
+    a = await store.create_session("a", "api", None)
+    b = await store.create_session("b", "console", None)
+    assert (a.short_id, b.short_id) == (101, 102)
+    await store.delete_session("b")
+    c = await store.create_session("c", "api", None)
+    assert c.short_id == 103
+    assert (await store.get_session("101")).id == "a"
+    assert await store.get_session("102") is None
+
+
+async def test_tool_calls_round_trip_and_history_pages_from_the_end(store):
+    await store.create_session("s", "api", "gpt")
+    await store.add_message("s", Message("user", "q"))
+    call = ToolCall("c1", "db_query", {"sql": "SELECT 1"})
+    await store.add_message("s", Message("assistant", "", tool_calls=[call]))
+    await store.add_message("s", Message("tool", "1", tool_call_id="c1", name="db_query"))
+    for i in range(5):
+        await store.add_message("s", Message("assistant", f"a{i}"))
+    full = await store.history("s")
+    assert full[1].tool_calls[0].arguments == {"sql": "SELECT 1"}
+    last = await store.history("s", limit=3)
+    assert [m.content for m in last] == ["a2", "a3", "a4"]
+    earlier = await store.history("s", limit=3, before_id=last[0].id)
+    assert [m.content for m in earlier] == ["1", "a0", "a1"]
+
+
+async def test_reset_archives_old_history(store):
+    await store.create_session("s", "api", None)
+    await store.add_message("s", Message("user", "old question"))
+    await store.reset_session("s")
+    assert await store.history("s") == []
+    assert [m.content for m in await store.history("s", epoch=0)] == ["old question"]
+
+
+async def test_title_comes_from_the_first_user_message(store):
+    await store.create_session("s", "api", None)
+    await store.add_message("s", Message("user", "!help", meta={"command": True}))
+    await store.add_message("s", Message("user", "how many orders shipped last week in total"))
+    row = await store.get_session("s")
+    assert row.title.startswith("how many orders shipped")
+    assert row.message_count == 2
+
+
+async def test_audit_filters_by_session_and_time(store):
+    await store.add_audit("gate_opened", session_id="a", tool="db_query", data={"x": 1})
+    await store.add_audit("gate_opened", session_id="b", tool="db_query")
+    rows = await store.audit("a")
+    assert [r.session_id for r in rows] == ["a"] and rows[0].data == {"x": 1}
+    assert await store.audit(since=rows[0].ts + 3600) == []
+
+
+async def test_engine_start_does_not_load_stored_sessions(tmp_path):
+    from aiops.config import load_config, resolve_paths
+    from aiops.engine.engine import Engine
+
+    cfg = load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    s = Store(cfg.paths.db_path)
+    await s.open()
+    for i in range(2000):
+        await s.create_session(f"api-{i}", "api", None)
+    await s.close()
+    engine = Engine(cfg, discover_plugins=False)
+    await engine.start()
+    try:
+        assert engine._sessions == {}  # nothing loaded until a session is used
+        assert len(await engine.list_sessions(limit=5)) == 5
+        live = await engine.session("1500")  # shorthand 1500 → the 1400th session created
+        assert live is not None and live.id == "api-1399" and live._history is None
+    finally:
+        await engine.stop()
