@@ -109,6 +109,9 @@ class Reply:
     finish_reason: str | None = None  # override the natural one ("stop"/"tool_calls", "STOP")
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens; None: estimated
     reasoning_field: str = "reasoning_content"  # OpenAI delta field ("reasoning" for newer vLLM)
+    line_end: str = "\n"  # SSE allows "\r\n" and "\r" too, and some servers use them
+    write_bytes: int | None = None  # send each SSE frame in writes of this many bytes, as a slow
+    # network splits it (a CRLF pair or a UTF-8 character can land in two reads)
 
     # -- builders --
 
@@ -522,7 +525,14 @@ class FakeServer:
                 await self._hold(request, resp)
             if i and reply.chunk_delay:
                 await self._pause(request, reply.chunk_delay, resp)
-            await resp.write(frame)
+            if reply.line_end != "\n":
+                frame = frame.replace(b"\n", reply.line_end.encode())
+            if reply.write_bytes is None:
+                await resp.write(frame)
+                continue
+            for start in range(0, len(frame), reply.write_bytes):
+                await resp.write(frame[start:start + reply.write_bytes])
+                await self._pause(request, 0.002, resp)  # so the pieces arrive as separate reads
         await resp.write_eof()
         return resp
 

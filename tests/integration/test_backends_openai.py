@@ -374,3 +374,18 @@ def test_fake_runs_standalone_for_subprocess_and_benchmark_use() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])
+async def test_stream_survives_any_sse_line_ending_and_split_network_reads(
+        fake_openai: FakeOpenAI, backend_for: MakeBackend, line_end: str) -> None:
+    # 5-byte writes split CRLF pairs, "data:" prefixes and the multi-byte characters apart.
+    text = "Grüße — 東京 ✓ done"
+    fake_openai.script(Reply.tool_calls(Call("db_query", {"sql": "SELECT 'é'"}), text=text)
+                       .with_(line_end=line_end, write_bytes=5))
+    items = await collect(backend_for(), [Message("user", "q")], [DB_QUERY])
+    done = completion_of(items)
+    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == text
+    assert done.text == text
+    assert [(c.name, c.arguments) for c in done.tool_calls] == [("db_query", {"sql": "SELECT 'é'"})]
+    assert done.finish_reason == "tool_calls"
