@@ -112,6 +112,7 @@ class Reply:
     line_end: str = "\n"  # SSE allows "\r\n" and "\r" too, and some servers use them
     write_bytes: int | None = None  # send each SSE frame in writes of this many bytes, as a slow
     # network splits it (a CRLF pair or a UTF-8 character can land in two reads)
+    one_write: bool = False  # send the whole stream in one write, as a fast server's burst arrives
 
     # -- builders --
 
@@ -518,6 +519,8 @@ class FakeServer:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                        "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        if reply.one_write:
+            frames = [b"".join(frames)]
         for i, frame in enumerate(frames):
             if reply.drop_after is not None and i >= reply.drop_after:
                 self._abort(request, resp)

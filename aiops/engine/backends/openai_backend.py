@@ -339,10 +339,11 @@ class OpenAIBackend:
         return chunk
 
     @staticmethod
-    async def _lines(response: AsyncAPIResponse[Any]) -> AsyncIterator[str]:
-        """The body's lines. Only the HTTP library runs while one is read, so whatever it raises is
-        a failed read: httpx2's errors, the aiohttp transport's mapped to them (the original stays
-        the cause, which is what _failure reads)."""
+    async def _reads(response: AsyncAPIResponse[Any]) -> AsyncIterator[list[str]]:
+        """The body's complete lines, as each network read completes them. Only the HTTP library
+        runs while one is read, so whatever it raises is a failed read: httpx2's errors, the
+        aiohttp transport's mapped to them (the original stays the cause, which is what _failure
+        reads)."""
         # Bytes, split here: the SDK's iter_lines() runs every network read through two more
         # decoder layers (text, then lines) of its HTTP library, a measurable share of a short
         # call's CPU. iter_bytes() still undoes any Content-Encoding.
@@ -361,39 +362,55 @@ class OpenAIBackend:
             if cut < 0:
                 continue
             complete, pending = pending[:cut + 1], pending[cut + 1:]
-            for line in complete.splitlines():
-                yield line.decode("utf-8", "replace")
+            yield [line.decode("utf-8", "replace") for line in complete.splitlines()]
         if pending:
-            for line in pending.splitlines():
-                yield line.decode("utf-8", "replace")
+            yield [line.decode("utf-8", "replace") for line in pending.splitlines()]
 
-    async def _chunks(self, response: AsyncAPIResponse[Any]) -> AsyncIterator[dict[str, Any]]:
-        """The JSON chunks of an SSE stream, until `data: [DONE]` or its end."""
-        lines = self._lines(response)
+    async def _batches(self, response: AsyncAPIResponse[Any]) -> AsyncIterator[list[dict[str, Any]]]:
+        """The JSON chunks of an SSE stream, grouped by the network read that completed them,
+        until `data: [DONE]` or the end of the body."""
         data: list[str] = []
-        async for line in lines:
-            if line:
-                if line.startswith("data:"):
-                    data.append(line[6:] if line[5:6] == " " else line[5:])
-                continue  # event:, id:, retry: and ":" comments carry nothing we need
-            if not data:
-                continue
-            payload = data[0] if len(data) == 1 else "\n".join(data)
-            data = []
-            if payload.startswith("[DONE]"):
-                # Read on to the end (the server ends the body right after), so that the connection
-                # goes back to the pool rather than being hung up on.
-                async for _ in lines:
-                    pass
-                return
-            if (chunk := self._decode(payload)) is not None:
-                yield chunk
+        reads = self._reads(response)
+        async for lines in reads:
+            batch: list[dict[str, Any]] = []
+            for line in lines:
+                if line:
+                    if line.startswith("data:"):
+                        data.append(line[6:] if line[5:6] == " " else line[5:])
+                    continue  # event:, id:, retry: and ":" comments carry nothing we need
+                if not data:
+                    continue
+                payload = data[0] if len(data) == 1 else "\n".join(data)
+                data = []
+                if payload.startswith("[DONE]"):
+                    if batch:
+                        yield batch
+                    # Read on to the end (the server ends the body right after), so that the
+                    # connection goes back to the pool rather than being hung up on.
+                    async for _ in reads:
+                        pass
+                    return
+                try:
+                    chunk = self._decode(payload)
+                except StreamErrorEvent:
+                    if batch:
+                        yield batch  # what arrived before the error is still passed on
+                    raise
+                if chunk is not None:
+                    batch.append(chunk)
+            if batch:
+                yield batch
         if data and not (payload := "\n".join(data)).startswith("[DONE]"):
             if (chunk := self._decode(payload)) is not None:
-                yield chunk
+                yield [chunk]
 
     async def stream(self, messages: list[Message], tools: list[ToolSpec], *,
                      system: str | None = None) -> AsyncIterator[StreamItem]:
+        """Text and thinking deltas as the network delivers them, then the Completion.
+
+        Deltas of one kind that arrive in the same network read are passed on as one: a fast
+        server's chunks often land together, and each delta costs a trip through the turn loop,
+        the event bus and every client's stream (docs/PERFORMANCE.md)."""
         response = await self._open(messages, tools, system)
         text: list[str] = []
         thinking: list[str] = []
@@ -401,27 +418,41 @@ class OpenAIBackend:
         usage: Usage | None = None
         finish: str | None = None
         try:
-            async for chunk in self._chunks(response):
-                u = chunk.get("usage")
-                if isinstance(u, dict):
-                    usage = Usage(prompt_tokens=u.get("prompt_tokens") or 0,
-                                  completion_tokens=u.get("completion_tokens") or 0)
-                choices = chunk.get("choices")
-                if not choices:
-                    continue
-                choice = choices[0]
-                delta = choice.get("delta")
-                if isinstance(delta, dict):
-                    if reasoning := reasoning_text(delta):
-                        thinking.append(reasoning)
-                        yield ThinkingDelta(reasoning)
-                    if content := delta.get("content"):
-                        text.append(content)
-                        yield TextDelta(content)
-                    for tc in delta.get("tool_calls") or ():
-                        self._add_fragment(calls, tc)
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
+            async for batch in self._batches(response):
+                run: list[str] = []  # consecutive deltas of one kind in this read
+                run_is_text = False
+                for chunk in batch:
+                    u = chunk.get("usage")
+                    if isinstance(u, dict):
+                        usage = Usage(prompt_tokens=u.get("prompt_tokens") or 0,
+                                      completion_tokens=u.get("completion_tokens") or 0)
+                    choices = chunk.get("choices")
+                    if not choices:
+                        continue
+                    choice = choices[0]
+                    delta = choice.get("delta")
+                    if isinstance(delta, dict):
+                        if reasoning := reasoning_text(delta):
+                            thinking.append(reasoning)
+                            if run and run_is_text:
+                                yield TextDelta("".join(run))
+                                run = []
+                            run_is_text = False
+                            run.append(reasoning)
+                        if content := delta.get("content"):
+                            text.append(content)
+                            if run and not run_is_text:
+                                yield ThinkingDelta("".join(run))
+                                run = []
+                            run_is_text = True
+                            run.append(content)
+                        for tc in delta.get("tool_calls") or ():
+                            self._add_fragment(calls, tc)
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                if run:
+                    piece = "".join(run)
+                    yield TextDelta(piece) if run_is_text else ThinkingDelta(piece)
         except StreamErrorEvent as e:
             raise self._failure(e, streaming=True) from None
         except _ReadFailed as e:
