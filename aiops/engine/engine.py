@@ -237,11 +237,12 @@ class Engine:
         key = model_key or self.config.models.default_model
         return self.config.paths.prompt_folder(self.model_config(key).system_prompt_folder)
 
-    def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None) -> str | None:
-        folder = self.prompt_folder(model_key)
-        parts: list[str] = []
-        if folder is not None and folder.exists():
-            parts.append(self.prompts.get(folder).assemble())
+    def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None, *,
+                      session_id: str | None = None, turn_id: str | None = None) -> str | None:
+        from aiops.engine.prompt_tools import turn_prompt
+
+        # Sections are kept to the registered tools; a missing folder is announced in the session.
+        parts = [turn_prompt(self, model_key, session_id, turn_id)]
         if text_tools:
             from aiops.engine.textcalls import describe_tools_for_prompt
 

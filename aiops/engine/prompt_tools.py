@@ -7,6 +7,7 @@ Reading is a plain read tool. Writing is tool type `system`, operation write, so
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -14,11 +15,13 @@ from pydantic import BaseModel, Field
 
 from aiops.engine.commands import Command, CommandContext, CommandError
 from aiops.engine.tools import Tool, ToolContext, ToolOutput
-from aiops.prompts.ops import OPERATIONS, EditResult, edit_section, read_section
-from aiops.prompts.tree import PromptEditError
+from aiops.prompts.ops import OPERATIONS, ConfirmationRequired, EditResult, edit_section, read_section
+from aiops.prompts.tree import ROOT, ROOT_FILE, PromptEditError
 
 if TYPE_CHECKING:
     from aiops.engine.engine import Engine
+
+log = logging.getLogger(__name__)
 
 
 class ReadPromptArgs(BaseModel):
@@ -31,6 +34,11 @@ class UpdatePromptArgs(BaseModel):
     content: str = Field("", description="text to add, the replacement, or the new body")
     target: str = Field("", description="replace: the text to replace; delete_lines: lines containing it")
     confirm: bool = Field(False, description="overwrite needs confirm=true")
+    # Used by create only; optional so the core signature stays (section, operation, content,
+    # target, confirm).
+    description: str = Field("", description="create: the new section's one-line description")
+    parent: str = Field("", description="create: the container to put it under (name or index); "
+                                        "empty for the root")
 
 
 async def apply_edit(engine: Engine, folder: Path, session_id: str | None, actor: str, ref: str,
@@ -59,7 +67,7 @@ def register_prompt_tools(engine: Engine) -> None:
     async def read_tool(args: ReadPromptArgs, ctx: ToolContext) -> ToolOutput:
         try:
             tree = engine.prompts.get(_folder(engine, ctx.model_key))
-            return ToolOutput(read_section(tree, args.section))
+            return ToolOutput(read_section(tree, args.section, engine.tools.names()))
         except PromptEditError as e:
             return ToolOutput(f"error: {e}", is_error=True)
 
@@ -67,7 +75,10 @@ def register_prompt_tools(engine: Engine) -> None:
         try:
             result = await apply_edit(engine, _folder(engine, ctx.model_key), ctx.session_id,
                                       f"model:{ctx.model_key}", args.section, args.operation,
-                                      args.content, args.target, args.confirm)
+                                      args.content, args.target, args.confirm,
+                                      description=args.description, parent=args.parent)
+        except ConfirmationRequired as e:
+            return ToolOutput(f"error: {e}; repeat the call with confirm=true to do it", is_error=True)
         except PromptEditError as e:
             return ToolOutput(f"error: {e}", is_error=True)
         return ToolOutput(result.summary, data={"diff": result.diff})
@@ -101,10 +112,13 @@ async def _prompt_command(ctx: CommandContext, argv: list[str], raw: str) -> str
     try:
         folder = _folder(engine, model_key)
         if not argv:
-            return f"system prompt {folder}\n" + engine.prompts.get(folder).render_tree()
+            if not folder.is_dir():
+                return (f"system prompt: {folder}\n  (this folder does not exist: the model runs without "
+                        "a system prompt)")
+            return engine.prompts.get(folder).render_tree(engine.tools.names())
         sub = argv[0]
         if sub == "read":
-            return read_section(engine.prompts.get(folder), " ".join(argv[1:]))
+            return read_section(engine.prompts.get(folder), " ".join(argv[1:]), engine.tools.names())
         if sub == "reload":
             engine.prompts.reload(folder)
             tree = engine.prompts.get(folder)
@@ -152,5 +166,39 @@ async def _edit(ctx: CommandContext, folder: Path, sub: str, raw: str) -> str:
         target, _, text = (p.strip() for p in text.partition("=>"))
     elif op == "delete_lines":
         target, text = text.strip(), ""
-    result = await apply_edit(ctx.engine, folder, ctx.session_id, actor, ref, op, text, target, confirm)
+    try:
+        result = await apply_edit(ctx.engine, folder, ctx.session_id, actor, ref, op, text, target, confirm)
+    except ConfirmationRequired as e:
+        raise CommandError(f"{e}; add --confirm: !prompt edit {e.section} overwrite TEXT --confirm") from None
     return result.summary
+
+
+# ---- the prompt sent each turn --------------------------------------------------------------------
+
+
+def turn_prompt(engine: Engine, model_key: str, session_id: str | None = None,
+                turn_id: str | None = None) -> str:
+    """The assembled prompt for one turn of `model_key`, with the sections whose tools are
+    registered; "" when the model has none.
+
+    A configured folder that is missing (or has no root file) would otherwise mean a model running
+    without its prompt and nobody knowing: that is logged and said in a notice, once per session.
+    """
+    folder = engine.prompt_folder(model_key)
+    if folder is None:
+        return ""  # system_prompt_folder = "none": no prompt, as asked
+    if not folder.is_dir():
+        problem = f"system prompt folder {folder} does not exist"
+    else:
+        tree = engine.prompts.get(folder)
+        if not any(e.chain == (ROOT,) for e in tree.errors):
+            engine.prompts.found(folder)
+            return tree.assemble(engine.tools.names())
+        problem = f"system prompt folder {folder} has no {ROOT_FILE} file"
+    if engine.prompts.first_miss(folder, session_id):
+        text = (f"{problem} (system_prompt_folder of model {model_key!r} in models.toml); "
+                "the model runs without a system prompt")
+        log.warning("%s", text)
+        if session_id is not None:
+            engine.notice(session_id, text, turn_id)
+    return ""

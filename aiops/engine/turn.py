@@ -218,7 +218,8 @@ class TurnRunner:
         tools = engine.tools.all() if t.tools_enabled else []
         specs = [x.spec() for x in tools]
         known = {x.name for x in tools}
-        system = engine.system_prompt(self.model_key, specs if text_mode else [])
+        system = engine.system_prompt(self.model_key, specs if text_mode else [],
+                                      session_id=t.session_id, turn_id=t.id)
         max_iter = engine.limits.max_tool_iterations
         seen: Counter[str] = Counter()
         iterations = 0

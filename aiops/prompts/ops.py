@@ -14,6 +14,7 @@ import os
 import stat
 import tempfile
 import threading
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,15 @@ from aiops.prompts.tree import (
 
 TEXT_OPERATIONS = ("append", "prepend", "replace", "delete_lines", "overwrite")
 OPERATIONS = (*TEXT_OPERATIONS, "create", "remove")
+
+
+class ConfirmationRequired(PromptEditError):
+    """An overwrite without its confirm flag. The caller says how to confirm: the model sets
+    `confirm=true`, the operator adds `--confirm`, so the wording belongs to them."""
+
+    def __init__(self, section: str) -> None:
+        super().__init__(f"overwrite replaces all of section '{section}' and needs an explicit confirmation")
+        self.section = section
 
 
 @dataclass(frozen=True)
@@ -87,16 +97,35 @@ def _unified_diff(path: Path, before: str, after: str) -> str:
     return "".join(difflib.unified_diff(lines(before), lines(after), f"a/{path.name}", f"b/{path.name}"))
 
 
-def read_section(tree: PromptTree, ref: str | int = "") -> str:
+def read_section(tree: PromptTree, ref: str | int = "", tools: Collection[str] | None = None) -> str:
     """The whole assembled prompt (`ref` empty), or one section as it appears in the prompt.
 
     A container is shown with its descendants, because that is what it contributes to the prompt.
+    With `tools` (the registered tool names), sections whose `[REQUIRES ...]` is not met are left
+    out like in the prompt, and a note says so; asking for such a section by name shows its text
+    under a note that it is inactive.
     """
     if isinstance(ref, str) and not ref.strip():
-        return tree.assemble()
+        return tree.assemble(tools)
     section = tree.find(ref)
-    subtree = PromptTree(tree.folder, "", tuple(tree.subtree(section)), ())
-    return subtree.assemble()
+    subtree = tree.subtree(section)
+    missing = tree.missing_tools(section, tools)
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        note = (f"(inactive: section '{section.name}' is left out of the prompt: "
+                f"{_tool_list(missing)} {verb} not available)")
+        return note + "\n" + PromptTree(tree.folder, "", tuple(subtree), ()).assemble()
+    shown = tuple(s for s in subtree if not tree.missing_tools(s, tools))
+    text = PromptTree(tree.folder, "", shown, ()).assemble()
+    left_out = [f"{s.name} (needs {_tool_list(tree.missing_tools(s, tools))})"
+                for s in subtree if s not in shown]
+    if left_out:
+        text += f"\n\n(not part of the prompt: {', '.join(left_out)})"
+    return text
+
+
+def _tool_list(tools: Sequence[str]) -> str:
+    return "tool " + tools[0] if len(tools) == 1 else "tools " + ", ".join(tools)
 
 
 def edit_section(
@@ -164,8 +193,7 @@ def _edit_text(section: Section, op: str, content: str, target: str, confirm: bo
         new_body = "".join(kept)
     else:  # overwrite
         if not confirm:
-            raise PromptEditError(f"overwrite replaces all of section '{name}'; "
-                                  "repeat the call with confirm=true to do it")
+            raise ConfirmationRequired(name)
         new_body = content.rstrip("\n") + "\n"
 
     after = parsed.with_body(new_body).render()
@@ -215,8 +243,11 @@ def _create(tree: PromptTree, name: str, parent_ref: str | int, content: str, de
     parent_before = _read(parent_path, missing_ok=parent_path.name == ROOT_FILE)
     parent_after = _add_entry(parent_before, f"{name}: {description}")
     after = content.rstrip("\n") + "\n" if content.strip() else ""
-    if after and SectionFile.parse(after).heading is not None:
-        after = "\n" + after  # keep a leading `## ` line as content, not as the file's title
+    parsed = SectionFile.parse(after)
+    if parsed.heading is not None or parsed.requires is not None:
+        # The content is the body: a leading `## ` or `[REQUIRES ...]` line stays content rather
+        # than becoming the file's title or condition.
+        after = "\n" + after
 
     _write(path, after)
     try:

@@ -5,7 +5,10 @@ one `name: description` line per child section. Each child lives in `.system_pro
 same folder. A section file that has its own `[SECTIONS]` line is a container (the text before the
 marker is its preamble, its children follow the same rule, to any depth); otherwise it is a leaf.
 An optional first line `## ...` in a section file is a title for people editing the file, not
-prompt content.
+prompt content. The line right after it (or the first line, without a title) may be
+`[REQUIRES tool_a, tool_b]`: the section, with everything under it, is then left out of the
+assembled prompt unless every named tool is registered, so tool guidance follows the enabled
+plugins. Listings still show such a section, marked inactive.
 
 Loading never raises: loops, duplicates, missing or unreadable files and malformed list lines are
 collected as `PromptError` data and the offending entry is skipped, so one bad file cannot take the
@@ -18,7 +21,7 @@ import difflib
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +34,8 @@ ROOT = "root"
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 _HEADING_RE = re.compile(r"##(?:[ \t]|\r?\n|$)")
+# `[REQUIRES a, b]`: tool names separated by commas and/or spaces. Upper case like `[SECTIONS]`.
+_REQUIRES_RE = re.compile(r"\[REQUIRES(?:[ \t]+([^\]]*))?\]")
 
 ErrorKind = Literal["loop", "duplicate", "missing", "invalid", "unreadable"]
 SectionKind = Literal["leaf", "container"]
@@ -69,6 +74,7 @@ class Section:
     body: str  # a leaf's text, or a container's preamble; no heading, outer blank lines stripped
     parent: str | None  # None for top-level sections
     children: tuple[str, ...]  # loaded children only, in list order
+    requires: tuple[str, ...] = ()  # tools named by the file's `[REQUIRES ...]` line
 
     @property
     def is_container(self) -> bool:
@@ -99,18 +105,23 @@ class SectionFile:
     """
 
     heading: str | None  # the first line as written, when it is a `## ` title
-    lead: str  # blank lines between the heading (or the start of the file) and the body
+    lead: str  # blank lines between the header lines (or the start of the file) and the body
     body: str  # up to the marker line, or to the end of a leaf
     tail: str | None  # the marker line and everything after it; None for a leaf
+    requires: str | None = None  # the `[REQUIRES ...]` line as written, right after the heading
 
     @classmethod
     def parse(cls, text: str, *, allow_heading: bool = True) -> SectionFile:
         lines = text.splitlines(keepends=True)
         heading: str | None = None
         start = 0
+        requires: str | None = None
         if allow_heading and lines and _HEADING_RE.match(lines[0]):
             heading = lines[0].rstrip("\r\n")
             start = 1
+        if allow_heading and start < len(lines) and _requires_names(lines[start]) is not None:
+            requires = lines[start].rstrip("\r\n")
+            start += 1
         first = start
         while first < len(lines) and not lines[first].strip():
             first += 1
@@ -121,6 +132,7 @@ class SectionFile:
             lead="".join(lines[start:first]),
             body="".join(lines[first:end]),
             tail=None if marker is None else "".join(lines[marker:]),
+            requires=requires,
         )
 
     @property
@@ -139,17 +151,33 @@ class SectionFile:
                 found.append(ListEntry(name.strip(), description.strip(), line))
         return found
 
+    @property
+    def required_tools(self) -> tuple[str, ...]:
+        return () if self.requires is None else _requires_names(self.requires) or ()
+
     def render(self) -> str:
         head = "" if self.heading is None else self.heading + "\n"
+        if self.requires is not None:
+            head += self.requires + "\n"
         return head + self.lead + self.body + (self.tail or "")
 
     def with_body(self, body: str) -> SectionFile:
         lead = self.lead
-        if self.heading is None and not lead and _HEADING_RE.match(body):
-            # A body starting with `## ` would be read back as the file's title and vanish from the
-            # prompt; a leading blank line keeps it content.
-            lead = "\n"
-        return SectionFile(self.heading, lead, body, self.tail)
+        if not lead and self.requires is None:
+            first = body.split("\n", 1)[0]
+            if (self.heading is None and _HEADING_RE.match(body)) or _requires_names(first) is not None:
+                # A body starting with `## ` or `[REQUIRES ...]` would be read back as the file's
+                # title or condition and vanish from the prompt; a leading blank line keeps it content.
+                lead = "\n"
+        return SectionFile(self.heading, lead, body, self.tail, self.requires)
+
+
+def _requires_names(line: str) -> tuple[str, ...] | None:
+    """The tool names of a `[REQUIRES ...]` line, or None when the line is something else."""
+    match = _REQUIRES_RE.fullmatch(line.strip())
+    if match is None:
+        return None
+    return tuple(n for n in re.split(r"[\s,]+", match.group(1) or "") if n)
 
 
 def section_path(folder: Path, name: str) -> Path:
@@ -176,9 +204,33 @@ class PromptTree:
     def names(self) -> list[str]:
         return [s.name for s in self.sections]
 
-    def assemble(self) -> str:
+    def missing_tools(self, section: Section, tools: Collection[str] | None) -> tuple[str, ...]:
+        """Tools that `section` or one of its ancestors requires and `tools` lacks.
+
+        `tools` None means "do not judge": nothing is missing.
+        """
+        if tools is None:
+            return ()
+        by_name = {s.name: s for s in self.sections}
+        missing: list[str] = []
+        current: Section | None = section
+        while current is not None:
+            missing.extend(t for t in current.requires if t not in tools and t not in missing)
+            current = by_name.get(current.parent) if current.parent else None
+        return tuple(missing)
+
+    def active(self, tools: Collection[str] | None = None) -> tuple[Section, ...]:
+        """The sections that go into the prompt when `tools` are registered (None: all of them)."""
+        if tools is None:
+            return self.sections
+        return tuple(s for s in self.sections if not self.missing_tools(s, tools))
+
+    def assemble(self, tools: Collection[str] | None = None) -> str:
+        """The prompt text. With `tools` (the registered tool names) a section whose
+        `[REQUIRES ...]` names a tool not among them is left out, with its descendants; without,
+        every section is included."""
         blocks = [self.main] if self.main else []
-        blocks.extend(_render_section(s) for s in self.sections)
+        blocks.extend(_render_section(s) for s in self.active(tools))
         return "\n\n".join(blocks)
 
     def subtree(self, section: Section) -> list[Section]:
@@ -213,13 +265,23 @@ class PromptTree:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise PromptEditError(f"section '{ref}' not found; sections: {self._listing()}{hint}")
 
-    def render_tree(self) -> str:
-        """An indented listing with indexes and container markers, then the load errors."""
+    def render_tree(self, tools: Collection[str] | None = None) -> str:
+        """An indented listing with indexes and container markers, then the load errors.
+
+        With `tools`, a section left out of the prompt for want of a tool is marked inactive.
+        """
         lines = [f"system prompt: {self.folder}"]
         for s in self.sections:
             marker = " [container]" if s.is_container else ""
             description = f": {s.description}" if s.description else ""
-            lines.append(f"{'  ' * s.depth}{s.index}. {s.name}{marker}{description}")
+            missing = self.missing_tools(s, tools)
+            if missing:
+                condition = f"  [inactive: needs {', '.join(missing)}]"
+            elif s.requires:
+                condition = f"  [requires {', '.join(s.requires)}]"
+            else:
+                condition = ""
+            lines.append(f"{'  ' * s.depth}{s.index}. {s.name}{marker}{description}{condition}")
         if not self.sections:
             lines.append("  (no sections)")
         if self.errors:
@@ -297,6 +359,7 @@ class _Loader:
                 body=parsed.body.rstrip(),
                 parent=parent,
                 children=tuple(children),
+                requires=parsed.required_tools,
             )
             loaded.append(name)
         return loaded
@@ -348,6 +411,25 @@ class PromptStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cache: dict[Path, tuple[_Signature, PromptTree]] = {}
+        # (folder, scope) pairs already told that the folder is unusable; see `first_miss`.
+        self._missed: set[tuple[Path, str | None]] = set()
+
+    def first_miss(self, folder: Path, scope: str | None) -> bool:
+        """True the first time `folder` is reported unusable within `scope` (a session), so the
+        warning is given once rather than on every turn."""
+        key = (Path(folder).absolute(), scope)
+        with self._lock:
+            if key in self._missed:
+                return False
+            self._missed.add(key)
+            return True
+
+    def found(self, folder: Path) -> None:
+        """`folder` is usable again: a later failure is worth a new warning."""
+        if self._missed:
+            key = Path(folder).absolute()
+            with self._lock:
+                self._missed = {m for m in self._missed if m[0] != key}
 
     def get(self, folder: Path) -> PromptTree:
         key = Path(folder).absolute()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aiops.prompts.ops import TEXT_OPERATIONS, EditResult, edit_section, read_section
+from aiops.prompts.ops import TEXT_OPERATIONS, ConfirmationRequired, EditResult, edit_section, read_section
 from aiops.prompts.tree import PromptEditError, PromptStore, PromptTree, load_tree
 
 DEFAULT_TREE = Path(__file__).resolve().parents[2] / "system_prompt" / "default"
@@ -320,7 +320,8 @@ def test_delete_lines_removes_every_line_containing_the_target(ops_tree: Path) -
 
 
 def test_overwrite_needs_confirm_then_replaces_the_body(ops_tree: Path) -> None:
-    with pytest.raises(PromptEditError, match="repeat the call with confirm=true"):
+    # How to confirm (confirm=true or --confirm) is worded by the caller, which knows who it talks to.
+    with pytest.raises(ConfirmationRequired, match="needs an explicit confirmation"):
         edit_section(ops_tree, "role", "overwrite", content="New text.")
     assert section_file(ops_tree, "role").read_text() == "## Role\nBe brief.\nCite data.\n"
 
@@ -642,7 +643,7 @@ def test_default_tree_loads_without_errors_and_assembles_every_section() -> None
 
     assert tree.errors == ()
     assert "operations assistant" in tree.main
-    assert names(tree) == ["role", "tools", "tools_db", "tools_search", "tools_prompt", "gates", "memory"]
+    assert names(tree) == ["role", "tools", "tools_db", "tools_prompt", "gates", "memory"]
     assert tree.find("tools").kind == "container"
     prompt = tree.assemble()
     for section in tree.sections:
@@ -650,6 +651,24 @@ def test_default_tree_loads_without_errors_and_assembles_every_section() -> None
         assert section.description and section.body
     assert "db_query" in prompt and "LIMIT" in prompt
     assert "read_system_prompt" in prompt and "update_system_prompt" in prompt
+    assert "[REQUIRES" not in prompt
+
+
+def test_default_tree_guides_only_the_tools_that_exist() -> None:
+    tree = load_tree(DEFAULT_TREE)
+    core = ["read_system_prompt", "update_system_prompt"]  # registered by every engine
+
+    without_db = tree.assemble(core)
+    with_db = tree.assemble([*core, "db_query"])
+
+    assert tree.find("tools_db").requires == ("db_query",)
+    assert "db_query" not in without_db and "LIMIT" not in without_db
+    assert "### tools_db: Querying databases with db_query\n" in with_db
+    assert "update_system_prompt" in without_db
+    # No section talks about tools that no plugin provides.
+    for prompt in (without_db, with_db):
+        for claim in ("web search", "page", "extract", "URL of", "Slack"):
+            assert claim not in prompt, claim
 
 
 def test_edit_result_is_a_plain_value() -> None:
@@ -658,3 +677,115 @@ def test_edit_result_is_a_plain_value() -> None:
     assert result.changed
     assert result.diff == "--- a/.system_prompt_x\n+++ b/.system_prompt_x\n@@ -1 +1,2 @@\n a\n+b\n"
     assert result.summary == "append: section 'x' (.system_prompt_x), +1 -0 lines"
+
+
+# ---- sections that require tools ------------------------------------------------------------------
+
+
+@pytest.fixture
+def conditional_tree(tmp_path: Path) -> Path:
+    """A leaf that needs db_query (after its title), a container that needs `web` (first line)."""
+    return write_tree(
+        tmp_path / "prompt",
+        "Main.\n[SECTIONS]\nrole: Behaviour\ndb: Database\nweb: Web tools\n",
+        role="Be brief.\n",
+        db="## Database\n[REQUIRES db_query]\nAlways LIMIT.\n",
+        web="[REQUIRES web_search, web_fetch]\nWeb preamble.\n[SECTIONS]\nweb_cite: Citing\n",
+        web_cite="Cite URLs.\n",
+    )
+
+
+def test_a_requires_line_is_not_content_and_names_the_tools(conditional_tree: Path) -> None:
+    tree = load_tree(conditional_tree)
+
+    assert tree.errors == ()
+    assert tree.find("db").requires == ("db_query",)
+    assert tree.find("db").heading == "Database" and tree.find("db").body == "Always LIMIT."
+    assert tree.find("web").requires == ("web_search", "web_fetch") and tree.find("web").is_container
+    assert tree.find("web_cite").requires == ()
+    assert "REQUIRES" not in tree.assemble()
+
+
+def test_assembly_leaves_out_sections_whose_tools_are_missing(conditional_tree: Path) -> None:
+    tree = load_tree(conditional_tree)
+
+    assert tree.assemble([]) == "Main.\n\n## role: Behaviour\nBe brief."
+    assert tree.assemble(["db_query", "web_search"]) == (
+        "Main.\n\n## role: Behaviour\nBe brief.\n\n## db: Database\nAlways LIMIT."
+    )
+    # Every named tool is needed; a container's condition covers its children.
+    full = tree.assemble(["db_query", "web_search", "web_fetch"])
+    assert full.endswith("## web: Web tools\nWeb preamble.\n\n### web_cite: Citing\nCite URLs.")
+    # Without a tool list nothing is judged (an editor's view of every section).
+    assert tree.assemble() == full
+    # Indexes do not move when a section is inactive.
+    assert [s.index for s in tree.active([])] == [1]
+    assert tree.find(4).name == "web_cite"
+
+
+def test_the_tree_listing_marks_inactive_sections(conditional_tree: Path) -> None:
+    listing = load_tree(conditional_tree).render_tree(["db_query"])
+
+    assert listing.splitlines() == [
+        f"system prompt: {conditional_tree}",
+        "  1. role: Behaviour",
+        "  2. db: Database  [requires db_query]",
+        "  3. web [container]: Web tools  [inactive: needs web_search, web_fetch]",
+        "    4. web_cite: Citing  [inactive: needs web_search, web_fetch]",
+    ]
+
+
+def test_reading_an_inactive_section_says_why_it_is_not_in_the_prompt(conditional_tree: Path) -> None:
+    tree = load_tree(conditional_tree)
+
+    assert read_section(tree, "db", ["db_query"]) == "## db: Database\nAlways LIMIT."
+    assert read_section(tree, "db", []) == (
+        "(inactive: section 'db' is left out of the prompt: tool db_query is not available)\n"
+        "## db: Database\nAlways LIMIT."
+    )
+    assert read_section(tree, "web_cite", ["db_query"]).startswith(
+        "(inactive: section 'web_cite' is left out of the prompt: tools web_search, web_fetch are not "
+        "available)\n"
+    )
+    assert read_section(tree, "", []) == tree.assemble([])
+
+
+def test_reading_a_container_notes_its_inactive_children(tmp_path: Path) -> None:
+    folder = write_tree(tmp_path, "Main.\n[SECTIONS]\ntools: Tools\n",
+                        tools="Use tools.\n[SECTIONS]\ntdb: Db\ntp: Prompt\n",
+                        tdb="[REQUIRES db_query]\nLIMIT.\n", tp="Read first.\n")
+
+    text = read_section(load_tree(folder), "tools", ["read_system_prompt"])
+
+    assert text == ("## tools: Tools\nUse tools.\n\n### tp: Prompt\nRead first.\n\n"
+                    "(not part of the prompt: tdb (needs tool db_query))")
+
+
+def test_text_edits_keep_the_requires_line(conditional_tree: Path) -> None:
+    edit_section(conditional_tree, "db", "append", content="Explain writes.")
+    edit_section(conditional_tree, "db", "overwrite", content="Only SELECT.", confirm=True)
+
+    assert section_file(conditional_tree, "db").read_text() == "## Database\n[REQUIRES db_query]\nOnly SELECT.\n"
+    assert load_tree(conditional_tree).find("db").requires == ("db_query",)
+
+
+@pytest.mark.parametrize("text", ["[REQUIRES db_query]\nLiteral.", "## Title-like\n[REQUIRES x]"])
+def test_content_that_looks_like_a_condition_stays_content(tmp_path: Path, text: str) -> None:
+    folder = write_tree(tmp_path, "Main.\n[SECTIONS]\nn: Notes\nh: Headed\n", n="Old.\n", h="## H\nOld.\n")
+
+    edit_section(folder, "n", "overwrite", content=text, confirm=True)
+    edit_section(folder, "h", "overwrite", content=text, confirm=True)
+    edit_section(folder, "fresh", "create", content=text, description="Fresh")
+
+    tree = load_tree(folder)
+    for name in ("n", "h", "fresh"):
+        assert tree.find(name).requires == () and tree.find(name).body == text, name
+    assert tree.assemble([]).count(text) == 3
+
+
+def test_a_requires_line_later_in_the_file_is_plain_content(tmp_path: Path) -> None:
+    folder = write_tree(tmp_path, "Main.\n[SECTIONS]\nx: X\n", x="Intro.\n[REQUIRES db_query]\n")
+
+    section = load_tree(folder).find("x")
+
+    assert section.requires == () and section.body == "Intro.\n[REQUIRES db_query]"
