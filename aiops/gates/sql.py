@@ -42,9 +42,12 @@ Decisions on the ambiguous cases (see also docs/ARCHITECTURE.md's gate section):
 * Where sqlglot's lexer and MySQL's differ, we follow MySQL (a lone carriage return does not end
   a ``--``/``#`` comment) or, where we cannot, call every statement a write (a NUL byte, a
   non-ASCII space right after ``--``).
-* Statements that sqlglot does not parse into a tree name no table, even when a table is written
-  in them (LOCK TABLES t, RENAME TABLE, LOAD DATA ... INTO TABLE t): guessing tables from text
-  could name the wrong one, and no table means the gate's rule for unknown targets applies.
+* Statements that sqlglot does not parse into a tree (RENAME TABLE, LOCK TABLES, LOAD DATA ...
+  INTO TABLE, HANDLER, ANALYZE/OPTIMIZE/REPAIR/CHECK TABLE, FLUSH TABLES, GRANT/REVOKE ... ON,
+  CREATE TRIGGER ... ON) still name the tables their grammar puts in known places, read from
+  sqlglot's tokens; they stay `beyond_tables`, so the gate applies the rule for unknown targets
+  *and* every named table's rule, the strictest winning. Naming a table can therefore only make
+  the decision stricter: `RENAME TABLE users TO x` meets the `users` rule, not only [db.unknown].
 
 ``StatementClass.kind`` is one of: select, select_into, show, describe, explain, insert, replace,
 update, delete, merge, ddl, load, call, set, do, lock, handler, use, transaction, prepare, admin,
@@ -273,7 +276,7 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
     elif not chunk.tokens:
         verdict = _Verdict("unknown", _WRITE, beyond_tables=True)  # an executable comment alone
     else:
-        verdict = _classify_tokens(sql, chunk.tokens)
+        verdict = _classify_tokens(sql, chunk.tokens, _as_mysql_lexes(chunk.text))
         if _EXECUTABLE_COMMENT.search(chunk.text) or _has_mode_dependent_string(sql, chunk.tokens):
             verdict = replace(verdict, operation=_WRITE, beyond_tables=True)
     return StatementClass(
@@ -285,14 +288,16 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
     )
 
 
-def _classify_tokens(sql: str, tokens: list[Token]) -> _Verdict:
+def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
+    """``sql`` is the whole (lexed) string the tokens index into; ``text`` this statement alone."""
     # Multi-word command tokens ("LOCK TABLES") start with the statement's keyword.
     keyword = tokens[0].text.split()[0].upper() if tokens[0].text.strip() else ""
     if keyword == "START":
         is_transaction = len(tokens) > 1 and tokens[1].text.upper() == "TRANSACTION"
         return _Verdict("transaction" if is_transaction else "admin", _WRITE)
     if keyword not in _PARSED_KINDS:
-        return _Verdict(_OPAQUE_KINDS.get(keyword, "unknown"), _WRITE)
+        kind = _OPAQUE_KINDS.get(keyword, "unknown")
+        return _Verdict(kind, _WRITE, _opaque_tables(text), beyond_tables=True)
 
     outfile = _strip_into_file(tokens)
     if outfile is not None:
@@ -315,13 +320,142 @@ def _classify_tokens(sql: str, tokens: list[Token]) -> _Verdict:
     if isinstance(node, exp.Command) and str(node.this).upper() != "SHOW":
         # sqlglot recognised the verb but not the rest (CREATE TRIGGER, ALTER DATABASE, ...).
         kind = _PARSED_KINDS[keyword]
-        return _Verdict("unknown" if kind == "unparseable" else kind, _WRITE, (), True)
+        return _Verdict("unknown" if kind == "unparseable" else kind, _WRITE, _opaque_tables(text), True)
     verdict = _classify_node(node)
     if verdict.kind == "insert" and is_replace:
         verdict = replace(verdict, kind="replace")
     if verdict.operation == "read" and _calls_unsafe_function(tokens, _cte_names(node)):
         verdict = replace(verdict, operation=_WRITE, beyond_tables=True)
     return verdict
+
+
+# --------------------------------------------------------------------------------------------
+# Tables named by statements sqlglot does not parse
+
+
+class _FullTokenizer(_DIALECT.tokenizer_class):  # type: ignore[name-defined,misc]
+    # The dialect's tokenizer hands back everything after a command keyword (LOCK TABLES, RENAME,
+    # ...) as one string; with no command keywords it tokenizes the whole statement.
+    COMMANDS: set[TokenType] = set()
+
+
+def _opaque_tables(text: str) -> tuple[str, ...]:
+    """The tables an opaque statement's grammar names, sorted; () when none can be read.
+
+    Only names in fixed grammatical places are taken (``RENAME TABLE a TO b``, ``LOCK TABLES a
+    READ``, ``INTO TABLE a``, ``HANDLER a``, ``ON a``); anything unexpected stops the reading, and
+    the statement stays under the unknown rule either way.
+    """
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - nothing readable: the unknown rule still applies
+        return ()
+    if not tokens:
+        return ()
+    words = [t.text.upper() if t.token_type not in (TokenType.STRING, TokenType.IDENTIFIER) else ""
+             for t in tokens]
+    first = words[0].split()
+    names: list[str] = []
+    if first == ["LOCK", "TABLES"] or first == ["LOCK"]:
+        start = 1 if len(first) == 2 else _after_words(words, 1, ("TABLE", "TABLES"))
+        if start is not None:
+            names = _name_list(tokens, start, skip_to_comma=True)
+    elif first[0] == "RENAME" and len(first) == 1:
+        start = _after_words(words, 1, ("TABLE", "TABLES"))
+        if start is not None:
+            names = _rename_pairs(tokens, words, start)
+    elif first[0] == "LOAD":
+        for i in range(len(tokens) - 2):
+            if words[i] == "INTO" and words[i + 1] == "TABLE":
+                names = _name_list(tokens, i + 2, single=True)
+                break
+    elif first[0] == "HANDLER":
+        names = _name_list(tokens, 1, single=True)
+    elif first[0] in ("ANALYZE", "OPTIMIZE", "REPAIR", "CHECK", "CHECKSUM", "FLUSH"):
+        index = 1
+        while index < len(words) and words[index] in ("NO_WRITE_TO_BINLOG", "LOCAL"):
+            index += 1
+        start = _after_words(words, index, ("TABLE", "TABLES"))
+        if start is not None:
+            names = _name_list(tokens, start)
+    elif first[0] in ("GRANT", "REVOKE"):
+        on = next((i for i, w in enumerate(words) if w == "ON"), None)
+        if on is not None:
+            start = on + 1
+            if start < len(words) and words[start] == "TABLE":
+                start += 1
+            if start < len(words) and words[start] not in ("FUNCTION", "PROCEDURE", "PACKAGE"):
+                names = _name_list(tokens, start, single=True)
+    elif first[0] == "CREATE" and "TRIGGER" in words:
+        after = words.index("TRIGGER")
+        on = next((i for i in range(after, len(words)) if words[i] == "ON"), None)
+        if on is not None:
+            names = _name_list(tokens, on + 1, single=True)
+    return tuple(sorted(set(names)))
+
+
+def _after_words(words: Sequence[str], index: int, expected: tuple[str, ...]) -> int | None:
+    return index + 1 if index < len(words) and words[index] in expected else None
+
+
+def _table_at(tokens: Sequence[Token], index: int) -> tuple[str | None, int]:
+    """A table name (``t``, ``db.t``, backticked or not) at ``index``, and the index after it."""
+    parts: list[str] = []
+    while index < len(tokens) and _is_name(tokens[index]):
+        parts.append(tokens[index].text)
+        index += 1
+        if index < len(tokens) and tokens[index].token_type == TokenType.DOT:
+            index += 1
+            if index < len(tokens) and _is_name(tokens[index]):
+                continue
+            return None, index  # `db.*` is a wildcard, not a table
+        break
+    if not parts or len(parts) > 2:
+        return None, index
+    return ".".join(parts).lower(), index
+
+
+def _is_name(token: Token) -> bool:
+    return token.token_type in (TokenType.VAR, TokenType.IDENTIFIER) or (
+        token.token_type != TokenType.STRING and _is_word(token))
+
+
+def _name_list(tokens: Sequence[Token], index: int, *, single: bool = False,
+               skip_to_comma: bool = False) -> list[str]:
+    """Comma-separated table names from ``index``; stops at the first thing that is not one."""
+    names: list[str] = []
+    while True:
+        name, index = _table_at(tokens, index)
+        if name is None:
+            return names
+        names.append(name)
+        if single:
+            return names
+        if skip_to_comma:  # `LOCK TABLES t AS a READ LOCAL, u WRITE`
+            depth = 0
+            while index < len(tokens) and not (depth == 0 and tokens[index].token_type == TokenType.COMMA):
+                depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[index].token_type, 0)
+                index += 1
+        if index >= len(tokens) or tokens[index].token_type != TokenType.COMMA:
+            return names
+        index += 1
+
+
+def _rename_pairs(tokens: Sequence[Token], words: Sequence[str], index: int) -> list[str]:
+    """`a TO b, c TO d`: both sides are tables (renaming onto a name creates that table)."""
+    names: list[str] = []
+    while True:
+        source, index = _table_at(tokens, index)
+        if source is None or index >= len(words) or words[index] != "TO":
+            return names + ([source] if source else [])
+        target, index = _table_at(tokens, index + 1)
+        names.append(source)
+        if target is None:
+            return names
+        names.append(target)
+        if index >= len(tokens) or tokens[index].token_type != TokenType.COMMA:
+            return names
+        index += 1
 
 
 def _tokenize(sql: str) -> list[Token]:
