@@ -270,11 +270,22 @@ def cmd_audit(args: argparse.Namespace) -> int:
         decision = f"{r.decision}" + (f" ({r.scope})" if r.scope else "") if r.decision else ""
         by = f"by {r.actor}" if r.actor else ""
         detail = ""
-        gate = r.data.get("gate") if isinstance(r.data, dict) else None
+        data = r.data if isinstance(r.data, dict) else {}
+        gate, grant, call_args = data.get("gate"), data.get("grant"), data.get("args")
         if gate:
             detail = gate.get("summary", "")
+            if grant:  # passed by a session grant
+                detail += f" (grant {grant.get('id')})"
+        elif grant:  # grant_revoked
+            detail = f"grant {grant.get('id')} on {', '.join(grant.get('tables') or []) or '-'}"
         elif r.event == "prompt_edit":
-            detail = f"section {r.data.get('section')} {r.data.get('operation')}"
+            detail = f"section {data.get('section')} {data.get('operation')}"
+        elif isinstance(data.get("sql"), str):  # operator_db
+            detail = data["sql"]
+        elif isinstance(call_args, dict):  # policy_denied: what the call would have done
+            sql = call_args.get("sql")
+            detail = sql if isinstance(sql, str) else json.dumps(call_args, ensure_ascii=False, default=str)
+        detail = " ".join(str(detail).split())
         print(f"{t}  {r.session_id or '-':<18} {r.event:<14} {what:<24} {decision:<18} {by:<16} {detail}")
     return 0
 

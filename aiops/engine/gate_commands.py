@@ -57,14 +57,43 @@ def _rules_text(engine: Engine) -> list[str]:
     return lines
 
 
+def _actor(ctx: CommandContext) -> str:
+    return f"operator:{ctx.client_kind}"
+
+
+def _invalid_target(engine: Engine, target: str) -> str | None:
+    """Why `target` names nothing a rule could apply to, or None when it is valid.
+
+    A typo would otherwise be saved as a rule that never matches while the operator believes
+    the tool is now denied.
+    """
+    if target.startswith("db:"):
+        return None  # set_rule checks the table name
+    known = set(engine.tools.names())
+    # Rules already in gates.toml stay editable while their plugin is not running.
+    known.update(engine.gatekeeper.rules.tools)
+    if target.startswith("mcp:"):
+        parts = target.split(":")
+        if len(parts) in (2, 3) and all(p.strip() for p in parts[1:]):
+            return None
+        what = f"{target!r} is not a valid MCP target"
+    elif target in known:
+        return None
+    else:
+        what = f"unknown tool {target!r}"
+    tools = ", ".join(sorted(known)) or "none"
+    return (f"{what}; valid targets are a tool ({tools}), mcp:SERVER, mcp:SERVER:TOOL, "
+            f"or db:TABLE (db:* for every table)")
+
+
 async def _gates(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
     broker = engine.gatekeeper.broker
     if argv[:1] == ["revoke"]:
         if len(argv) != 2:
             raise CommandError("expected: !gates revoke GRANT_ID")
-        ok = broker.revoke_grant(argv[1])
-        return f"revoked {argv[1]}" if ok else f"no session approval {argv[1]!r}"
+        grant = await engine.gatekeeper.revoke_grant(argv[1], by=_actor(ctx), session_id=ctx.session_id)
+        return f"revoked {argv[1]}" if grant is not None else f"no session approval {argv[1]!r}"
     lines = _rules_text(engine)
     pending = broker.pending()
     lines.append(f"\nPending gates ({len(pending)}):")
@@ -88,6 +117,9 @@ async def _gate(ctx: CommandContext, argv: list[str], raw: str) -> str:
         raise CommandError("expected: TOOL|db:TABLE read|write allow|ask|deny [--save]")
     target, op, decision = args
     engine = ctx.engine
+    why = _invalid_target(engine, target)
+    if why:
+        raise CommandError(why)
     try:
         engine.gatekeeper.rules = engine.gatekeeper.rules.set_rule(target, op, decision)  # type: ignore[arg-type]
     except ValueError as e:

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiops.engine.tools import Classification, Tool, ToolContext
 from aiops.engine.types import Message
-from aiops.gates.broker import GateBroker, denial_message, summarize, waiting_notice
+from aiops.gates.broker import (
+    Gate,
+    GateBroker,
+    Grant,
+    Resolution,
+    denial_message,
+    summarize,
+    waiting_notice,
+)
 from aiops.gates.limits import LimitsConfig, RateLimiter
 from aiops.gates.rules import GatesConfig
 
@@ -54,20 +62,49 @@ class Gatekeeper:
         elif name == "gate_resolved":
             self.engine.live_state_changed(session_id)
 
-    async def _record(self, what: str, gate: Any, resolution: Any) -> None:
+    async def _record(self, what: str, gate: Gate, resolution: Resolution | None) -> None:
+        """The broker's audit hook: "opened", "resolved", or "granted" (passed by a session grant)."""
         gd = gate.to_dict()
         gd["turn_id"] = gate.turn_id
         res = resolution.to_dict() if resolution is not None else {}
+        data: dict[str, Any] = {"gate": gd, "resolution": res}
+        if gate.grant is not None:
+            data["grant"] = gate.grant.to_dict()
         await self.engine.store.add_audit(
             f"gate_{what}", session_id=gd.get("session_id"), gate_id=gd.get("id"), tool=gd.get("tool"),
             operation=gd.get("operation"), decision=res.get("decision"), scope=res.get("scope"),
-            actor=res.get("by"), data={"gate": gd, "resolution": res},
+            actor=res.get("by"), data=data,
         )
         if what == "resolved":
-            await self.engine.record(gd["session_id"], Message(
-                "gate", f"{res.get('decision')}: {gd.get('summary')}", turn_id=gd.get("turn_id"),
-                meta={**gd, **res},
-            ), publish=False)
+            text = f"{res.get('decision')}: {gd.get('summary')}"
+        elif what == "granted":
+            text = f"approved (session grant): {gd.get('summary')}"
+        else:
+            return
+        meta = {**gd, **res}
+        if gate.grant is not None:
+            meta["grant_id"] = gate.grant.id
+        await self.engine.record(gd["session_id"], Message(
+            "gate", text, turn_id=gd.get("turn_id"), meta=meta), publish=False)
+
+    async def revoke_grant(self, grant_id: str, *, by: str, session_id: str | None = None) -> Grant | None:
+        """Revoke one session grant and audit who did; None when there is no such grant."""
+        grant = self.broker.get_grant(grant_id)
+        if grant is None or not self.broker.revoke_grant(grant_id):
+            return None
+        await self.engine.store.add_audit(
+            "grant_revoked", session_id=grant.session_id, gate_id=grant.gate_id, tool=grant.tool,
+            operation=grant.operation, actor=by,
+            data={"grant": grant.to_dict(), "revoked_from_session": session_id})
+        return grant
+
+    @staticmethod
+    def _grantable(tool: Tool, cls: Classification) -> bool:
+        # A db call whose tables do not describe it (none named, or it acts beyond them) could be
+        # anything; a session approval of one must never cover another.
+        if tool.tool_type == "db" and (cls.unknown_tables or not cls.tables):
+            return False
+        return cls.grantable
 
     async def check(self, tool: Tool, args: dict[str, Any], cls: Classification,
                     ctx: ToolContext) -> GateOutcome:
@@ -96,7 +133,7 @@ class Gatekeeper:
             session_id=ctx.session_id, client_id=ctx.session_id, client_kind=ctx.client_kind,
             tool=tool.name, tool_type=tool.tool_type, args=args, operation=cls.operation,
             tables=list(cls.tables), summary=summary, turn_id=ctx.turn_id,
-            wait_seconds=self.rules.wait_seconds(ctx.client_kind),
+            wait_seconds=self.rules.wait_seconds(ctx.client_kind), grantable=self._grantable(tool, cls),
         )
         if resolution.decision == "approved":
             return GateOutcome(True, decision="approved")

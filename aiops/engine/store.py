@@ -471,6 +471,8 @@ class Store:
 
     async def audit(self, session_id: str | None = None, since: float | None = None,
                     limit: int = 10_000) -> list[AuditRow]:
+        """The newest `limit` matching rows, oldest first: a long-lived install shows its latest."""
+
         def run(conn: sqlite3.Connection) -> list[AuditRow]:
             sql = "SELECT * FROM audit WHERE 1=1"
             args: list[Any] = []
@@ -480,7 +482,7 @@ class Store:
             if since is not None:
                 sql += " AND ts>=?"
                 args.append(since)
-            sql += " ORDER BY id LIMIT ?"
+            sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id"
             args.append(limit)
             return [
                 AuditRow(r["id"], r["ts"], r["session_id"], r["event"], r["gate_id"], r["tool"],

@@ -30,6 +30,9 @@ class Classification:
     tables: tuple[str, ...] = ()
     unknown_tables: bool = False
     summary: str = ""
+    # False when the call is not fully described by (tool, operation, tables): an operator's
+    # "approve for the session" then covers this call only, never later ones.
+    grantable: bool = True
 
 
 @dataclass(slots=True)

@@ -9,7 +9,14 @@ The broker trusts its caller: whoever calls `resolve` has already been checked f
 role (the API, console and MCP surfaces know their users; the broker does not).
 
 Session grants ("approve for this session") live in memory only. Losing them on restart is the safe
-direction: the operator is simply asked again.
+direction: the operator is simply asked again. A call that passes by a grant is still recorded
+("granted", naming the grant), so the audit log shows every call a gate let through.
+
+Only calls fully described by their tool, operation and tables may create or use a grant. A SQL
+statement that names no table, or acts beyond its tables (a file, a variable, a routine, the
+server), is not `grantable`: approving `SET @x = 1` for the session must not let `RENAME TABLE`
+through, nor approving `UPDATE t` let `SELECT ... FROM t INTO OUTFILE` through. A "session" answer
+on such a gate is recorded as scope "once".
 """
 
 from __future__ import annotations
@@ -96,6 +103,10 @@ class Gate:
     # Internal bookkeeping, not part of the wire shape.
     turn_id: str | None = None
     resolution: Resolution | None = None
+    # Whether a "session" approval may cover later calls (see the module docstring).
+    grantable: bool = True
+    # Set when the call passed by a session grant instead of asking (never announced).
+    grant: Grant | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The DESIGN.md gate object, exactly."""
@@ -191,19 +202,17 @@ class GateBroker:
         summary: str,
         turn_id: str | None,
         wait_seconds: float | None,
+        grantable: bool = True,
     ) -> Resolution:
         """Ask an operator; return the one resolution (approved, denied, timeout or cancelled).
 
+        A call matching a session grant is approved without asking (and recorded as "granted");
+        a call that is not `grantable` neither uses nor creates a grant.
         If the calling task is cancelled while waiting, the gate is resolved "cancelled" and the
         CancelledError propagates.
         """
         # Only db calls have tables; ignoring them elsewhere keeps grants and gates consistent.
         gate_tables = list(tables) if tool_type == "db" else []
-        table_key = _table_key(gate_tables)
-        for grant in self._grants.values():
-            if grant.matches(session_id, tool, operation, table_key):
-                return Resolution("approved", "session", "session-grant", self._clock())
-
         now = self._clock()
         timeout = wait_seconds if wait_seconds and wait_seconds > 0 else None
         gate = Gate(
@@ -211,7 +220,18 @@ class GateBroker:
             tool=tool, tool_type=tool_type, args=dict(args), operation=operation,
             tables=gate_tables, summary=summary, created_at=now,
             expires_at=now + timeout if timeout is not None else None, turn_id=turn_id,
+            grantable=grantable,
         )
+        grant = self._matching_grant(gate) if grantable else None
+        if grant is not None:
+            # Never announced: nobody is asked. Recorded all the same, naming the grant.
+            gate.expires_at = None
+            gate.grant = grant
+            gate.resolution = Resolution("approved", "session", "session-grant", now)
+            if self._record is not None:
+                await self._record("granted", gate, gate.resolution)
+            return gate.resolution
+
         entry = _Entry(gate, asyncio.get_running_loop().create_future())
         # Registered before the audit write so a stop arriving meanwhile still cancels it.
         self._pending[gate.id] = entry
@@ -249,7 +269,8 @@ class GateBroker:
         """Answer a pending gate. The first answer wins; later ones raise GateAlreadyResolved.
 
         A denial is always scope "once" (there are no session-wide denials); an approval with
-        scope "session" also lets the same tool, operation and tables through for the session.
+        scope "session" also lets the same tool, operation and tables through for the session,
+        unless the gate is not grantable, in which case the approval is scope "once".
         """
         normalized = _DECISION_ALIASES.get(decision)
         if normalized is None:
@@ -262,7 +283,8 @@ class GateBroker:
             if done is not None and done.resolution is not None:
                 raise GateAlreadyResolved(gate_id, done.resolution)
             raise GateNotFound(gate_id)
-        final_scope: Scope = "session" if (scope == "session" and normalized == "approved") else "once"
+        final_scope: Scope = ("session" if scope == "session" and normalized == "approved"
+                              and entry.gate.grantable else "once")
         resolution = Resolution(normalized, final_scope, by, self._clock())
         self._settle(entry, resolution)
         if final_scope == "session":
@@ -314,11 +336,22 @@ class GateBroker:
 
     # ---- grants -----------------------------------------------------------------------------------
 
-    def _add_grant(self, gate: Gate, by: str) -> Grant:
+    def _matching_grant(self, gate: Gate) -> Grant | None:
+        if not gate.grantable:
+            return None
         key = _table_key(gate.tables)
         for grant in self._grants.values():
             if grant.matches(gate.session_id, gate.tool, gate.operation, key):
                 return grant
+        return None
+
+    def _add_grant(self, gate: Gate, by: str) -> Grant:
+        if not gate.grantable:
+            raise ValueError(f"gate {gate.id} is not grantable")
+        existing = self._matching_grant(gate)
+        if existing is not None:
+            return existing
+        key = _table_key(gate.tables)
         grant = Grant(id=_new_id("gr"), session_id=gate.session_id, tool=gate.tool,
                       operation=gate.operation, tables=key, gate_id=gate.id, by=by,
                       created_at=self._clock())
@@ -328,14 +361,20 @@ class GateBroker:
     def grants(self, session_id: str | None = None) -> list[Grant]:
         return [g for g in self._grants.values() if session_id is None or g.session_id == session_id]
 
+    def get_grant(self, grant_id: str) -> Grant | None:
+        return self._grants.get(grant_id)
+
     def revoke_grant(self, grant_id: str) -> bool:
+        """Forget one grant. The broker records nothing here: revocation is audited by its caller
+        (the Gatekeeper), which knows who revoked it."""
         return self._grants.pop(grant_id, None) is not None
 
-    def revoke_session_grants(self, session_id: str) -> int:
-        ids = [g.id for g in self._grants.values() if g.session_id == session_id]
-        for gid in ids:
-            del self._grants[gid]
-        return len(ids)
+    def revoke_session_grants(self, session_id: str) -> list[Grant]:
+        """Forget every grant of a session; returns them (for the caller's audit record)."""
+        gone = [g for g in self._grants.values() if g.session_id == session_id]
+        for grant in gone:
+            del self._grants[grant.id]
+        return gone
 
     # ---- plumbing ---------------------------------------------------------------------------------
 

@@ -131,7 +131,14 @@ class GatesConfig(_Strict):
         if operation not in OPERATIONS:
             raise ValueError(f"operation must be 'read' or 'write', not {operation!r}")
         if tool_type == "db":
-            return self._decide_db(operation, tables, unknown_tables)
+            decisions = [self._decide_db(operation, tables, unknown_tables)]
+            # An explicit rule for the tool itself (`!gate db_query write deny`) takes part too;
+            # strictest wins, so it can tighten the table rules but never loosen them.
+            rule = self.tools.get(tool)
+            explicit = rule.get(operation) if rule else None
+            if explicit:
+                decisions.append(explicit)
+            return strictest(decisions)
         if tool.startswith("mcp:"):
             return self._decide_mcp(tool, operation)
         rule = self.tools.get(tool)

@@ -50,6 +50,7 @@ class Audit:
 
     def __init__(self, bus: Bus | None = None) -> None:
         self.rows: list[tuple[str, str, Resolution | None]] = []
+        self.gates: dict[str, Gate] = {}
         self.bus = bus
         self.announced_before_opened: list[str] = []
 
@@ -58,6 +59,7 @@ class Audit:
             if any(d["id"] == gate.id for d in self.bus.named("gate")):
                 self.announced_before_opened.append(gate.id)
         self.rows.append((kind, gate.id, resolution))
+        self.gates[gate.id] = gate
 
     def kinds(self, gate_id: str) -> list[str]:
         return [k for k, gid, _ in self.rows if gid == gate_id]
@@ -89,11 +91,12 @@ def ask(
     turn: str | None = "t1",
     wait: float | None = None,
     args: dict[str, Any] | None = None,
+    grantable: bool = True,
 ) -> asyncio.Task[Resolution]:
     args = args if args is not None else {"query": "DELETE FROM users WHERE id=3"}
     return asyncio.create_task(broker.request(
         session, session, "api", tool, tool_type, args, operation, list(tables),  # type: ignore[arg-type]
-        summarize(tool, operation, tables, args), turn, wait,
+        summarize(tool, operation, tables, args), turn, wait, grantable=grantable,
     ))
 
 
@@ -292,6 +295,50 @@ async def test_session_grant_and_revocation(broker: GateBroker, bus: Bus) -> Non
     await opened(bus, 5)
     assert broker.cancel_session("s1") == 1
     assert (await asked).decision == "cancelled"
+
+
+async def test_a_call_passed_by_a_grant_is_recorded_naming_the_grant(broker: GateBroker, bus: Bus,
+                                                                    audit: Audit) -> None:
+    first = ask(broker, "s1")
+    (event,) = await opened(bus, 1)
+    broker.resolve(event["id"], "approve", "session", by="alice")
+    await first
+    (grant,) = broker.grants("s1")
+
+    again = await ask(broker, "s1", args={"query": "DELETE FROM users WHERE id=4"})
+    assert again.decision == "approved"
+    assert len(bus.named("gate")) == 1  # nobody was asked
+    kind, gate_id, resolution = audit.rows[-1]
+    assert kind == "granted" and resolution == again and gate_id != event["id"]
+    assert broker.get(gate_id) is None  # never announced, so no gate anyone could answer
+    assert [r for r in audit.rows if r[0] == "granted"] == [("granted", gate_id, again)]
+    recorded = audit.gates[gate_id]
+    assert recorded.grant is grant and recorded.args == {"query": "DELETE FROM users WHERE id=4"}
+
+
+async def test_a_call_that_is_not_grantable_neither_creates_nor_uses_a_grant(broker: GateBroker,
+                                                                             bus: Bus) -> None:
+    # "SET @x = 1" names no table: approving it for the session approves it once.
+    task = ask(broker, "s1", tables=(), grantable=False, args={"query": "SET @x = 1"})
+    (event,) = await opened(bus, 1)
+    res = broker.resolve(event["id"], "approve", "session", by="alice")
+    assert (res.decision, res.scope) == ("approved", "once")
+    assert (await task) == res
+    assert bus.named("gate_resolved")[-1]["scope"] == "once"
+    assert broker.grants() == []
+
+    # A grant made by a grantable call does not cover a non-grantable one with the same key
+    # (`UPDATE users` approved for the session; `SELECT ... FROM users INTO OUTFILE` still asks).
+    task = ask(broker, "s1")
+    (_, event) = await opened(bus, 2)
+    broker.resolve(event["id"], "approve", "session", by="alice")
+    await task
+    assert len(broker.grants("s1")) == 1
+    outfile = ask(broker, "s1", grantable=False, args={"query": "SELECT * FROM users INTO OUTFILE '/x'"})
+    (*_, event) = await opened(bus, 3)
+    assert broker.resolve(event["id"], "approve", "session", by="alice").scope == "once"
+    await outfile
+    assert len(broker.grants("s1")) == 1
 
 
 async def test_denial_with_session_scope_grants_nothing(broker: GateBroker, bus: Bus) -> None:

@@ -206,3 +206,34 @@ def test_set_rule_rejects_bad_values(cfg: GatesConfig) -> None:
         cfg.set_rule("x", "delete", "deny")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         cfg.set_rule("db:", "read", "deny")
+
+
+def test_an_explicit_db_tool_rule_takes_part_with_the_table_rules(cfg: GatesConfig) -> None:
+    # `!gate db_query write deny`: every write is denied, whatever the table rules say.
+    strict = cfg.set_rule("db_query", "write", "deny")
+    assert strict.decide("db_query", "db", "write", ["products"]) == "deny"
+    assert strict.decide("db_query", "db", "write", []) == "deny"
+    assert strict.decide("db_query", "db", "read", ["products"]) == "allow"  # only the named operation
+    # Strictest wins both ways: a tool rule can tighten but never loosen a table rule.
+    loose = cfg.set_rule("db_query", "write", "allow")
+    assert loose.decide("db_query", "db", "write", ["products"]) == "ask"
+    assert loose.decide("db_query", "db", "write", ["users"]) == "deny"
+    # Without an explicit tool rule, [defaults] plays no part for db tools.
+    assert cfg.set_rule("db:*", "write", "allow").decide("db_query", "db", "write", ["products"]) == "allow"
+
+
+@pytest.mark.parametrize("sql", [
+    "RENAME TABLE users TO users_old",
+    "LOCK TABLES users WRITE",
+    "LOAD DATA INFILE '/tmp/x' INTO TABLE users",
+    "HANDLER users OPEN",
+    "TRUNCATE TABLE users",
+])
+def test_statements_naming_a_denied_table_are_denied(cfg: GatesConfig, sql: str) -> None:
+    from aiops.gates.sql import classify_sql
+
+    c = classify_sql(sql)
+    assert cfg.decide("db_query", "db", c.operation, c.tables, unknown_tables=c.unknown) == "deny"
+    # The same statement on another table still asks: the unknown rule applies as well.
+    other = classify_sql(sql.replace("users", "products"))
+    assert cfg.decide("db_query", "db", other.operation, other.tables, unknown_tables=other.unknown) == "ask"
