@@ -3,12 +3,16 @@
 A message may mix command lines and plain lines: each `!` line runs in order, and the remaining
 plain lines go to the model as one message. Commands never reach the model. Plugins add commands
 through the same registry, and the API and console call them programmatically.
+
+A `raw` command (such as `!db SQL`) takes its argument verbatim, never shell-split (SQL is full of
+apostrophes), and takes every following line of the message as part of it (SQL spans lines).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +44,9 @@ class Command:
     handler: Handler  # (ctx, argv, raw argument text) -> output text
     operator_only: bool = False
     plugin: str = "core"
+    # The argument is raw text: not shell-split (argv is then the whitespace-split words) and it
+    # runs to the end of the message, following lines included.
+    raw: bool = False
 
 
 NOT_PERMITTED = "not permitted: {name} is an operator command (console or operator token only)"
@@ -63,6 +70,10 @@ class CommandRegistry:
     def names(self) -> list[str]:
         return sorted(self._commands)
 
+    def raw_names(self) -> frozenset[str]:
+        """Commands whose argument runs to the end of the message (for `parse_input`)."""
+        return frozenset(n for n, c in self._commands.items() if c.raw)
+
     def help_text(self, is_operator: bool = True) -> str:
         lines = ["Commands:"]
         for c in self.all():
@@ -76,17 +87,21 @@ class CommandRegistry:
         body = line.strip()[1:].strip()
         if not body:
             return self.help_text(ctx.is_operator)
-        name, _, rest = body.partition(" ")
+        # The name ends at any whitespace: a raw command's argument may start on the next line.
+        name, rest = (re.split(r"\s+", body, maxsplit=1) + [""])[:2]
         name = name.lower()
         cmd = self._commands.get(name)
         if cmd is None:
             return f"unknown command !{name}\n\n" + self.help_text(ctx.is_operator)
         if cmd.operator_only and not ctx.is_operator:
             return NOT_PERMITTED.format(name=f"!{name}")
-        try:
-            argv = shlex.split(rest)
-        except ValueError as e:
-            return f"!{name}: {e}\nusage: {cmd.usage}"
+        if cmd.raw:
+            argv = rest.split()
+        else:
+            try:
+                argv = shlex.split(rest)
+            except ValueError as e:
+                return f"!{name}: {e}\nusage: {cmd.usage}"
         try:
             return await cmd.handler(ctx, argv, rest.strip())
         except CommandError as e:
@@ -100,14 +115,23 @@ class ParsedInput:
     model: str | None  # from a leading @model
 
 
-def parse_input(text: str) -> ParsedInput:
-    """Split a message into command lines, an optional `@model` switch and plain text."""
+def parse_input(text: str, raw_commands: Container[str] = frozenset()) -> ParsedInput:
+    """Split a message into command lines, an optional `@model` switch and plain text.
+
+    A command named in `raw_commands` (CommandRegistry.raw_names()) takes the rest of the message,
+    following lines included, as its argument.
+    """
     commands: list[str] = []
     plain: list[str] = []
     model: str | None = None
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
         stripped = line.lstrip()
         if stripped.startswith("!") and len(stripped) > 1 and not stripped.startswith("!="):
+            name = stripped[1:].split(maxsplit=1)[0].lower() if stripped[1:].strip() else ""
+            if name in raw_commands:
+                commands.append("\n".join([stripped, *lines[index + 1:]]).rstrip())
+                break
             commands.append(stripped)
         else:
             plain.append(line)

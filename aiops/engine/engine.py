@@ -194,7 +194,9 @@ class Engine:
                 self.plugin_status.append(PluginStatus(name, "failed", f"{type(e).__name__}: {e}", source))
                 continue
             self._plugins.append(plugin)
-            self.plugin_status.append(PluginStatus(name, "started", "", source))
+            # A plugin may start yet have something to say (e.g. its server was unreachable).
+            note = str(getattr(plugin, "status_note", "") or "")
+            self.plugin_status.append(PluginStatus(name, "started", note, source))
 
     def plugin(self, name: str) -> Plugin | None:
         return next((p for p in self._plugins if p.name == name), None)
@@ -403,7 +405,7 @@ class Engine:
         cid = client_id or f"{kind}-{new_id()[:8]}"
         live = await self.session(cid, kind=kind, create=True, model=model)
         assert live is not None
-        parsed = parse_input(text)
+        parsed = parse_input(text, self.commands.raw_names())
         turn_id = new_id("turn_")
         outputs: list[str] = []
         if parsed.commands:

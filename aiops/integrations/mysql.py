@@ -88,7 +88,8 @@ class MySQLSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(3306, ge=1, le=65535)
     user: str = "root"
-    # Name of an env var holding the password; a missing variable means an empty password.
+    # Name of an env var holding the password. Left out of the file, an unset MYSQL_PASSWORD means
+    # an empty password; named in the file, the variable must be set (see `missing_secret`).
     password_env: str | None = "MYSQL_PASSWORD"
     # Name of an env var holding a DSN (mysql://user:pass@host:3306/db) that overrides the fields.
     dsn_env: str | None = None
@@ -97,6 +98,23 @@ class MySQLSettings(BaseModel):
     max_rows: int = Field(200, ge=1)
     # 0 disables the limit.
     statement_timeout_ms: int = Field(10000, ge=0)
+
+    def missing_secret(self, env: Mapping[str, str] | None = None) -> str | None:
+        """Why the configured secrets cannot be read, or None.
+
+        A variable the user named (`dsn_env`, or `password_env` written in the file) but did not
+        set is a mistake to report, not a reason to connect with other credentials: without it the
+        runner would silently fall back to the host/user fields and an empty password. Set to an
+        empty value counts as set (a server without a password).
+        """
+        env = os.environ if env is None else env
+        named = [("dsn_env", self.dsn_env)]
+        if "password_env" in self.model_fields_set:
+            named.append(("password_env", self.password_env))
+        for key, var in named:
+            if var and var not in env:
+                return f"environment variable {var} is not set ({key} in [mysql])"
+        return None
 
     def connection_params(self, env: Mapping[str, str] | None = None) -> ConnectionParams:
         """Resolve host, port, user, password and database from these settings and `env`.

@@ -7,15 +7,23 @@ transactions for reads, a statement timeout for everything).
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
 from aiops.engine.commands import Command, CommandContext, CommandError
-from aiops.engine.plugins import Plugin, PluginAPI
+from aiops.engine.plugins import Plugin, PluginAPI, PluginUnavailable
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
-from aiops.gates.sql import classify_sql
+from aiops.gates.sql import SqlClassification, classify_sql
 from aiops.integrations.mysql import DatabaseError, MySQLRunner, MySQLSettings, QueryResult
+
+log = logging.getLogger(__name__)
+
+# How long start-up waits for the connection check; a slow server only delays that note.
+_PROBE_SECONDS = 3.0
 
 
 class DbQueryArgs(BaseModel):
@@ -23,14 +31,34 @@ class DbQueryArgs(BaseModel):
                      "operator approval.")
 
 
-def classify(args: DbQueryArgs) -> Classification:
-    c = classify_sql(args.sql)
-    sql_line = " ".join(args.sql.split())
-    if len(sql_line) > 160:
-        sql_line = sql_line[:159] + "…"
-    tables = ", ".join(c.tables) if c.tables else "no named table"
-    return Classification(c.operation, c.tables, c.unknown,
-                          summary=f"db_query {c.operation} on {tables}: {sql_line}")
+def gate_tables(c: SqlClassification, database: str) -> tuple[str, ...]:
+    """The classification's tables, bare names qualified with the configured database.
+
+    The runner starts every call in `database`, so `DELETE FROM users` acts on `test.users`; a rule
+    written for either `users` or `test.users` must apply to it. After a `USE` in the same SQL a bare
+    name may mean another database, so the names are left as written (the USE statement puts the
+    call under the unknown rule anyway).
+    """
+    if not database or any(s.kind == "use" for s in c.statements):
+        return c.tables
+    prefix = database.lower() + "."
+    return tuple(sorted({t if "." in t else prefix + t for t in c.tables}))
+
+
+def make_classifier(database: str) -> Callable[[DbQueryArgs], Classification]:
+    def classify(args: DbQueryArgs) -> Classification:
+        c = classify_sql(args.sql)
+        tables = gate_tables(c, database)
+        sql_line = " ".join(args.sql.split())
+        if len(sql_line) > 160:
+            sql_line = sql_line[:159] + "…"
+        named = ", ".join(tables) if tables else "no named table"
+        # A statement its tables do not describe must not use or create a session approval.
+        return Classification(c.operation, tables, c.unknown,
+                              summary=f"db_query {c.operation} on {named}: {sql_line}",
+                              grantable=bool(tables) and not c.unknown)
+
+    return classify
 
 
 def results_text(results: list[QueryResult]) -> str:
@@ -49,17 +77,20 @@ class MySQLPlugin(Plugin):
     def __init__(self) -> None:
         super().__init__()
         self.runner: MySQLRunner | None = None
+        # Shown by `aiops plugins` and the status next to "started" (e.g. the server was down).
+        self.status_note = ""
 
     async def setup(self, api: PluginAPI) -> None:
         settings: MySQLSettings = self.settings
+        missing = settings.missing_secret(api.env)
+        if missing:
+            raise PluginUnavailable(missing)
         try:
-            settings.connection_params(api.env)
+            params = settings.connection_params(api.env)
         except ValueError as e:
-            from aiops.engine.plugins import PluginUnavailable
-
             raise PluginUnavailable(str(e)) from None
         self.runner = MySQLRunner(settings, dict(api.env))
-        where = settings.connection_params(api.env).describe()
+        where = params.describe()
 
         async def execute(args: DbQueryArgs, ctx: ToolContext) -> ToolOutput:
             assert self.runner is not None
@@ -75,7 +106,7 @@ class MySQLPlugin(Plugin):
             f"Run SQL on the MySQL/MariaDB database {where}. Returns a text table (at most "
             f"{settings.max_rows} rows). Reads are allowed by policy per table; writes wait for the "
             f"operator's approval.",
-            DbQueryArgs, "db", execute, classify=classify))
+            DbQueryArgs, "db", execute, classify=make_classifier(params.database)))
 
         async def db_command(ctx: CommandContext, argv: list[str], raw: str) -> str:
             if not raw:
@@ -87,7 +118,7 @@ class MySQLPlugin(Plugin):
             await ctx.engine.store.add_audit(
                 "operator_db", session_id=ctx.session_id, tool="db_query", operation=c.operation,
                 decision="approved", actor=f"operator:{ctx.client_kind}",
-                data={"sql": raw, "tables": list(c.tables)})
+                data={"sql": raw, "tables": list(gate_tables(c, params.database))})
             head = f"[{c.summary()}]"
             assert self.runner is not None
             try:
@@ -96,8 +127,25 @@ class MySQLPlugin(Plugin):
                 return f"{head}\nerror: {e}"
             return f"{head}\n{results_text(results)}"
 
+        # raw: SQL is taken verbatim (apostrophes, quotes) and may span the rest of the message.
         api.register_command(Command("db", "!db SQL", "run SQL as the operator (classified, audited)",
-                                     db_command, operator_only=True))
+                                     db_command, operator_only=True, raw=True))
+
+    async def start(self) -> None:
+        """Check the connection once, so `aiops plugins` can say the server was unreachable.
+
+        A server that is down does not stop start-up: every db_query reports it, and the pool
+        connects as soon as the server is back.
+        """
+        assert self.runner is not None
+        try:
+            await asyncio.wait_for(self.runner.execute("SELECT 1", "read"), _PROBE_SECONDS)
+        except DatabaseError as e:
+            self.status_note = f"could not connect at start-up: {e}"
+        except TimeoutError:
+            self.status_note = f"could not connect at start-up: no answer in {_PROBE_SECONDS:g} s"
+        if self.status_note:
+            log.warning("mysql: %s", self.status_note)
 
     async def stop(self) -> None:
         if self.runner is not None:

@@ -386,3 +386,39 @@ def test_to_text_clips_long_cells_and_counts_writes() -> None:
     assert QueryResult([], [], 0, False, 1, 0.5).to_text() == "1 row affected"
     empty = QueryResult(["a"], [], 0, False, None, 0.5)
     assert empty.to_text().splitlines() == ["a", "-", "(0 rows)"]
+
+
+def test_a_named_secret_that_is_not_set_is_reported() -> None:
+    dsn = MySQLSettings.model_validate({"enabled": True, "dsn_env": "NOPE_DSN"})
+    assert dsn.missing_secret({}) == "environment variable NOPE_DSN is not set (dsn_env in [mysql])"
+    assert dsn.missing_secret({"NOPE_DSN": "mysql://db"}) is None
+    named = MySQLSettings.model_validate({"enabled": True, "password_env": "DB_PW"})
+    assert named.missing_secret({}) == "environment variable DB_PW is not set (password_env in [mysql])"
+    assert named.missing_secret({"DB_PW": ""}) is None  # set but empty: a server without a password
+    # Left out of the file, the default MYSQL_PASSWORD stays optional.
+    assert MySQLSettings.model_validate({"enabled": True}).missing_secret({}) is None
+
+
+@pytest.mark.parametrize(("sql", "database", "tables"), [
+    ("DELETE FROM users", "test", ("test.users",)),
+    ("SELECT * FROM users JOIN shop.orders", "Test", ("shop.orders", "test.users")),
+    ("SELECT * FROM information_schema.tables", "test", ("information_schema.tables",)),
+    ("USE shop; DELETE FROM users", "test", ("users",)),  # after USE a bare name may be elsewhere
+    ("DELETE FROM users", "", ("users",)),
+])
+def test_gate_tables_qualify_bare_names_with_the_configured_database(sql: str, database: str,
+                                                                     tables: tuple[str, ...]) -> None:
+    from aiops.gates.sql import classify_sql
+    from aiops.integrations.mysql_plugin import gate_tables
+
+    assert gate_tables(classify_sql(sql), database) == tables
+
+
+def test_db_query_classification_is_not_grantable_when_tables_do_not_describe_the_call() -> None:
+    from aiops.integrations.mysql_plugin import DbQueryArgs, make_classifier
+
+    classify = make_classifier("test")
+    assert classify(DbQueryArgs(sql="UPDATE users SET a = 1")).grantable
+    for sql in ("SET @x = 1", "RENAME TABLE users TO x", "SELECT * FROM users INTO OUTFILE '/tmp/x'",
+                "DROP DATABASE shop", "SELECT 1"):
+        assert not classify(DbQueryArgs(sql=sql)).grantable, sql

@@ -16,3 +16,38 @@ def test_at_model_switch():
 def test_plain_exclamation_inside_text_is_not_a_command():
     p = parse_input("hello! how are you\n  x != y")
     assert p.commands == [] and p.text.startswith("hello!")
+
+
+def test_a_raw_command_takes_the_rest_of_the_message() -> None:
+    p = parse_input("!model gpt\n!db SELECT *\nFROM t\n\nWHERE name = 'x'\n", raw_commands={"db"})
+    assert p.commands == ["!model gpt", "!db SELECT *\nFROM t\n\nWHERE name = 'x'"]
+    assert p.text == ""
+    # Only commands the registry marks raw do so.
+    p = parse_input("!model gpt\nwhat now", raw_commands={"db"})
+    assert p.commands == ["!model gpt"] and p.text == "what now"
+    p = parse_input("!db SELECT 1\nFROM t")
+    assert p.commands == ["!db SELECT 1"] and p.text == "FROM t"
+
+
+async def test_a_raw_command_gets_its_text_verbatim_and_others_are_shell_split() -> None:
+    from aiops.engine.commands import Command, CommandContext, CommandRegistry
+
+    seen: list[tuple[list[str], str]] = []
+
+    async def handler(ctx: CommandContext, argv: list[str], raw: str) -> str:
+        seen.append((argv, raw))
+        return "ok"
+
+    reg = CommandRegistry()
+    reg.register(Command("db", "!db SQL", "", handler, raw=True))
+    reg.register(Command("say", "!say WORDS", "", handler))
+    assert reg.raw_names() == frozenset({"db"})
+    ctx = CommandContext(engine=None, session_id="s", client_kind="console", is_operator=True)  # type: ignore[arg-type]
+    assert await reg.run(ctx, "!db SELECT 1 -- don't") == "ok"
+    assert await reg.run(ctx, "!db\nSELECT 'O\\'Brien'\nFROM t") == "ok"
+    assert seen == [(["SELECT", "1", "--", "don't"], "SELECT 1 -- don't"),
+                    (["SELECT", "'O\\'Brien'", "FROM", "t"], "SELECT 'O\\'Brien'\nFROM t")]
+    # A command that is not raw keeps shell quoting, and an unbalanced quote is a clear error.
+    assert await reg.run(ctx, "!say 'two words' three") == "ok"
+    assert seen[-1][0] == ["two words", "three"]
+    assert (await reg.run(ctx, "!say don't")).startswith("!say: No closing quotation")
