@@ -24,8 +24,9 @@ class CliError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    # The common options are accepted before or after the sub-command; SUPPRESS keeps a value
-    # given before it from being reset by the sub-parser's default.
+    # The common options are accepted before or after any sub-command (`aiops --config-dir X config
+    # check` and `aiops config check --config-dir X` alike); SUPPRESS keeps a value given before a
+    # sub-command from being reset by the sub-parser's default. main() fills the real defaults.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config-dir", default=argparse.SUPPRESS,
                         help="config directory (default: $AIOPS_CONFIG_DIR or the XDG dir)")
@@ -33,20 +34,29 @@ def _parser() -> argparse.ArgumentParser:
                         help="data directory (default: $AIOPS_DATA_DIR or the XDG dir)")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="debug logging (to the log file)")
+
+    def sub_parser(**kw: Any) -> argparse.ArgumentParser:
+        return argparse.ArgumentParser(parents=[common], **kw)
+
     p = argparse.ArgumentParser(prog="aiops", description="Operator console for a multi-client AI agent.",
                                 parents=[common])
     p.add_argument("--version", action="version", version=f"aiops {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=lambda **kw: argparse.ArgumentParser(
-        parents=[common], **kw))
+    # The console is the default sub-command, so its options work without naming it:
+    # `aiops --port 18999` is `aiops console --port 18999`.
+    _server_args(p)
+    _console_args(p)
+    sub = p.add_subparsers(dest="command", parser_class=sub_parser)
 
     c = sub.add_parser("console", help="the full-screen console (the default)")
     _server_args(c)
-    c.add_argument("--no-server", action="store_true", help="do not start the HTTP server")
+    _console_args(c)
 
     s = sub.add_parser("serve", help="headless: the engine and the HTTP server, no console")
     _server_args(s)
 
-    ch = sub.add_parser("chat", help="run one turn and stream it to stdout")
+    ch = sub.add_parser("chat", help="run one turn and stream it to stdout",
+                        description="Run one turn and stream it to stdout. Exit status: 0 done, 1 the "
+                                    "turn or a !command reported an error, 2 a usage or config error.")
     ch.add_argument("text", help="the message (text starting with ! or @ is a command)")
     ch.add_argument("--session", help="session id (full or shorthand); default: a new one")
     ch.add_argument("--model", help="model key for this turn")
@@ -55,11 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list the model registry")
     m.add_argument("--json", action="store_true")
 
-    cfg = sub.add_parser("config", help="configuration: paths, check")
-    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    cfg = sub.add_parser("config", help="configuration: paths, check, init")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=sub_parser)
     cfg_sub.add_parser("paths", help="print every path in use")
     cfg_sub.add_parser("check", help="validate every config file")
-    ini = cfg_sub.add_parser("init", help="copy the shipped defaults into the config dir for editing")
+    ini = cfg_sub.add_parser("init", help="copy the shipped defaults (config files and system prompt) "
+                                          "into the config dir for editing")
     ini.add_argument("--force", action="store_true", help="overwrite existing files")
 
     a = sub.add_parser("audit", help="print the gate audit log")
@@ -77,8 +88,32 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", help="bind address (default from aiops.toml; loopback)")
-    p.add_argument("--port", type=int, help="port (default from aiops.toml)")
+    p.add_argument("--host", default=argparse.SUPPRESS, help="bind address (default from aiops.toml; loopback)")
+    p.add_argument("--port", type=int, default=argparse.SUPPRESS, help="port (default from aiops.toml)")
+
+
+def _console_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-server", action="store_true", default=argparse.SUPPRESS,
+                   help="do not start the HTTP server")
+
+
+_DEFAULTS: dict[str, Any] = {"config_dir": None, "data_dir": None, "verbose": False, "host": None,
+                             "port": None, "no_server": False}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    given = {name for name in _DEFAULTS if hasattr(args, name)}
+    if args.command not in (None, "console", "serve") and given & {"host", "port", "no_server"}:
+        parser.error(f"--host, --port and --no-server are options of the console and serve, not of "
+                     f"{args.command!r}")
+    if args.command == "serve" and "no_server" in given:
+        parser.error("--no-server is an option of the console (serve is the server)")
+    for name, default in _DEFAULTS.items():
+        if name not in given:
+            setattr(args, name, default)
+    return args
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
@@ -119,20 +154,68 @@ def parse_since(text: str) -> float:
 # ---- sub-commands -------------------------------------------------------------------------------------
 
 
+def _lock_state(path: Path) -> str:
+    """Who holds the data-dir lock, probed without taking it (the file outlives its holder)."""
+    import os
+
+    from aiops.engine.lock import read_holder
+
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks
+        return "no locking on this platform"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return "absent: no aiops runs on this data dir"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        holder = read_holder(path)
+        url = f", {holder['url']}" if holder.get("url") else ""
+        return f"held by pid {holder.get('pid', '?')}{url}"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return "free: no aiops runs on this data dir"
+    finally:
+        os.close(fd)
+
+
 def cmd_config_paths(args: argparse.Namespace) -> int:
-    from aiops.config import CONFIG_FILES, resolve_paths
+    from aiops.config import CONFIG_FILES, read_toml, resolve_paths
 
     paths = resolve_paths(args.config_dir, args.data_dir)
-    print(f"config dir       {paths.config_dir}")
+
+    def absent(p: Path, note: str = "absent") -> str:
+        return "" if p.exists() else f"  ({note})"
+
+    print(f"config dir       {paths.config_dir}{absent(paths.config_dir)}")
     print(f"shipped defaults {paths.shipped_config_dir}")
     for name in CONFIG_FILES:
         p = paths.config_file(name)
         origin = "user" if p.parent == paths.config_dir else "default"
         print(f"  {name:<14} {p}  ({origin})")
-    print(f"data dir         {paths.data_dir}")
-    print(f"  database       {paths.db_path}")
-    print(f"  log file       {paths.log_path}")
+    print(f"data dir         {paths.data_dir}{absent(paths.data_dir)}")
+    print(f"  database       {paths.db_path}{absent(paths.db_path)}")
+    print(f"  log file       {paths.log_path}{absent(paths.log_path)}")
+    print(f"  lock file      {paths.lock_path}  ({_lock_state(paths.lock_path)})")
+    # Every tree a model names, where it is read and edited, and where a missing one comes from.
+    try:
+        models = read_toml(paths.config_file("models.toml")).get("models", {})
+        folders = sorted({str(m.get("system_prompt_folder", "default")) for m in models.values()
+                          if isinstance(m, dict)} or {"default"})
+    except Exception:  # noqa: BLE001 - `config check` reports a broken models.toml
+        folders = ["default"]
     print(f"system prompts   {paths.prompt_dir}")
+    for name in folders:
+        folder = paths.prompt_folder(name)
+        if folder is None:
+            continue
+        src = paths.shipped_prompt_folder(name)
+        note = "" if folder.exists() else (f"  (absent: copied from {src} on first use)" if src
+                                           else "  (absent)")
+        print(f"  {name:<14} {folder}{note}")
+    print(f"shipped prompts  {paths.shipped_prompt_dir}")
     envs = [str(p) + ("" if p.exists() else " (absent)") for p in paths.env_files()]
     print(f".env files       {', '.join(envs)}")
     return 0
@@ -151,6 +234,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     seen: set[Path] = set()
     for key, m in cfg.models.models.items():
         folder = cfg.paths.prompt_folder(m.system_prompt_folder)
+        if folder is not None and not folder.exists():
+            # Not copied yet: the engine copies the shipped tree on first use; check that one.
+            folder = cfg.paths.shipped_prompt_folder(m.system_prompt_folder) or folder
         if folder is None or folder in seen:
             continue
         seen.add(folder)
@@ -181,17 +267,30 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_config_init(args: argparse.Namespace) -> int:
     import shutil
 
-    from aiops.config import CONFIG_FILES, resolve_paths
+    from aiops.config import CONFIG_FILES, copy_tree, resolve_paths
 
     paths = resolve_paths(args.config_dir, args.data_dir)
-    paths.config_dir.mkdir(parents=True, exist_ok=True)
-    for name in CONFIG_FILES:
-        dest = paths.config_dir / name
-        if dest.exists() and not args.force:
-            print(f"kept    {dest}")
-            continue
-        shutil.copyfile(paths.shipped_config_dir / name, dest)
-        print(f"wrote   {dest}")
+    try:
+        paths.config_dir.mkdir(parents=True, exist_ok=True)
+        for name in CONFIG_FILES:
+            dest = paths.config_dir / name
+            if dest.exists() and not args.force:
+                print(f"kept    {dest}")
+                continue
+            shutil.copyfile(paths.shipped_config_dir / name, dest)
+            print(f"wrote   {dest}")
+        # The system prompt trees too: the engine reads and edits the user's copy.
+        for src in sorted(p for p in paths.shipped_prompt_dir.iterdir() if p.is_dir()):
+            dest = paths.prompt_dir / src.name
+            if dest.exists() and not args.force:
+                print(f"kept    {dest}/")
+                continue
+            if dest.exists():
+                shutil.rmtree(dest)
+            copy_tree(src, dest)
+            print(f"wrote   {dest}/")
+    except OSError as e:
+        raise CliError(f"cannot write {e.filename or paths.config_dir}: {e.strerror or e}") from None
     return 0
 
 
@@ -308,14 +407,95 @@ def cmd_chat(args: argparse.Namespace) -> int:
         lock.release()
 
 
+class _TerminalAsker:
+    """Asks the operator about gates on the terminal `aiops chat` runs in.
+
+    One daemon thread reads stdin lines into a queue: a prompt whose gate resolves elsewhere (it
+    timed out) can be abandoned without leaving a reader blocked, and the process can still exit.
+    """
+
+    def __init__(self) -> None:
+        self._lines: asyncio.Queue[str] | None = None
+        self._lock = asyncio.Lock()  # one prompt at a time (parallel calls may open several gates)
+
+    def _start(self) -> asyncio.Queue[str]:
+        if self._lines is None:
+            import threading
+
+            loop = asyncio.get_running_loop()
+            lines: asyncio.Queue[str] = asyncio.Queue()
+
+            def read() -> None:
+                while True:
+                    line = sys.stdin.readline()
+                    try:
+                        loop.call_soon_threadsafe(lines.put_nowait, line)
+                    except RuntimeError:  # the loop has closed: aiops chat is exiting
+                        return
+                    if not line:  # EOF
+                        return
+
+            threading.Thread(target=read, name="aiops-chat-stdin", daemon=True).start()
+            self._lines = lines
+        return self._lines
+
+    async def ask(self, gate: dict[str, Any]) -> tuple[str, str]:
+        """(decision, scope) from the operator; EOF or anything but y/s is a denial."""
+        async with self._lock:
+            lines = self._start()
+            while not lines.empty():  # typed ahead, before this question was shown
+                lines.get_nowait()
+            print(f"approve {gate['tool']}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
+                  flush=True)
+            answer = (await lines.get()).strip().lower()
+        if answer in ("y", "yes"):
+            return "approved", "once"
+        if answer in ("s", "session"):
+            return "approved", "session"
+        return "denied", "once"
+
+
 async def _chat(cfg: Any, args: argparse.Namespace) -> int:
+    import uuid
+    from types import SimpleNamespace
+
     from aiops.engine import events as ev
     from aiops.engine.engine import Engine, EngineError
+    from aiops.gates.broker import GateError, waiting_notice
 
     engine = Engine(cfg)
     await engine.start()
     out = sys.stdout
     status = 0
+    # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only
+    # be answered here: on the terminal, or (without one) refused at once rather than waited on.
+    asker = _TerminalAsker() if sys.stdin.isatty() else None
+    asking: dict[str, asyncio.Task[None]] = {}
+    waiting_texts: set[str] = set()  # the console's "waiting for approval" notices: we ask instead
+    say = sys.stderr if args.json else out  # keeps --json output to JSON lines
+
+    async def answer(gate: dict[str, Any]) -> None:
+        if asker is None:
+            decision, scope, by = "denied", "once", "aiops chat (no terminal)"
+        else:
+            decision, scope = await asker.ask(gate)
+            by = "aiops chat (terminal)"
+        try:
+            engine.gatekeeper.broker.resolve(gate["id"], decision, scope, by=by)
+        except GateError as e:
+            say.write(f"[gate {gate['id']}: {e}]\n")
+            return
+        if asker is None:
+            gates_toml = cfg.paths.config_dir / "gates.toml"
+            say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
+                      f"{gate['tool']} {gate['operation']}, set its rule to \"allow\" in {gates_toml} "
+                      f"(`aiops config init` copies the defaults there), or send the message through "
+                      f"a running aiops (the console, or `aiops serve` and its API) and approve it "
+                      f"there]\n")
+        else:
+            say.write(f"[{decision}{' for this session' if scope == 'session' else ''}]\n")
+        say.flush()
+
     try:
         for p in engine.plugin_status:
             if p.state in ("skipped", "failed"):
@@ -327,19 +507,27 @@ async def _chat(cfg: Any, args: argparse.Namespace) -> int:
                 raise CliError(f"no session {session!r}")
             session = live.id
         else:
-            session = f"console-{__import__('uuid').uuid4().hex[:8]}"
+            session = f"console-{uuid.uuid4().hex[:8]}"
         sub = engine.bus.subscribe(session)
         try:
             turn = await engine.submit(session, args.text, kind="console", model=args.model,
                                        is_operator=True)
         except EngineError as e:
             raise CliError(str(e)) from None
+        # A message of commands only creates no session, and `!session ID delete` may remove it.
         live = await engine.session(session)
         if not args.json and live is not None:
             print(f"[session {live.row.short_id} · {live.model_key(engine)}]", file=sys.stderr)
         async for e in sub:
             if e.turn_id != turn.id and e.name != ev.ERROR:
                 continue
+            if e.name == ev.NOTICE and e.data.get("command") and e.data.get("ok") is False:
+                status = 1  # a !command reported an error
+            if e.name == ev.GATE_RESOLVED:
+                task = asking.pop(e.data["id"], None)
+                if task is not None and not task.done():  # resolved before we had an answer: a timeout
+                    task.cancel()
+                    say.write(f"\n[gate {e.data['id']}: {e.data['decision']} by {e.data['by']}]\n")
             if args.json:
                 out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
             elif e.name == ev.TOK:
@@ -350,21 +538,30 @@ async def _chat(cfg: Any, args: argparse.Namespace) -> int:
                 first = (e.data["content"].strip().splitlines() or [""])[0][:200]
                 mark = "✗" if e.data["is_error"] else "←"
                 out.write(f"{mark} {e.data['name']}: {first} ({e.data['duration_ms']:.0f} ms)\n")
+            elif e.name == ev.NOTICE and e.data.get("command"):
+                out.write(f"{e.data['text']}\n")  # a command's output, as is
             elif e.name == ev.NOTICE:
-                out.write(f"\n[{e.data['text']}]\n")
+                if e.data["text"] not in waiting_texts:
+                    out.write(f"\n[{e.data['text']}]\n")
             elif e.name == ev.GATE:
-                out.write(f"\n[gate {e.data['id']}: {e.data['summary']} — approve from the console or "
-                          f"the API]\n")
+                out.write(f"\n[gate {e.data['id']}: {e.data['summary']}]\n")
             elif e.name == ev.ERROR:
                 out.write(f"\nerror: {e.data['message']}\n")
+            if e.name == ev.ERROR:
                 status = 1
             elif e.name == ev.DONE:
-                if not args.json:
-                    out.write("\n")
+                out.write("\n")
+            if e.name == ev.DONE:
                 break
+            if e.name == ev.GATE:
+                out.flush()
+                waiting_texts.add(waiting_notice(SimpleNamespace(**e.data)))
+                asking[e.data["id"]] = asyncio.create_task(answer(e.data))
             out.flush()
         sub.close()
     finally:
+        for task in asking.values():
+            task.cancel()
         await engine.stop()
     return status
 
@@ -386,8 +583,7 @@ def cmd_console(args: argparse.Namespace) -> int:
         from aiops.tui.app import run_console
     except ImportError as e:
         raise CliError(f"the console is not available: {e}") from None
-    return run_console(cfg, host=getattr(args, "host", None), port=getattr(args, "port", None),
-                       server=not getattr(args, "no_server", False))
+    return run_console(cfg, host=args.host, port=args.port, server=not args.no_server)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -406,10 +602,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    for name, default in (("config_dir", None), ("data_dir", None), ("verbose", False)):
-        if not hasattr(args, name):
-            setattr(args, name, default)
+    args = parse_args(argv)
     from aiops.config import ConfigError
 
     handlers = {
@@ -428,6 +621,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`aiops chat ... | head`): no traceback, and none at exit either.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -1,28 +1,51 @@
 """Configuration: TOML files validated by pydantic, and the paths they live in.
 
-Each file is looked up in the chosen config dir first and falls back to the default shipped in the
-repository's `config/`. Validation errors name the file and the dotted key, so `aiops` can print
-one clear line and exit non-zero instead of a traceback.
+Each file is looked up in the chosen config dir first and falls back to the shipped default (the
+repository's `config/`, carried inside an installed wheel as `aiops/_defaults/config`). Validation
+errors name the file and the dotted key, so `aiops` can print one clear line and exit non-zero
+instead of a traceback.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from aiops.gates.limits import LimitsConfig
 from aiops.gates.rules import GatesConfig
 
+log = logging.getLogger(__name__)
+
 APP_NAME = "aiops"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHIPPED_CONFIG_DIR = REPO_ROOT / "config"
-SHIPPED_PROMPT_DIR = REPO_ROOT / "system_prompt"
+
+
+def _shipped_dir(name: str) -> Path:
+    """Where a shipped default dir lives.
+
+    A wheel carries `config/` and `system_prompt/` inside the package as `aiops/_defaults/<name>`
+    (pyproject.toml maps them there); a source checkout or an editable install reads the top-level
+    dirs of the repository, the layout DESIGN.md describes.
+    """
+    from importlib.resources import files  # deferred: keeps `import aiops.config` cheap
+
+    packaged = files("aiops").joinpath("_defaults", name)
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return REPO_ROOT / name
+
+
+SHIPPED_CONFIG_DIR = _shipped_dir("config")
+SHIPPED_PROMPT_DIR = _shipped_dir("system_prompt")
 
 CONFIG_FILES = ("aiops.toml", "models.toml", "gates.toml", "limits.toml", "plugins.toml")
 
@@ -55,8 +78,19 @@ class ModelConfig(_Strict):
     top_p: float | None = None
     top_k: int | None = None
     max_tokens: int | None = Field(None, gt=0)
-    # A folder under system_prompt/ (or an absolute path); "none" sends no system prompt.
+    # A folder under <config dir>/system_prompt/ (copied from the shipped one on first use), or an
+    # absolute path; "none" sends no system prompt.
     system_prompt_folder: str = "default"
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"expected an http(s) URL like https://api.openai.com/v1, not {v!r}")
+        return v
 
     def api_key(self, env: os._Environ[str] | dict[str, str] | None = None) -> str | None:
         env = os.environ if env is None else env
@@ -155,7 +189,7 @@ class Paths:
     config_dir: Path
     data_dir: Path
     shipped_config_dir: Path = SHIPPED_CONFIG_DIR
-    prompt_dir: Path = SHIPPED_PROMPT_DIR
+    shipped_prompt_dir: Path = SHIPPED_PROMPT_DIR
 
     def config_file(self, name: str) -> Path:
         """The user's copy when present, else the shipped default."""
@@ -177,14 +211,60 @@ class Paths:
     def env_files(self) -> list[Path]:
         return [Path.cwd() / ".env", self.config_dir / ".env"]
 
+    @property
+    def prompt_dir(self) -> Path:
+        """The user's system-prompt trees; edits (`!prompt edit`, update_system_prompt) land here."""
+        return self.config_dir / "system_prompt"
+
     def prompt_folder(self, name: str) -> Path | None:
+        """The tree a `system_prompt_folder` names: `<config dir>/system_prompt/<name>`, or an
+        absolute path as given; None for "none". It may not exist yet (see ensure_prompt_folder)."""
         if name.lower() == "none":
             return None
         p = Path(name).expanduser()
         if p.is_absolute():
             return p
-        user = self.config_dir / "system_prompt" / name
-        return user if user.exists() else self.prompt_dir / name
+        return self.prompt_dir / name
+
+    def shipped_prompt_folder(self, name: str) -> Path | None:
+        """The shipped tree a relative `system_prompt_folder` is first copied from, if there is one."""
+        if name.lower() == "none" or Path(name).expanduser().is_absolute():
+            return None
+        src = self.shipped_prompt_dir / name
+        return src if src.is_dir() else None
+
+    def ensure_prompt_folder(self, name: str) -> Path | None:
+        """prompt_folder(name), first copied from the shipped default when the user has none yet.
+
+        The shipped tree is never used in place: edits would otherwise change the repository or
+        site-packages. If the copy cannot be made (a read-only config dir), the shipped tree is
+        returned so turns keep their system prompt, and the failure is logged.
+        """
+        folder = self.prompt_folder(name)
+        src = self.shipped_prompt_folder(name)
+        if folder is None or src is None or folder.exists():
+            return folder
+        try:
+            copy_tree(src, folder)
+        except OSError as e:
+            log.warning("cannot copy the default system prompt %s to %s (%s); using it read-only",
+                        src, folder, e.strerror or e)
+            return src
+        return folder
+
+
+def copy_tree(src: Path, dest: Path) -> None:
+    """Copy a directory so `dest` appears complete or not at all (a concurrent copy may win)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not dest.is_dir():
+            raise
 
 
 def resolve_paths(config_dir: str | Path | None = None, data_dir: str | Path | None = None) -> Paths:
@@ -205,6 +285,8 @@ def _format_validation_error(path: Path, err: ValidationError) -> str:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         lines.append(f"{path}: {key}: {msg}")
     return "\n".join(lines)
 

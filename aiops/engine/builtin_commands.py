@@ -6,9 +6,14 @@ import time
 from typing import TYPE_CHECKING
 
 from aiops.engine.commands import Command, CommandContext, CommandError
+from aiops.engine.engine import EngineError
 
 if TYPE_CHECKING:
     from aiops.engine.engine import Engine
+
+# Commands that act on "this session" say so when the message that carries them is the first
+# (command-only messages do not create a session).
+NO_SESSION = "this session does not exist yet (it starts with its first message)"
 
 
 def ago(ts: float) -> str:
@@ -38,40 +43,71 @@ async def _model(ctx: CommandContext, argv: list[str], raw: str) -> str:
             lines.append(f" {mark} {key:<14} {m.type:<7} {m.model_id:<28} {m.description}{state}")
         return "\n".join(lines)
     key = argv[0].lstrip("@")
+    if why := engine.check_model(key):
+        raise CommandError(why)
+    if live is None:
+        raise CommandError(NO_SESSION + "; a new session's model comes with that message "
+                                        "(`aiops chat --model KEY`, \"model\" in the API)")
     try:
-        await engine.set_session_model(ctx.session_id, key)
-    except Exception as e:  # noqa: BLE001
+        await engine.set_session_model(live.id, key)
+    except EngineError as e:
         raise CommandError(str(e)) from None
     return f"this session now uses {key}"
 
 
+# `!session` shows the most recently active sessions a page at a time: a store of thousands would
+# otherwise print thousands of lines.
+SESSION_PAGE = 30
+
+
 async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
-    if not argv:
-        rows = await engine.list_sessions()
-        if not rows:
+    if not argv or argv[0] in ("all", "page"):
+        page = 1
+        if argv and argv[0] == "page":
+            if len(argv) != 2 or not argv[1].isdigit() or int(argv[1]) < 1:
+                raise CommandError("expected: !session page N (N = 1, 2, ...)")
+            page = int(argv[1])
+        elif len(argv) > 1:
+            raise CommandError("expected: !session all")
+        total = await engine.store.count_sessions()
+        if argv and argv[0] == "all":
+            rows = await engine.list_sessions(limit=max(total, 1))
+            first = 0
+        else:
+            first = (page - 1) * SESSION_PAGE
+            rows = await engine.list_sessions(limit=SESSION_PAGE, offset=first)
+        if not total:
             return "no sessions"
+        if not rows:
+            return f"no page {page}: {total} sessions make {-(-total // SESSION_PAGE)} page(s)"
         lines = [f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title"]
         for r in rows:
             mark = "*" if r["client_id"] == ctx.session_id else " "
             lines.append(f"{mark}{r['short_id']:>4}  {r['kind']:<8} {r['model'] or '':<12} "
                          f"{r['message_count']:>5}  {ago(r['updated_at']):<9} {r['title']}")
+        if first > 0:
+            lines.append(f"… {first} more recent (`!session page {page - 1}`)")
+        if (rest := total - first - len(rows)) > 0:
+            lines.append(f"… {rest} more (`!session page {page + 1}`, or `!session all`)")
         return "\n".join(lines)
     if len(argv) == 2 and argv[1] == "delete":
         if not ctx.is_operator and argv[0] not in (ctx.session_id,):
             live = await engine.session(argv[0])
             if live is None or live.id != ctx.session_id:
-                return "not permitted: only an operator may delete another session"
+                raise CommandError("not permitted: only an operator may delete another session")
         live = await engine.session(argv[0])
         if live is None:
             raise CommandError(f"no session {argv[0]!r}")
         label = f"{live.row.short_id} ({live.id})"
         await engine.delete_session(live.id)
         return f"deleted session {label}"
-    raise CommandError("expected no argument, or ID delete")
+    raise CommandError("expected no argument, all, page N, or ID delete")
 
 
 async def _reset(ctx: CommandContext, argv: list[str], raw: str) -> str:
+    if await ctx.engine.session(ctx.session_id) is None:
+        raise CommandError(NO_SESSION + ": nothing to reset")
     await ctx.engine.reset_session(ctx.session_id)
     return "session reset: the model starts afresh (the old history stays archived)"
 
@@ -81,9 +117,11 @@ async def _stop(ctx: CommandContext, argv: list[str], raw: str) -> str:
     if argv and not ctx.is_operator:
         live = await ctx.engine.session(target)
         if live is None or live.id != ctx.session_id:
-            return "not permitted: only an operator may stop another session"
+            raise CommandError("not permitted: only an operator may stop another session")
     live = await ctx.engine.session(target)
     if live is None:
+        if not argv:
+            return "no turn is running"  # this session has not started yet
         raise CommandError(f"no session {target!r}")
     return "stopping the running turn" if ctx.engine.stop_turn(live.id) else "no turn is running"
 
@@ -92,7 +130,8 @@ def register_builtin_commands(engine: Engine) -> None:
     for cmd in (
         Command("help", "!help", "this list", _help),
         Command("model", "!model [KEY]", "list models / switch this session's model", _model),
-        Command("session", "!session [ID delete]", "list sessions / delete one", _session),
+        Command("session", "!session [all | page N | ID delete]",
+                "list sessions (most recent first) / delete one", _session),
         Command("reset", "!reset", "start this session afresh (history archived)", _reset),
         Command("stop", "!stop [ID]", "cancel the running turn", _stop),
     ):

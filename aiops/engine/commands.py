@@ -31,6 +31,9 @@ class CommandContext:
     client_kind: str
     is_operator: bool
     turn_id: str | None = None
+    # Set by CommandRegistry.run when the command reported an error (unknown, not permitted, bad
+    # arguments, CommandError), so callers such as `aiops chat` can exit non-zero.
+    failed: bool = False
 
 
 Handler = Callable[[CommandContext, list[str], str], Awaitable[str]]
@@ -92,8 +95,10 @@ class CommandRegistry:
         name = name.lower()
         cmd = self._commands.get(name)
         if cmd is None:
+            ctx.failed = True
             return f"unknown command !{name}\n\n" + self.help_text(ctx.is_operator)
         if cmd.operator_only and not ctx.is_operator:
+            ctx.failed = True
             return NOT_PERMITTED.format(name=f"!{name}")
         if cmd.raw:
             argv = rest.split()
@@ -101,10 +106,12 @@ class CommandRegistry:
             try:
                 argv = shlex.split(rest)
             except ValueError as e:
+                ctx.failed = True
                 return f"!{name}: {e}\nusage: {cmd.usage}"
         try:
             return await cmd.handler(ctx, argv, rest.strip())
         except CommandError as e:
+            ctx.failed = True
             return f"!{name}: {e}\nusage: {cmd.usage}"
 
 

@@ -236,8 +236,10 @@ class Engine:
         return self._prompts
 
     def prompt_folder(self, model_key: str | None = None) -> Any:
+        """The model's system-prompt tree in the user's config dir, copied from the shipped
+        default the first time it is used (see Paths.ensure_prompt_folder)."""
         key = model_key or self.config.models.default_model
-        return self.config.paths.prompt_folder(self.model_config(key).system_prompt_folder)
+        return self.config.paths.ensure_prompt_folder(self.model_config(key).system_prompt_folder)
 
     def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None, *,
                       session_id: str | None = None, turn_id: str | None = None) -> str | None:
@@ -255,10 +257,13 @@ class Engine:
 
     async def session(self, ref: str, *, kind: str = "api", create: bool = False,
                       model: str | None = None) -> LiveSession | None:
-        """A live session by full or shorthand id; created when asked and missing."""
+        """A live session by full or shorthand id; created when asked and missing (with `model`,
+        which must be a usable model key: a session must not store one it cannot run on)."""
         live = self._sessions.get(ref)
         if live is not None:
             return live
+        if create and model is not None and (why := self.check_model(model)):
+            raise EngineError(why)
         if create and not ref.isdigit() and kind in SESSION_KINDS:
             # One store round trip instead of a lookup and a create; a new session's history is
             # known to be empty, so it is not loaded either.
@@ -291,8 +296,10 @@ class Engine:
         assert live is not None
         return live
 
-    async def list_sessions(self, kind: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
-        rows = await self.store.list_sessions(kind, limit=limit)
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000,
+                            offset: int = 0) -> list[dict[str, Any]]:
+        """Sessions, most recently active first."""
+        rows = await self.store.list_sessions(kind, limit=limit, offset=offset)
         out = []
         for r in rows:
             live = self._sessions.get(r.id)
@@ -402,35 +409,63 @@ class Engine:
         """
         if not text or not text.strip():
             raise EngineError("empty message")
+        if model is not None and (why := self.check_model(model)):
+            # Before anything runs: a new session would store this model, an existing one run on it.
+            raise EngineError(why)
         cid = client_id or f"{kind}-{new_id()[:8]}"
-        live = await self.session(cid, kind=kind, create=True, model=model)
-        assert live is not None
         parsed = parse_input(text, self.commands.raw_names())
+        live: LiveSession | None
+        if parsed.text:
+            live = await self.session(cid, kind=kind, create=True, model=model)
+        else:
+            # Only commands: they run without creating a session, so `!help` from a new client
+            # leaves nothing behind (a command that needs a session says so, or creates it).
+            live = await self.session(cid)
+            if live is None and cid.isdigit():
+                raise EngineError(f"no session {cid}: all-digit ids are shorthand ids of existing sessions")
+            if live is None and kind not in SESSION_KINDS:
+                raise EngineError(f"unknown session kind {kind!r}")
+        sid = live.id if live is not None else cid
         turn_id = new_id("turn_")
         outputs: list[str] = []
         if parsed.commands:
-            await self.record(live.id, Message("user", "\n".join(parsed.commands), turn_id=turn_id,
-                                               meta={"command": True}))
-            self.bus.publish(ev.USER, live.id, {"text": "\n".join(parsed.commands), "command": True}, turn_id)
-            ctx = CommandContext(self, live.id, kind, is_operator, turn_id)
-            for line in parsed.commands:
+            echo = "\n".join(parsed.commands)
+            echoed = live is not None
+            if echoed:
+                await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
+            self.bus.publish(ev.USER, sid, {"text": echo, "command": True}, turn_id)
+            ctx = CommandContext(self, sid, kind, is_operator, turn_id)
+            for i, line in enumerate(parsed.commands):
+                ctx.failed = False
                 out = await self.commands.run(ctx, line)
+                notice = {"text": out, "command": line, "ok": not ctx.failed}
+                if live is not None and sid not in self._sessions:
+                    # The command deleted this very session: answer, but write nothing more to it.
+                    if i + 1 < len(parsed.commands) or parsed.text:
+                        out += "\n(the rest of the message was not run: its session is deleted)"
+                        notice["text"] = out
+                    outputs.append(out)
+                    self.bus.publish(ev.NOTICE, sid, notice, turn_id)
+                    return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs))
                 outputs.append(out)
-                await self.record(live.id, Message("notice", out, turn_id=turn_id,
+                if live is None:
+                    live = self._sessions.get(sid)  # a command may have created it (!model KEY)
+                if live is not None:
+                    if not echoed:
+                        await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
+                        echoed = True
+                    await self.record(sid, Message("notice", out, turn_id=turn_id,
                                                    meta={"kind": "command", "command": line}))
-                self.bus.publish(ev.NOTICE, live.id, {"text": out, "command": line}, turn_id)
-            if live.id not in self._sessions:  # the session deleted itself
-                return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs))
-        turn_model = parsed.model or (model if model != live.row.model else None)
+                self.bus.publish(ev.NOTICE, sid, notice, turn_id)
         if parsed.model is not None and not parsed.text:
             outputs.append(f"@{parsed.model} needs a prompt after it (or use !model {parsed.model} "
                            f"to switch this session)")
-            parsed.text = ""
+        turn_model = parsed.model or (model if live is not None and model != live.row.model else None)
         if turn_model and (why := self.check_model(turn_model)):
             outputs.append(why)
-            return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs), status="error")
-        if not parsed.text:
-            return self._finished_turn(turn_id, live.id, kind, "\n\n".join(outputs))
+            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="error")
+        if not parsed.text or live is None:
+            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs))
         await self.record(live.id, Message("user", parsed.text, turn_id=turn_id,
                                            meta={"model": turn_model} if turn_model else {}))
         self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)

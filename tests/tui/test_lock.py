@@ -51,3 +51,17 @@ def test_a_second_aiops_process_exits_with_status_2(tmp_path, fake_openai):
                               stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
     assert f"pid {held.info['pid']}" in proc.stderr and "http://127.0.0.1:4242" in proc.stderr
+
+
+def test_the_console_launch_form_with_a_port_reaches_the_console(tmp_path, fake_openai):
+    # `aiops --config-dir X --data-dir Y --port N` is the console with its options given before
+    # (implicitly) naming it; it gets as far as the data-dir lock, not an argparse error.
+    cfg = console_config(tmp_path, fake_openai)
+    with DataDirLock(cfg.paths.lock_path) as held:
+        held.update(url="http://127.0.0.1:4343")
+        proc = subprocess.run([str(AIOPS), "--config-dir", str(cfg.paths.config_dir), "--data-dir",
+                               str(cfg.paths.data_dir), "--port", "18999"], capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert "invalid choice" not in proc.stderr
+    assert "aiops is already running on the data dir" in proc.stderr and "http://127.0.0.1:4343" in proc.stderr

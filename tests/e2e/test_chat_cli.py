@@ -1,0 +1,123 @@
+"""`aiops chat` as a user runs it: gates asked on the terminal or refused at once without one, exit
+statuses, command-only runs, a session deleting itself, and models it cannot use."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.fixtures import make_config_dir, openai_model_entry
+from tests.fakes.openai_server import FakeOpenAI, Reply
+
+AIOPS = [sys.executable, "-m", "aiops.cli"]
+EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+
+
+def chat(cfg: Path, data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*AIOPS, "chat", *args, "--config-dir", str(cfg), "--data-dir", str(data)],
+                          capture_output=True, text=True, timeout=60, env=_env(), stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, fake_openai: FakeOpenAI) -> tuple[Path, Path, FakeOpenAI]:
+    models = {"local": openai_model_entry(fake_openai),
+              "off": openai_model_entry(fake_openai, "off-model", enabled=False)}
+    cfg = make_config_dir(tmp_path, models, "local", {"plugins.toml": "[mysql]\nenabled = false\n"})
+    return cfg, tmp_path / "data", fake_openai
+
+
+def test_without_a_terminal_an_ask_gate_is_denied_at_once_saying_how_to_allow_it(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.tool_calls(EDIT), Reply.text("I could not change it."))
+    r = chat(cfg, data, "make yourself brief")
+    assert r.returncode == 0, r.stderr
+    assert "[gate " in r.stdout and "update_system_prompt" in r.stdout
+    assert "denied: aiops chat has no terminal to ask for approval on" in r.stdout
+    assert str(cfg / "gates.toml") in r.stdout and "aiops serve" in r.stdout
+    assert "✗ update_system_prompt" in r.stdout
+    assert r.stdout.rstrip().endswith("I could not change it.")
+    assert "Be brief." not in (cfg / "system_prompt" / "default" / ".system_prompt_role").read_text()
+
+
+def test_on_a_terminal_the_operator_answers_the_gate_inline(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.tool_calls(EDIT), Reply.text("Done."))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([*AIOPS, "chat", "make yourself brief", "--config-dir", str(cfg), "--data-dir",
+                             str(data)], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env())
+    os.close(slave)
+    asked = threading.Event()
+    err: list[str] = []
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
+            err.append(chunk)
+            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
+                asked.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert asked.wait(30), "".join(err)
+        os.write(master, b"y\n")
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(master)
+    reader.join(10)
+    assert proc.returncode == 0, "".join(err)
+    assert "[approved]" in out.decode()
+    assert out.decode().rstrip().endswith("Done.")
+    assert "Be brief." in (cfg / "system_prompt" / "default" / ".system_prompt_role").read_text()
+
+
+def test_a_failing_command_exits_1_and_a_good_one_0(setup):
+    cfg, data, _ = setup
+    r = chat(cfg, data, "!nope")
+    assert r.returncode == 1 and "unknown command !nope" in r.stdout
+    r = chat(cfg, data, "!session 999 delete")
+    assert r.returncode == 1 and "no session '999'" in r.stdout
+    r = chat(cfg, data, "!help")
+    assert r.returncode == 0 and "Commands:" in r.stdout
+
+
+def test_command_only_runs_leave_no_session_behind(setup):
+    cfg, data, _ = setup
+    for text in ("!help", "!session", "!model"):
+        assert chat(cfg, data, text).returncode == 0
+    r = chat(cfg, data, "!session")
+    assert r.stdout.strip() == "no sessions"
+    assert "[session " not in r.stderr
+
+
+def test_a_session_deletes_itself_from_the_command_line(setup):
+    cfg, data, fake = setup
+    fake.script(Reply.text("hello"))
+    assert chat(cfg, data, "hi").returncode == 0
+    r = chat(cfg, data, "!session 101 delete", "--session", "101")
+    assert r.returncode == 0, r.stderr
+    assert "deleted session 101" in r.stdout and "Traceback" not in r.stderr
+    assert chat(cfg, data, "!session").stdout.strip() == "no sessions"
+
+
+@pytest.mark.parametrize("model, why", [("nope", "unknown model 'nope'"), ("off", "model 'off' is disabled")])
+def test_an_unusable_model_is_refused_before_a_session_or_turn_exists(setup, model, why):
+    cfg, data, fake = setup
+    r = chat(cfg, data, "hi", "--model", model)
+    assert r.returncode == 2 and why in r.stderr
+    assert fake.requests == []
+    assert chat(cfg, data, "!session").stdout.strip() == "no sessions"

@@ -1,0 +1,103 @@
+"""Configuration as the operator meets it: `aiops config check / paths / init`, errors that name the
+file and the key, and the system prompt living in the user's config dir, never in the shipped one."""
+
+from __future__ import annotations
+
+import pytest
+
+from aiops.cli import main
+from aiops.config import SHIPPED_PROMPT_DIR, ConfigError, load_config, resolve_paths
+from aiops.engine.lock import DataDirLock
+
+
+def write_models(config_dir, base_url: str) -> None:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "models.toml").write_text(
+        'default_model = "local"\n[models.local]\ntype = "openai"\nmodel_id = "m"\n'
+        f'base_url = "{base_url}"\n')
+
+
+def shipped_snapshot() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in (SHIPPED_PROMPT_DIR / "default").iterdir()}
+
+
+@pytest.mark.parametrize("bad", ["not a url", "api.openai.com/v1", "ftp://host/v1", "http://"])
+def test_a_base_url_that_is_not_an_http_url_is_refused_naming_file_and_key(tmp_path, bad):
+    write_models(tmp_path / "cfg", bad)
+    with pytest.raises(ConfigError) as e:
+        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    message = str(e.value)
+    assert str(tmp_path / "cfg" / "models.toml") in message
+    assert "models.local.base_url" in message and "http(s) URL" in message and repr(bad) in message
+
+
+def test_config_check_exits_2_on_a_bad_base_url_without_a_traceback(tmp_path, capsys):
+    write_models(tmp_path / "cfg", "not a url")
+    assert main(["config", "check", "--config-dir", str(tmp_path / "cfg"),
+                 "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiops: ") and "models.local.base_url" in err and "Traceback" not in err
+
+
+def test_good_base_urls_pass(tmp_path):
+    for url in ("http://127.0.0.1:8080/v1", "https://api.x.ai/v1"):
+        write_models(tmp_path / "cfg", url)
+        cfg = load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+        assert cfg.models.models["local"].base_url == url
+
+
+def test_the_prompt_tree_is_copied_to_the_config_dir_on_first_use_and_then_left_alone(tmp_path):
+    before = shipped_snapshot()
+    paths = resolve_paths(tmp_path / "cfg", tmp_path / "data")
+    user = tmp_path / "cfg" / "system_prompt" / "default"
+    assert paths.prompt_folder("default") == user and not user.exists()  # resolving writes nothing
+    assert paths.ensure_prompt_folder("default") == user
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == before
+    # the operator's edits survive later uses; the shipped tree never changes
+    (user / ".system_prompt_role").write_text("edited\n")
+    assert paths.ensure_prompt_folder("default") == user
+    assert (user / ".system_prompt_role").read_text() == "edited\n"
+    assert shipped_snapshot() == before
+    assert not any(p.name.startswith(".default.tmp") for p in user.parent.iterdir())
+
+
+def test_none_and_absolute_prompt_folders_are_not_copied(tmp_path):
+    paths = resolve_paths(tmp_path / "cfg", tmp_path / "data")
+    assert paths.ensure_prompt_folder("none") is None
+    elsewhere = tmp_path / "mine"
+    assert paths.ensure_prompt_folder(str(elsewhere)) == elsewhere and not elsewhere.exists()
+    # a name with no shipped tree is the user's to create; nothing is invented
+    assert paths.ensure_prompt_folder("custom") == tmp_path / "cfg" / "system_prompt" / "custom"
+    assert not (tmp_path / "cfg" / "system_prompt" / "custom").exists()
+
+
+def test_config_init_copies_the_config_files_and_the_prompt_tree_and_keeps_them_after(tmp_path, capsys):
+    dirs = ["--config-dir", str(tmp_path / "cfg"), "--data-dir", str(tmp_path / "data")]
+    assert main(["config", "init", *dirs]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote   {tmp_path / 'cfg' / 'models.toml'}" in out
+    user = tmp_path / "cfg" / "system_prompt" / "default"
+    assert f"wrote   {user}/" in out
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == shipped_snapshot()
+    (user / ".system_prompt_role").write_text("mine\n")
+    assert main(["config", "init", *dirs]) == 0
+    assert f"kept    {user}/" in capsys.readouterr().out
+    assert (user / ".system_prompt_role").read_text() == "mine\n"
+
+
+def test_config_paths_prints_the_lock_file_and_the_users_prompt_tree(tmp_path, capsys):
+    dirs = ["--config-dir", str(tmp_path / "cfg"), "--data-dir", str(tmp_path / "data")]
+    assert main(["config", "paths", *dirs]) == 0
+    out = capsys.readouterr().out
+    lock = tmp_path / "data" / "aiops.lock"
+    assert f"lock file      {lock}  (absent" in out
+    user = tmp_path / "cfg" / "system_prompt" / "default"
+    assert f"system prompts   {tmp_path / 'cfg' / 'system_prompt'}" in out
+    assert f"{user}  (absent: copied from {SHIPPED_PROMPT_DIR / 'default'} on first use)" in out
+    with DataDirLock(lock) as held:
+        held.update(url="http://127.0.0.1:4242")
+        assert main(["config", "paths", *dirs]) == 0
+        out = capsys.readouterr().out
+        assert f"lock file      {lock}  (held by pid {held.info['pid']}, http://127.0.0.1:4242)" in out
+    assert main(["config", "paths", *dirs]) == 0
+    assert f"lock file      {lock}  (free" in capsys.readouterr().out
