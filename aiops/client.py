@@ -293,6 +293,7 @@ class AgentClient:
     # -- sessions --
 
     async def sessions(self, kind: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently updated first (a client token sees only those it created)."""
         return (await self._call("GET", "/api/v1/sessions", params={"kind": kind, "limit": limit}))["sessions"]
 
     async def session(self, client_id: str, limit: int | None = None,
@@ -322,7 +323,8 @@ class AgentClient:
     # -- gates --
 
     async def gates(self) -> list[dict[str, Any]]:
-        """Pending gates of every session."""
+        """Pending gates: of every session with an operator token, of the client's own sessions
+        with a client token."""
         return (await self._call("GET", "/api/v1/gates"))["gates"]
 
     async def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> dict[str, Any]:

@@ -238,3 +238,48 @@ def test_a_client_that_hangs_up_cancels_the_turn(served: ServeProcess, fake: Fak
     msgs = httpx.get(served.url + "/api/v1/sessions/ollama-hangup").json()["messages"]
     assert [(m["role"], m["status"]) for m in msgs[:3]] == [
         ("user", "complete"), ("assistant", "cancelled"), ("notice", "complete")]
+
+
+def test_a_string_where_a_boolean_belongs_is_a_400(served: ServeProcess, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    for path, body in [("/api/chat", {"model": "aiops", "stream": "yes",
+                                      "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/api/generate", {"model": "aiops", "stream": "false", "prompt": "hi"})]:
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code == 400, path
+        assert "stream" in r.json()["error"]
+    assert len(fake.requests) == before
+
+
+TITLE_TASK = ("### Task:\nGenerate 1-3 broad tags categorizing the main themes of the chat history.\n"
+              "<chat_history>\nUSER: rotate the logs\n</chat_history>")
+
+
+def test_background_tasks_report_the_models_real_counts(client: ollama.Client, fake: FakeOpenAI) -> None:
+    fake.script(Reply.text('{"tags": ["ops"]}', usage=(52, 6)))
+    r = client.generate(model="aiops", prompt=TITLE_TASK, stream=False)
+    assert r.response == '{"tags": ["ops"]}'
+    assert (r.prompt_eval_count, r.eval_count) == (52, 6)
+    fake.script(Reply.text('{"tags": ["ops"]}', usage=(52, 7)))
+    parts = list(client.chat(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}], stream=True))
+    assert "".join(p.message.content or "" for p in parts) == '{"tags": ["ops"]}'
+    assert parts[-1].done and (parts[-1].prompt_eval_count, parts[-1].eval_count) == (52, 7)
+
+
+def test_keep_alive_lines_carry_the_time_they_are_sent_and_a_stop_omits_unknown_counts(
+        served: ServeProcess, fake: FakeOpenAI) -> None:
+    fake.script(Reply.hang())
+    client = ollama.Client(host=served.url, headers={"X-Aiops-Session": "ollama-ticks"})
+    parts = []
+    for p in client.chat(model="aiops", messages=[{"role": "user", "content": "wait for it"}], stream=True):
+        parts.append(p)
+        if len(parts) == 4:  # keep-alives every 0.2 s while the model says nothing; then stop the turn
+            assert httpx.post(served.url + "/api/v1/sessions/ollama-ticks/stop").json()["stopped"] is True
+    keepalives = [p for p in parts if not p.done and not p.message.content]
+    assert len(keepalives) >= 4
+    stamps = [datetime.fromisoformat(p.created_at.replace("Z", "+00:00")) for p in keepalives]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)  # each line stamped when sent
+    last = parts[-1]
+    assert last.done and last.done_reason == "stop"
+    assert "the answer was stopped" in "".join(p.message.content or "" for p in parts)
+    assert last.prompt_eval_count is None and last.eval_count is None  # nothing counted: omitted, not zeros

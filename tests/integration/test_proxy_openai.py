@@ -3,6 +3,7 @@ against `aiops serve` in a subprocess with the fake model server behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
@@ -260,3 +261,85 @@ def test_a_client_that_hangs_up_cancels_the_turn_and_keeps_the_partial_answer(
     assert partial["status"] == "cancelled"
     assert partial["content"].startswith(seen)
     assert "turn cancelled" in msgs[2]["content"]
+
+
+def test_openai_style_validation_refuses_what_openai_refuses(served: ServeProcess, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    url = served.url + "/v1/chat/completions"
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [  # (body, the param OpenAI names, code)
+        ({"stream": "yes"}, "stream", "invalid_request"),
+        ({"stream": 1}, "stream", "invalid_request"),
+        ({"stream": True, "stream_options": {"include_usage": "true"}}, "stream_options.include_usage",
+         "invalid_request"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"tools": []}, "tools", "tools_not_supported"),
+        ({"tool_choice": "none"}, "tool_choice", "tools_not_supported"),
+        ({"functions": []}, "functions", "tools_not_supported"),
+        ({"function_call": "none"}, "function_call", "tools_not_supported"),
+        ({"user": 42}, "user", "invalid_request"),
+    ]
+    for extra, param, code in cases:
+        r = httpx.post(url, json={"model": "aiops", "messages": msgs, **extra})
+        assert r.status_code == 400, extra
+        assert r.json()["error"] | {"message": ""} == {"message": "", "type": "invalid_request_error",
+                                                       "param": param, "code": code}, extra
+    # The SDK's own way of sending stream_options without a stream gets the same answer.
+    with openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0) as c, \
+            pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="aiops", messages=msgs, stream_options={"include_usage": True})
+    assert e.value.param == "stream_options" and "stream is true" in e.value.message
+    assert len(fake.requests) == before  # nothing reached the model
+    # null is OpenAI's "not given": accepted.
+    r = httpx.post(url, json={"model": "aiops", "messages": msgs, "tools": None, "stream": None}, timeout=10)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: hi"
+
+
+TITLE_TASK = ("### Task:\nGenerate a concise, 3-5 word title for the chat history.\n"
+              "<chat_history>\nUSER: restart nginx\n</chat_history>")
+
+
+def test_background_tasks_report_the_models_real_usage(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    fake.script(Reply.text('{"title": "Restart nginx"}', usage=(41, 7)))
+    r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}])
+    assert r.choices[0].message.content == '{"title": "Restart nginx"}'
+    assert r.usage is not None and (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+        41, 7, 48)
+    fake.script(Reply.text('{"title": "Restart nginx"}', usage=(41, 8)))
+    chunks = list(client.chat.completions.create(model="aiops", stream=True, stream_options={"include_usage": True},
+                                                 messages=[{"role": "user", "content": TITLE_TASK}]))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (41, 8)
+
+
+def test_a_stopped_turn_reports_no_usage_rather_than_zeros(client: openai.OpenAI, served: ServeProcess,
+                                                          fake: FakeOpenAI) -> None:
+    """Streamed with include_usage: the model never answered, so there is no usage chunk at all."""
+    n = len(fake.requests)
+    fake.script(Reply.hang())
+    stream = client.chat.completions.create(model="aiops", stream=True, stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": "hang on"}],
+                                            extra_headers={"X-Aiops-Session": "usage-stop"})
+    chunks = []
+    for c in stream:
+        chunks.append(c)
+        if len(chunks) == 1:  # the role chunk; stop the turn once the model has the request
+            fake.wait_for_requests(n + 1)
+            assert httpx.post(served.url + "/api/v1/sessions/usage-stop/stop").json()["stopped"] is True
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert all(c.usage is None and c.choices for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_a_stopped_api_turn_has_no_usage_key(served: ServeProcess, fake: FakeOpenAI) -> None:
+    n = len(fake.requests)
+    fake.script(Reply.hang())
+    async with httpx.AsyncClient(base_url=served.url, timeout=15) as h:
+        waiting = asyncio.create_task(h.post("/api/v1/submit", json={
+            "client_id": "usage-stop-api", "text": "hang on", "wait": True, "timeout": 10}))
+        await asyncio.to_thread(fake.wait_for_requests, n + 1)
+        assert (await h.post("/api/v1/sessions/usage-stop-api/stop")).json()["stopped"] is True
+        body = (await waiting).json()
+    assert body["status"] == "cancelled"
+    assert "usage" not in body

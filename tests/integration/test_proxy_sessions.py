@@ -69,7 +69,7 @@ async def test_a_conversation_continues_its_session_and_an_edit_forks_it(api_ser
     # The user edits the first answer: the conversation forks into a session holding the client's
     # history, as written (an aiops status line the UI kept is left out).
     edited = [("user", "how full is /var?"),
-              ("assistant", "It is 91% full:\n\n*⏳ waiting for operator approval: db_query (read)*\n\n"
+              ("assistant", "It is 91% full:\n\n*⏳ waiting for operator approval: db_query read*\n\n"
                             "| path | size |\n|---|---|\n| /var/log | 40G |"),
               ("user", "what fills it?")]
     fork, a3 = await ask(client, edited)
@@ -262,7 +262,7 @@ async def test_an_openai_stream_waits_for_an_operator_with_keepalives_and_a_stat
 
     task = asyncio.create_task(chat())
     await asyncio.wait_for(waiting.wait(), 15)
-    assert "*⏳ waiting for operator approval: update_system_prompt (write)*" in "".join(content)
+    assert "*⏳ waiting for operator approval: update_system_prompt write*" in "".join(content)
     await asyncio.wait_for(kept_alive.wait(), 15)  # ": keep-alive" comments while the gate waits
     gate = await _wait_gate(srv.url, tokens.header("ops"))
     assert (gate["client_kind"], gate["tool"]) == ("proxy", "update_system_prompt")
@@ -280,7 +280,7 @@ async def test_an_openai_stream_waits_for_an_operator_with_keepalives_and_a_stat
 
     text = "".join(content)
     before, _, after = text.partition("*✅ approved by the operator*")
-    assert before.endswith("*⏳ waiting for operator approval: update_system_prompt (write)*\n\n")
+    assert before.endswith("*⏳ waiting for operator approval: update_system_prompt write*\n\n")
     assert after.startswith("\n\ntool said: ")  # the tool ran; the model's answer follows
     assert frames[-1] == "data: [DONE]"
     assert "The operator prefers tea." in (prompt_copy / ".system_prompt_memory").read_text()

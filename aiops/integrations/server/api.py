@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 import aiops
 from aiops.engine import events as ev
 from aiops.engine.engine import Engine, EngineError, LiveSession
+from aiops.engine.store import SessionRow
+from aiops.engine.turn import Turn
+from aiops.engine.types import new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
 from aiops.integrations.server.app import (
     AUTHENTICATED_KEY,
@@ -26,7 +29,6 @@ from aiops.integrations.server.app import (
     HttpError,
     get_config,
     get_engine,
-    is_operator,
     mark_public,
     parse_body,
     prepare_stream,
@@ -35,6 +37,16 @@ from aiops.integrations.server.app import (
     validate,
 )
 from aiops.integrations.server.openapi import ApiRoute, build_openapi
+from aiops.integrations.server.owners import (
+    OWNER_KEY,
+    Caller,
+    caller,
+    check_access,
+    claim,
+    forbidden,
+    owner_of,
+    record_owner,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +144,9 @@ class SessionInfo(BaseModel):
     updated_at: float
     message_count: int
     state: Literal["idle", "running", "waiting"]
+    owner: str | None = Field(description="Who created it through the server: a token's name, or "
+                                          "`loopback:<address>` without tokens; null for sessions made "
+                                          "elsewhere (the console, Slack), which only operators may use.")
 
 
 class SessionList(BaseModel):
@@ -241,17 +256,26 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, default=str)
 
 
-async def _live(engine: Engine, ref: str) -> LiveSession:
+async def _live(engine: Engine, ref: str, who: Caller) -> LiveSession:
+    """The session `ref` (404 when there is none, 403 when the caller may not use it)."""
     live = await engine.session(ref)
     if live is None:
         raise HttpError(404, "not_found", f"no session {ref!r}")
+    check_access(who, live)
     return live
+
+
+def _row_info(engine: Engine, row: SessionRow) -> SessionInfo:
+    d = row.to_dict()
+    d.update(model=row.model if row.model in engine.config.models.models else engine.config.models.default_model,
+             state=engine.session_state(row.id), owner=row.meta.get(OWNER_KEY))
+    return SessionInfo.model_validate(d)
 
 
 async def _session_info(engine: Engine, live: LiveSession) -> SessionInfo:
     row = await engine.store.get_session(live.id)
     d = (row or live.row).to_dict()
-    d.update(model=live.model_key(engine), state=engine.session_state(live.id))
+    d.update(model=live.model_key(engine), state=engine.session_state(live.id), owner=live.row.meta.get(OWNER_KEY))
     if live.row.title:
         d["title"] = live.row.title
     return SessionInfo.model_validate(d)
@@ -266,12 +290,14 @@ async def submit(request: web.Request) -> web.Response:
     if body.model is not None and (why := engine.check_model(body.model)):
         code = "unknown_model" if body.model not in engine.config.models.models else "model_disabled"
         raise HttpError(400, code, why, param="model")
+    who = caller(request)
     if body.client_id is not None and body.client_id.isdigit():
-        await _live(engine, body.client_id)  # a shorthand id must name an existing session
+        client_id = (await _live(engine, body.client_id, who)).id  # a shorthand id names an existing session
+    else:
+        client_id = body.client_id or f"api-{new_id()[:8]}"
     try:
         # Shielded: a client hanging up must not interrupt the engine halfway through accepting.
-        turn = await asyncio.shield(engine.submit(body.client_id, body.text, kind="api", model=body.model,
-                                                  is_operator=is_operator(request)))
+        turn = await asyncio.shield(_submit(engine, client_id, body, who))
     except EngineError as e:
         raise HttpError(400, "bad_request", str(e)) from None
     if not body.wait:
@@ -281,10 +307,36 @@ async def submit(request: web.Request) -> web.Response:
     except TimeoutError:
         return _json(SubmitResult(client_id=turn.session_id, status="timeout", text="", turn_id=turn.id),
                      exclude_none=True)
+    usage = result.usage
     return _json(SubmitResult.model_validate({
         "client_id": turn.session_id, "status": result.status, "text": result.text, "turn_id": turn.id,
-        "error": result.error, "usage": result.to_dict().get("usage"),
+        "error": result.error,
+        # No counts recorded (a turn cancelled before the model answered): no usage, not zeros.
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+        if usage is not None and usage.total_tokens else None,
     }), exclude_none=True)
+
+
+async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
+    """Submit to a session the caller may use; a session it creates is recorded as its own."""
+    live = await engine.session(client_id)
+    if live is not None:
+        check_access(who, live)
+    elif not who.operator:
+        # A client's new session is created owned before anything runs, so even the first event
+        # on a stream that subscribed early is known to be the client's.
+        await claim(engine, client_id, who, kind="api", model=body.model)
+    else:
+        # An operator's is left to the engine (a message of only `!commands` creates none); its
+        # owner is recorded after, for the record only: operators may use every session anyway.
+        with engine.bus.subscribe(client_id, names=(ev.SESSION,)) as sub:
+            turn = await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=True)
+            created = any(e.data.get("change") == "created" for e in sub.pending())
+        new = await engine.session(client_id) if created else None
+        if new is not None and OWNER_KEY not in new.row.meta:
+            await record_owner(engine, new, who)
+        return turn
+    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
@@ -293,12 +345,18 @@ def _sse(name: str, data: dict[str, Any]) -> bytes:
 
 async def stream(request: web.Request) -> web.StreamResponse:
     engine = get_engine(request)
+    who = caller(request)
     ref = request.match_info["client_id"]
     live = await engine.session(ref)
     if live is None and ref.isdigit():
         raise HttpError(404, "not_found", f"no session {ref!r} (all-digit ids are shorthand ids of "
                                           f"existing sessions)")
+    if live is not None:
+        check_access(who, live)
     session_id = live.id if live is not None else ref  # a session that does not exist yet: its id
+    # A session that does not exist yet is checked when its first event comes: by then whoever
+    # created it is recorded as its owner. Operators may read every session.
+    allowed = live is not None or who.operator
     keepalive = request.app[CONFIG_KEY].app.server.keepalive_seconds
     sub = engine.bus.subscribe(session_id, names=ev.CONTRACT_EVENTS)
     with server_state(request).track(sub):
@@ -316,6 +374,18 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     continue
                 if event is None:  # the server is shutting down
                     break
+                if not allowed:
+                    created = await engine.session(session_id)
+                    if created is None:
+                        # Output of another caller's `!command` that created no session: not
+                        # the reader's (a client's own new session exists before its first event).
+                        continue
+                    if not who.may_use(owner_of(created)):
+                        err = forbidden(session_id)
+                        await resp.write(_sse(ev.ERROR, {"code": err.code, "message": err.message,
+                                                         "session_id": session_id}))
+                        break
+                    allowed = True
                 await resp.write(_sse(event.name, event.payload()))
                 if event.name == ev.ERROR and event.data.get("code") == "slow_consumer":
                     break
@@ -332,14 +402,27 @@ async def stream(request: web.Request) -> web.StreamResponse:
 async def list_sessions(request: web.Request) -> web.Response:
     q = validate(SessionsQuery, dict(request.query), "query string")
     engine = get_engine(request)
-    rows = await engine.list_sessions(q.kind, limit=q.limit)
-    return _json(SessionList(sessions=[SessionInfo.model_validate(r) for r in rows]))
+    who = caller(request)
+    if who.operator:
+        rows = await engine.store.list_sessions(q.kind, limit=q.limit)
+    else:
+        # A client sees only its own sessions. The store cannot filter on metadata, so read pages
+        # (most recent first) until `limit` of the caller's are found.
+        rows, offset, page = [], 0, max(4 * q.limit, 200)
+        while len(rows) < q.limit:
+            batch = await engine.store.list_sessions(q.kind, limit=page, offset=offset)
+            rows += [r for r in batch if who.may_use(r.meta.get(OWNER_KEY))]
+            if len(batch) < page:
+                break
+            offset += page
+        rows = rows[: q.limit]
+    return _json(SessionList(sessions=[_row_info(engine, r) for r in rows]))
 
 
 async def get_session(request: web.Request) -> web.Response:
     q = validate(HistoryQuery, dict(request.query), "query string")
     engine = get_engine(request)
-    live = await _live(engine, request.match_info["id"])
+    live = await _live(engine, request.match_info["id"], caller(request))
     messages = await engine.history(live.id, limit=q.limit + 1, before_id=q.before)
     has_more = len(messages) > q.limit
     if has_more:
@@ -354,20 +437,28 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def delete_session(request: web.Request) -> web.Response:
     engine = get_engine(request)
-    live = await _live(engine, request.match_info["id"])
+    live = await _live(engine, request.match_info["id"], caller(request))
     deleted = await asyncio.shield(engine.delete_session(live.id))
     return _json(SessionDeleted(client_id=live.id, deleted=deleted))
 
 
 async def stop_session(request: web.Request) -> web.Response:
     engine = get_engine(request)
-    live = await _live(engine, request.match_info["id"])
+    live = await _live(engine, request.match_info["id"], caller(request))
     return _json(SessionStopped(client_id=live.id, stopped=engine.stop_turn(live.id)))
 
 
 async def list_gates(request: web.Request) -> web.Response:
-    broker = get_engine(request).gatekeeper.broker
-    return _json(GateList(gates=[GateOut.model_validate(g.to_dict()) for g in broker.pending()]))
+    engine = get_engine(request)
+    who = caller(request)
+    gates = []
+    for g in engine.gatekeeper.broker.pending():
+        if not who.operator:
+            live = await engine.session(g.session_id)
+            if live is None or not who.may_use(owner_of(live)):
+                continue  # a client sees only the gates of its own sessions
+        gates.append(GateOut.model_validate(g.to_dict()))
+    return _json(GateList(gates=gates))
 
 
 async def resolve_gate(request: web.Request) -> web.Response:
@@ -408,36 +499,45 @@ def openapi_spec() -> dict[str, Any]:
 # ---- the route table -------------------------------------------------------------------------------
 
 _SESSION_ID = "Full session id (client_id) or its shorthand number."
+_OWN = (" A client token may use only the sessions it created (403 for another's); operators may use "
+        "every session.")
 
 ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("POST", f"{PREFIX}/submit", submit, "submit", "Submit a message", "turns",
              description="Without `wait`, answers 202 as soon as the message is committed; follow the "
-                         "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes.",
+                         "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes. "
+                         "A new session is owned by the caller." + _OWN,
              body=SubmitRequest, response=SubmitAccepted, status=202, also={200: SubmitResult},
-             errors=(404,), content_description="Accepted: the turn is queued (without `wait`)"),
+             errors=(403, 404), content_description="Accepted: the turn is queued (without `wait`)"),
     ApiRoute("GET", f"{PREFIX}/stream/{{client_id}}", stream, "stream", "Stream a session's events", "turns",
              description="Server-sent events: `event:` is the event name, `data:` its JSON. A comment "
                          "`: keep-alive` is sent every 15 s of silence (keepalive_seconds). Every reader "
                          "gets every event; a reader that falls too far behind gets an `error` event with "
                          "code `slow_consumer` and the stream ends. The id may name a session that does "
-                         "not exist yet (subscribe, then submit).",
-             event_model=StreamEvent, errors=(404,), path_params={"client_id": _SESSION_ID},
+                         "not exist yet (subscribe, then submit); if another caller creates it, a client "
+                         "token's stream ends with an `error` event of code `forbidden`." + _OWN,
+             event_model=StreamEvent, errors=(403, 404), path_params={"client_id": _SESSION_ID},
              content_description="text/event-stream"),
     ApiRoute("GET", f"{PREFIX}/sessions", list_sessions, "listSessions", "List sessions", "sessions",
+             description="Most recently updated first. A client token sees only the sessions it created; "
+                         "operators see every session.",
              query=SessionsQuery, response=SessionList),
     ApiRoute("GET", f"{PREFIX}/sessions/{{id}}", get_session, "getSession", "A session with its history",
              "sessions", description="History is paginated from the end: the latest `limit` messages, "
-                                     "then older pages with `before=next_before`.",
-             query=HistoryQuery, response=SessionDetail, errors=(404,), path_params={"id": _SESSION_ID}),
+                                     "then older pages with `before=next_before`." + _OWN,
+             query=HistoryQuery, response=SessionDetail, errors=(403, 404), path_params={"id": _SESSION_ID}),
     ApiRoute("DELETE", f"{PREFIX}/sessions/{{id}}", delete_session, "deleteSession", "Delete a session",
-             "sessions", description="Cancels its running turn and pending gates, then deletes its history.",
-             response=SessionDeleted, errors=(404,), path_params={"id": _SESSION_ID}),
+             "sessions", description="Cancels its running turn and pending gates, then deletes its history."
+                                     + _OWN,
+             response=SessionDeleted, errors=(403, 404), path_params={"id": _SESSION_ID}),
     ApiRoute("POST", f"{PREFIX}/sessions/{{id}}/stop", stop_session, "stopSession",
              "Stop the running turn", "sessions",
              description="Cancels the running turn cleanly: its partial answer is recorded as cancelled, its "
-                         "pending gates are cancelled, and `done` comes with status `cancelled`.",
-             response=SessionStopped, errors=(404,), path_params={"id": _SESSION_ID}),
-    ApiRoute("GET", f"{PREFIX}/gates", list_gates, "listGates", "Pending gates of every session", "gates",
+                         "pending gates are cancelled, and `done` comes with status `cancelled`." + _OWN,
+             response=SessionStopped, errors=(403, 404), path_params={"id": _SESSION_ID}),
+    ApiRoute("GET", f"{PREFIX}/gates", list_gates, "listGates", "Pending gates", "gates",
+             description="Oldest first. Operators see the pending gates of every session; a client token "
+                         "sees only those of the sessions it created.",
              response=GateList),
     ApiRoute("POST", f"{PREFIX}/gates/{{id}}", resolve_gate, "resolveGate", "Approve or deny a gate", "gates",
              body=GateDecisionRequest, response=GateResolved, errors=(404, 409), operator_only=True,

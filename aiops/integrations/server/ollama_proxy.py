@@ -4,8 +4,10 @@
 Models are published with a tag (`aiops:latest`, `aiops/<key>:latest`) and accepted with or
 without `:latest`. Streaming is on by default, as in Ollama: NDJSON lines, a final `done: true` line
 with `done_reason`, durations (ns) and token counts. While the agent waits (a gate, a slow model)
-the stream carries empty `done: false` lines; an error after the stream started is a final
-`{"error": "..."}` line. The legacy `/v1/api/*` paths map to the same handlers.
+the stream carries empty `done: false` lines (each stamped when it is sent); an error after the
+stream started is a final `{"error": "..."}` line. Request fields are typed strictly, as Ollama's
+own decoder does (`"stream": "yes"` is a 400). The legacy `/v1/api/*` paths map to the same
+handlers.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from aiops.integrations.server.app import (
     prepare_stream,
     server_state,
 )
+from aiops.integrations.server.owners import caller
 from aiops.integrations.server.proxy_sessions import (
     SESSION_HEADER,
     BufferedStreamResponse,
@@ -47,6 +50,7 @@ from aiops.integrations.server.proxy_sessions import (
     published_models,
     tools_refused,
     turn_output,
+    usage_counts,
     wait_done,
 )
 
@@ -58,8 +62,12 @@ NDJSON = "application/x-ndjson"
 # ---- request models ---------------------------------------------------------------------------------
 
 
+# Strict: Ollama's JSON decoder refuses a string where a boolean belongs, and so do we.
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[Any] | None = None
@@ -67,7 +75,7 @@ class _Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # options, format, think, keep_alive: the agent's business
+    model_config = _STRICT  # options, format, think, keep_alive: the agent's business
     model: str
     messages: list[_Message] | None = None
     stream: bool | None = True
@@ -76,7 +84,7 @@ class ChatRequest(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     model: str
     prompt: str | None = ""
     system: str | None = None
@@ -86,12 +94,13 @@ class GenerateRequest(BaseModel):
 
 
 class ShowRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     model: str | None = None
     name: str | None = None  # the older spelling
 
 
 def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
+    # Non-empty only: the ollama client sends `"tools": []` with every chat.
     if req.tools:
         raise tools_refused("tools")
     out: list[ClientMessage] = []
@@ -284,17 +293,17 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
     state = proxy_state(request)
     engine = get_engine(request)
     if is_background_task(messages):
-        text = await answer_background_task(engine, model, messages)
+        text, usage = await answer_background_task(engine, model, messages)
         if not stream:
-            return web.json_response(shape.final(text, None))
+            return web.json_response(shape.final(text, usage))
         resp = web.StreamResponse(headers={"Content-Type": NDJSON})
         await prepare_stream(request, resp)
         if text:
             await resp.write(shape.line(text))
-        await resp.write(_ndjson(shape.final("", None)))
+        await resp.write(_ndjson(shape.final("", usage)))
         await resp.write_eof()
         return resp
-    started = await state.sessions.start(conversation_id(request, messages), messages, model,
+    started = await state.sessions.start(conversation_id(request, messages), messages, model, caller(request),
                                          events=None if stream else (ev.DONE,))
     if stream:
         return await _stream(request, shape, started)
@@ -313,8 +322,11 @@ def _on_disconnect(request: web.Request, started: StartedTurn) -> Callable[[], A
 async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> web.StreamResponse:
     state = proxy_state(request)
     resp = BufferedStreamResponse(headers={"Content-Type": NDJSON, SESSION_HEADER: started.session_id})
-    # The ollama client parses every line as JSON: a keep-alive is an empty `done: false` line.
-    keepalive = _ndjson(shape.body("", False))
+    # The ollama client parses every line as JSON: a keep-alive is an empty `done: false` line,
+    # made afresh each time so its created_at is the time it is sent.
+    def keepalive() -> bytes:
+        return _ndjson(shape.body("", False))
+
     channel = Channel(request, resp, _on_disconnect(request, started), keepalive=keepalive,
                       keepalive_seconds=state.settings.keepalive_seconds)
     done: Done | None = None
@@ -365,11 +377,8 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
         err = result.error or {}
         raise HttpError(500, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
                         headers={SESSION_HEADER: started.session_id})
-    usage = None
-    if result.usage is not None and result.usage.total_tokens:
-        usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.completion_tokens}
     shape.first = shape.first or time.monotonic_ns()
-    resp = web.json_response(shape.final(result.text, usage))
+    resp = web.json_response(shape.final(result.text, usage_counts(result.usage)))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -2,8 +2,10 @@
 
 Responses are shaped as OpenAI's own (`chat.completion`, `chat.completion.chunk` with the role in
 the first delta, one `finish_reason`, `data: [DONE]`, `usage` when the model reported counts, and a
-usage chunk when `stream_options.include_usage` asks). The agent's tools stay server-side: a
-request carrying `tools` is refused. Sessions, forks, gates and keep-alives: see proxy_sessions.
+usage chunk when `stream_options.include_usage` asks and the model reported counts). The agent's
+tools stay server-side: a request carrying `tools`, `tool_choice`, `functions` or `function_call`
+is refused. Input is validated as strictly as OpenAI does (`"stream": "yes"` is a 400, not a
+stream). Sessions, forks, gates and keep-alives: see proxy_sessions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from aiops.integrations.server.app import (
     prepare_stream,
     server_state,
 )
+from aiops.integrations.server.owners import caller
 from aiops.integrations.server.proxy_sessions import (
     SESSION_HEADER,
     BufferedStreamResponse,
@@ -43,6 +46,7 @@ from aiops.integrations.server.proxy_sessions import (
     published_models,
     tools_refused,
     turn_output,
+    usage_counts,
     wait_done,
 )
 
@@ -54,14 +58,18 @@ DONE_FRAME = b"data: [DONE]\n\n"
 # ---- request model -------------------------------------------------------------------------------
 
 
+# Strict, as OpenAI's own validation: "true" is not a boolean and 5 is not a string.
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     type: str
     text: str | None = None
 
 
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[_Part] | None = None
     tool_calls: list[Any] | None = None
@@ -69,20 +77,21 @@ class _Message(BaseModel):
 
 
 class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _STRICT
     include_usage: bool | None = None
 
 
 class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # sampling options and the like are the agent's business
+    model_config = _STRICT  # sampling options and the like are accepted: they are the agent's business
     model: str
     messages: list[_Message]
     stream: bool | None = False
     stream_options: _StreamOptions | None = None
     user: str | None = None
-    tools: list[Any] | None = None
+    # Any type: whatever their value, these are refused as unsupported (see client_messages).
+    tools: Any = None
     tool_choice: Any = None
-    functions: list[Any] | None = None
+    functions: Any = None
     function_call: Any = None
 
 
@@ -100,12 +109,14 @@ def _text(i: int, m: _Message) -> str:
 
 
 def client_messages(req: ChatRequest) -> list[ClientMessage]:
-    if req.tools:
-        raise tools_refused("tools")
-    if req.functions:
-        raise tools_refused("functions")
-    if req.tool_choice not in (None, "none") or req.function_call not in (None, "none"):
-        raise tools_refused("tool_choice" if req.tool_choice not in (None, "none") else "function_call")
+    # Any value, even `[]` or "none", is refused: the client would otherwise believe its tools
+    # were offered. Only null counts as absent (OpenAI's own reading of null).
+    for name in ("tools", "functions", "tool_choice", "function_call"):
+        if getattr(req, name) is not None:
+            raise tools_refused(name)
+    if req.stream_options is not None and not req.stream:
+        raise HttpError(400, "invalid_value", "stream_options is only allowed when stream is true",
+                        param="stream_options")
     out: list[ClientMessage] = []
     for i, m in enumerate(req.messages):
         if m.role in ("tool", "function") or m.tool_calls or m.function_call:
@@ -128,6 +139,8 @@ def _usage(usage: dict[str, int] | None) -> dict[str, int] | None:
     if not usage:
         return None
     p, c = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    if not p + c:
+        return None  # nothing was counted: no usage rather than zeros
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
@@ -166,8 +179,12 @@ class _Chunks:
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
     def usage(self, usage: dict[str, int] | None) -> bytes:
-        obj = {**self.head, "choices": [], "usage": _usage(usage) or
-               {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+        """The usage chunk `include_usage` asks for; nothing when the model reported no counts
+        (a turn stopped before the model answered): zeros would be a false report."""
+        counts = _usage(usage)
+        if counts is None:
+            return b""
+        obj = {**self.head, "choices": [], "usage": counts}
         return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
@@ -205,13 +222,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise model_not_found(req.model)
     created = int(time.time())
     if is_background_task(messages):
-        text = await answer_background_task(engine, model, messages)
+        text, usage = await answer_background_task(engine, model, messages)
         cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
         if req.stream:
-            return await _stream_text(request, cid, created, req, text)
-        return web.json_response(completion_object(cid, created, req.model, text, None))
+            return await _stream_text(request, cid, created, req, text, usage)
+        return web.json_response(completion_object(cid, created, req.model, text, usage))
     started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
-                                         events=None if req.stream else (ev.DONE,))
+                                         caller(request), events=None if req.stream else (ev.DONE,))
     cid = "chatcmpl-" + started.turn.id.removeprefix("turn_")
     if req.stream:
         return await _stream(request, started, cid, created, req)
@@ -219,7 +236,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream_text(request: web.Request, cid: str, created: int, req: ChatRequest,
-                       text: str) -> web.StreamResponse:
+                       text: str, usage: dict[str, int] | None) -> web.StreamResponse:
     chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
     resp = _sse_response()
     await prepare_stream(request, resp)
@@ -227,8 +244,8 @@ async def _stream_text(request: web.Request, cid: str, created: int, req: ChatRe
     if text:
         await resp.write(chunks.delta({"content": text}))
     await resp.write(chunks.delta({}, "stop"))
-    if chunks.include_usage:
-        await resp.write(chunks.usage(None))
+    if chunks.include_usage and (frame := chunks.usage(usage)):
+        await resp.write(frame)
     await resp.write(DONE_FRAME)
     await resp.write_eof()
     return resp
@@ -309,11 +326,7 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
         err = result.error or {}
         raise HttpError(502, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
                         headers={SESSION_HEADER: started.session_id})
-    usage = None
-    if result.usage is not None and result.usage.total_tokens:
-        usage = {"prompt_tokens": result.usage.prompt_tokens,
-                 "completion_tokens": result.usage.completion_tokens}
-    resp = web.json_response(completion_object(cid, created, req.model, result.text, usage))
+    resp = web.json_response(completion_object(cid, created, req.model, result.text, usage_counts(result.usage)))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -23,7 +23,7 @@ _PARAM = re.compile(r"\{(\w+)\}")
 STATUS_TEXT = {
     400: "Malformed JSON, a wrong type or an invalid value (the message names the field)",
     401: "Missing or invalid bearer token",
-    403: "The caller's role may not do this",
+    403: "The caller's role may not do this, or the session belongs to another caller",
     404: "No such session, gate or route",
     408: "The request body did not arrive in time",
     409: "The gate was already resolved",
@@ -154,8 +154,9 @@ def build_openapi(routes: Sequence[ApiRoute], error_model: type[BaseModel]) -> d
             "description": (
                 "Submit messages to the aiops agent, stream its events, read and manage sessions, "
                 "and resolve gates. Errors are `{\"error\": {\"code\", \"message\"}}`. With tokens "
-                "configured every operation except health needs `Authorization: Bearer <token>`; "
-                "operator tokens may resolve gates."
+                "configured every operation except health needs `Authorization: Bearer <token>`. "
+                "Operator tokens may use every session and resolve gates; client tokens may chat and "
+                "use only the sessions they created (and see only those sessions' gates)."
             ),
         },
         "servers": [{"url": "/"}],

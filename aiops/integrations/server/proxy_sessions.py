@@ -6,7 +6,10 @@ conversation. This module maps one onto the other:
 * **Identity.** `X-Aiops-Session` when sent, else Open WebUI's `X-OpenWebUI-Chat-Id`, else the
   OpenAI `user` field, else a fingerprint of the caller (token name or address) and the
   conversation's first messages. The identity names a *root*; the sessions of a root are the root
-  itself and its forks `<root>+2`, `<root>+3`, ...
+  itself and its forks `<root>+2`, `<root>+3`, ... A client token's names are namespaced by the
+  token (`<token>:<name>`), so another client token naming the same conversation gets its own.
+* **Ownership.** Sessions are created owned by the caller (see owners); a client token continues
+  only its own, operators any.
 * **Reconciliation.** The client's user and assistant texts are authoritative. A request continues
   the session of its root whose conversation equals the client's history before the new message;
   one whose conversation is a prefix of it gets the missing messages imported first. Anything else
@@ -37,7 +40,9 @@ from aiops.engine.engine import Engine, EngineError
 from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, Usage, new_id
+from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, HttpError
+from aiops.integrations.server.owners import Caller, caller, claim, forbidden, owner_of
 
 log = logging.getLogger(__name__)
 
@@ -145,18 +150,28 @@ def is_background_task(messages: Sequence[ClientMessage]) -> bool:
     return bool(messages) and messages[-1].role == "user" and messages[-1].text.lstrip().startswith(TASK_PREFIX)
 
 
+def usage_counts(usage: Usage | None) -> dict[str, int] | None:
+    """`{prompt_tokens, completion_tokens}`, or None when the model reported nothing (never zeros
+    standing in for unknown counts)."""
+    if usage is None or not usage.total_tokens:
+        return None
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
+
+
 async def answer_background_task(engine: Engine, model: PublishedModel,
-                                 messages: Sequence[ClientMessage]) -> str:
-    """A plain model call: no tools, no gates, no session, nothing recorded."""
+                                 messages: Sequence[ClientMessage]) -> tuple[str, dict[str, int] | None]:
+    """A plain model call: no tools, no gates, no session, nothing recorded. The answer and the
+    model's token counts (None when it reported none)."""
     from aiops.engine.backends import ModelError
 
     system = "\n\n".join(m.text for m in messages if m.role == "system" and m.text) or None
     convo = [Message("user" if m.role == "user" else "assistant", m.text)
              for m in messages if m.role in ("user", "assistant")]
     try:
-        return await engine.complete_plain(model.key, convo, system=system)
+        completion = await engine.complete_plain(model.key, convo, system=system)
     except ModelError as e:
         raise HttpError(502, "model_error", str(e)) from None
+    return completion.text, usage_counts(completion.usage)
 
 
 # ---- status lines and text normalisation ---------------------------------------------------------------
@@ -178,11 +193,21 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
+@dataclass(frozen=True, slots=True)
+class _GateView:
+    """A gate event's data as the gate texts take it."""
+
+    tool: str
+    operation: str
+    tables: Sequence[str]
+
+
 def gate_status(data: dict[str, Any]) -> str:
-    head = f"{data.get('tool', 'a tool')} ({data.get('operation', 'call')}"
-    tables = data.get("tables") or []
-    head += f" on {', '.join(tables)})" if tables else ")"
-    return status_line(_WAIT, f"waiting for operator approval: {head}")
+    """The chat user's line for a waiting gate, in the same words as every other waiting notice:
+    `*⏳ waiting for operator approval: db_query write on users*`."""
+    gate = _GateView(str(data.get("tool") or "a tool"), str(data.get("operation") or "call"),
+                     [str(t) for t in data.get("tables") or []])
+    return status_line(_WAIT, waiting_notice(gate))
 
 
 def resolution_status(data: dict[str, Any]) -> str:
@@ -295,22 +320,32 @@ class ConversationId:
         return self.source == "header"
 
 
+def _namespace(who: Caller) -> str:
+    """The prefix of a client token's conversation names; operators (who may use every session
+    anyway) name sessions directly."""
+    return "" if who.operator else _safe(who.principal, 40) + ":"
+
+
 def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
                     user: str | None = None) -> ConversationId:
+    """The conversation's root session id. Names a client chose (header, chat id, `user`) are
+    namespaced by a client token's name, so one client token cannot continue another's
+    conversation by naming it; a name already carrying the caller's namespace (a session id the
+    server sent back) is taken as it is."""
+    ns = _namespace(caller(request))
     header = request.headers.get(SESSION_HEADER, "").strip()
     if header:
         if not _SESSION_ID.match(header) or header.isdigit():
             raise HttpError(400, "invalid_session",
                             f"{SESSION_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : @ + -, starting "
                             f"with a letter or digit, and not all digits")
-        return ConversationId(header, "header")
+        return ConversationId(header if header.startswith(ns) else ns + header, "header")
     chat = request.headers.get(OPENWEBUI_CHAT_HEADER, "").strip()
     if chat:
-        return ConversationId("owui-" + _safe(chat), "openwebui")
+        return ConversationId(ns + "owui-" + _safe(chat), "openwebui")
     if user and user.strip():
-        return ConversationId("user-" + _safe(user), "user")
-    caller = request.get("principal") or f"addr:{request.remote}"
-    h = hashlib.sha256(caller.encode())
+        return ConversationId(ns + "user-" + _safe(user), "user")
+    h = hashlib.sha256(str(request.get("principal") or f"addr:{request.remote}").encode())
     first_user = next((m.text for m in messages if m.role == "user"), "")
     first_system = next((m.text for m in messages if m.role == "system"), "")
     for part in (first_system, first_user):
@@ -371,28 +406,30 @@ class ProxySessions:
             self._locks[root] = (lock, n - 1)
 
     async def start(self, conv: ConversationId, messages: Sequence[ClientMessage],
-                    model: PublishedModel, *, events: Iterable[str] | None = None) -> StartedTurn:
+                    model: PublishedModel, who: Caller, *, events: Iterable[str] | None = None) -> StartedTurn:
         """Pick (or fork) the session, import what it lacks, subscribe (to `events`, default all),
-        submit the new message."""
+        submit the new message. Sessions `who` may not use are never continued; new ones are
+        owned by `who`."""
         check_conversation(messages)
         await self._load_index()
         lock = await self._lock(conv.root)
         try:
             async with lock:
-                return await self._start_locked(conv, messages, model, events)
+                return await self._start_locked(conv, messages, model, who, events)
         finally:
             self._unlock(conv.root)
 
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
-                            model: PublishedModel, events: Iterable[str] | None) -> StartedTurn:
+                            model: PublishedModel, who: Caller, events: Iterable[str] | None) -> StartedTurn:
         engine = self.engine
         entries = client_entries(messages[:-1])
         client = [entry for entry, _ in entries]
-        session_id, skip, forked = await self._choose(conv, client, model)
+        session_id, skip, forked = await self._choose(conv, client, model, who)
+        # Created here (owned by the caller) when it is new; refused if it is not the caller's.
+        await claim(engine, session_id, who, kind="proxy", model=turn_model(model))
         missing = [m for _, m in entries[skip:]]
         imported = 0
         if missing:
-            await self._ensure(session_id, model)
             imported = await self._import(session_id, missing)
         # Subscribed before submitting, so not even a command's instant `done` is missed.
         sub = engine.bus.subscribe(session_id, names=events)
@@ -411,21 +448,30 @@ class ProxySessions:
         return StartedTurn(session_id, turn, sub, forked, imported)
 
     async def _choose(self, conv: ConversationId, client: list[Entry],
-                      model: PublishedModel) -> tuple[str, int, bool]:
+                      model: PublishedModel, who: Caller) -> tuple[str, int, bool]:
         """(session id, how many of the client's messages it already holds (the rest are imported
         first), whether this forked)."""
         engine = self.engine
         known = self._forks.setdefault(conv.root, [])
         if conv.root not in known:
-            # Not a proxy session we know of: create it (one store round trip), or learn whose it is.
-            live = await engine.session(conv.root, kind="proxy", create=True, model=turn_model(model))
-            assert live is not None
-            if live.row.kind == "proxy":
+            # Not a proxy session we know of: create it, owned by the caller (one store round
+            # trip), or learn whose it is.
+            try:
+                live = await claim(engine, conv.root, who, kind="proxy", model=turn_model(model))
+            except HttpError:
+                if conv.explicit:
+                    raise  # a session named outright: say it is another's rather than fork
+                live = None  # a name shared by chance (a fingerprint): the caller forks from it
+            if live is not None and live.row.kind == "proxy":
                 known.insert(0, conv.root)
-            elif conv.explicit:
+            elif live is not None and conv.explicit:
                 raise HttpError(409, "session_conflict",
                                 f"session {conv.root!r} is a {live.row.kind} session; the proxy continues "
                                 f"only proxy sessions")
+        elif conv.explicit:
+            live = await engine.session(conv.root)
+            if live is not None and not who.may_use(owner_of(live)):
+                raise forbidden(conv.root)
         best: tuple[str, int] | None = None  # a session whose conversation is a prefix of the client's
         root_used = False
         for sid in list(known):
@@ -433,6 +479,8 @@ class ProxySessions:
             if live is None or live.row.kind != "proxy":
                 known.remove(sid)  # deleted meanwhile
                 continue
+            if not who.may_use(owner_of(live)):
+                continue  # another caller's branch of a shared name: never continued, never shown
             ours = session_view(await live.history(engine))
             if sid == conv.root:
                 root_used = bool(ours)
@@ -457,9 +505,6 @@ class ProxySessions:
         while await self.engine.session(f"{root}+{n}") is not None:
             n += 1
         return f"{root}+{n}"
-
-    async def _ensure(self, session_id: str, model: PublishedModel) -> None:
-        await self.engine.session(session_id, kind="proxy", create=True, model=turn_model(model))
 
     async def _import(self, session_id: str, missing: list[ClientMessage]) -> int:
         """Record the client's earlier messages, one turn id per user message and its answer."""
@@ -650,8 +695,11 @@ class Channel:
     before it first fires."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse | None,
-                 on_disconnect: Callable[[], Awaitable[None]], *, keepalive: bytes | None = None,
+                 on_disconnect: Callable[[], Awaitable[None]], *,
+                 keepalive: bytes | Callable[[], bytes] | None = None,
                  keepalive_seconds: float = 15.0, head: bytes = b"") -> None:
+        """`keepalive`: the frame sent on an idle stream, or a function making a fresh one each
+        time (a frame that carries a timestamp)."""
         self.request = request
         self.response = response
         self.keepalive = keepalive
@@ -713,7 +761,11 @@ class Channel:
     async def _keepalive(self) -> None:
         try:
             # write() sends the headers and the head first; a keep-alive only when those are out.
-            await self.write(b"" if self._head or not self._flushed else (self.keepalive or b""))
+            if self._head or not self._flushed:
+                frame = b""
+            else:
+                frame = (self.keepalive() if callable(self.keepalive) else self.keepalive) or b""
+            await self.write(frame)
         except ConnectionError:
             await self.disconnected()
         except Exception:  # noqa: BLE001 - a keep-alive must never take the handler down

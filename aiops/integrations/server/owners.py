@@ -1,0 +1,74 @@
+"""Who may use a session over HTTP: the caller that created it, and every operator.
+
+A session created through the server (an API submit, a proxy conversation) records its creator's
+principal — the token's name, or `loopback:<addr>` when no token is configured — under `owner` in
+the session's metadata, which the store keeps with the session, so ownership survives a restart.
+Operators see and manage every session. A client token may read, stream, stop, delete and submit
+to only the sessions it created; sessions with no recorded owner (the console's, Slack's, ones made
+before ownership was recorded) are operator-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from aiops.engine import events as ev
+from aiops.engine.engine import Engine, LiveSession
+from aiops.integrations.server.app import HttpError, is_operator
+
+OWNER_KEY = "owner"  # in the session's metadata
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    principal: str
+    operator: bool
+
+    def may_use(self, owner: str | None) -> bool:
+        return self.operator or (owner is not None and owner == self.principal)
+
+
+def caller(request: web.Request) -> Caller:
+    return Caller(str(request.get("principal") or f"addr:{request.remote}"), is_operator(request))
+
+
+def owner_of(live: LiveSession) -> str | None:
+    owner = live.row.meta.get(OWNER_KEY)
+    return owner if isinstance(owner, str) else None
+
+
+def forbidden(session_id: str) -> HttpError:
+    return HttpError(403, "forbidden", f"session {session_id!r} belongs to another caller: a client token may "
+                                       f"use only the sessions it created")
+
+
+def check_access(who: Caller, live: LiveSession) -> None:
+    """403 unless `who` may use the session."""
+    if not who.may_use(owner_of(live)):
+        raise forbidden(live.id)
+
+
+async def claim(engine: Engine, ref: str, who: Caller, *, kind: str, model: str | None) -> LiveSession:
+    """The session `ref`, created and owned by `who` when it does not exist yet; 403 when it exists
+    and `who` may not use it.
+
+    Whether this call created the session is learnt from the engine's own `session` "created"
+    event, so it costs no extra store lookup (the proxy opens a session per conversation)."""
+    with engine.bus.subscribe(ref, names=(ev.SESSION,)) as sub:
+        live = await engine.session(ref, kind=kind, create=True, model=model)
+        created = any(e.data.get("change") == "created" for e in sub.pending())
+    assert live is not None
+    # No await between the creation and this check: of two callers racing to create one id,
+    # exactly one records itself (the live session object is shared), the other is refused.
+    if created and OWNER_KEY not in live.row.meta:
+        await record_owner(engine, live, who)
+    check_access(who, live)
+    return live
+
+
+async def record_owner(engine: Engine, live: LiveSession, who: Caller) -> None:
+    """Make `who` the owner of a session that has none (kept in the session's metadata)."""
+    live.row.meta[OWNER_KEY] = who.principal
+    await engine.store.update_session(live.id, meta=dict(live.row.meta))

@@ -1,0 +1,209 @@
+"""Session ownership across roles: a client token chats and uses only the sessions it created;
+operators see and manage every session. Through the API (AgentClient, raw HTTP) and the proxies
+(the real openai SDK), in process and against `aiops serve` across a restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from aiops.client import AgentError
+from tests.fakes.openai_server import call_tool_when
+from tests.integration.test_server_api import NOTES_ENABLED, NotesPlugin, events_until_done, next_event
+from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
+
+
+async def two_clients(factory: ApiServerFactory, **kw: Any) -> ApiServer:
+    return await factory(tokens=Tokens.make(ops="operator", bot="client", bot2="client"), **kw)
+
+
+async def forbidden(call: Any) -> AgentError:
+    with pytest.raises(AgentError) as e:
+        await call
+    assert (e.value.status, e.value.code) == (403, "forbidden"), e.value
+    return e.value
+
+
+# ---- the API ---------------------------------------------------------------------------------------------
+
+
+async def test_a_client_token_uses_only_its_own_sessions_and_an_operator_uses_all(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    async with srv.client("ops") as ops, srv.client("bot") as bot, srv.client("bot2") as bot2:
+        assert (await ops.send("operator business", client_id="api-ops"))["status"] == "complete"
+        assert (await bot.send("bot business", client_id="api-bot"))["status"] == "complete"
+        mine = await bot.send("no id given")  # a new api-<hex> session, owned by bot too
+        ops_short = str((await ops.session("api-ops"))["session"]["short_id"])
+
+        # Another's session: not readable, streamable, stoppable, deletable or continued, by id or
+        # by shorthand number.
+        for ref in ("api-ops", ops_short, "api-bot"):
+            who = bot2 if ref == "api-bot" else bot
+            err = await forbidden(who.session(ref))
+            assert "belongs to another caller" in err.message
+            await forbidden(who.stop(ref))
+            await forbidden(who.delete_session(ref))
+            await forbidden(who.submit("let me in", client_id=ref))
+            await forbidden(who.stream(ref).open())
+        # Nothing happened to the operator's session.
+        ops_history = (await ops.session("api-ops"))["messages"]
+        assert [m["content"] for m in ops_history] == ["operator business", "echo: operator business"]
+
+        # Lists: each client sees its own; the operator sees every session, with its owner.
+        assert {s["client_id"] for s in await bot.sessions()} == {"api-bot", mine["client_id"]}
+        assert await bot2.sessions() == []
+        owners = {s["client_id"]: s["owner"] for s in await ops.sessions()}
+        assert owners == {"api-ops": "ops", "api-bot": "bot", mine["client_id"]: "bot"}
+        assert [s["client_id"] for s in await bot.sessions(limit=1)] == [mine["client_id"]]
+
+        # Its own: everything works, and the operator manages a client's session too.
+        assert (await bot.session("api-bot"))["session"]["owner"] == "bot"
+        assert (await bot.send("again", client_id="api-bot"))["status"] == "complete"
+        assert (await bot.stop("api-bot"))["stopped"] is False
+        assert (await ops.session("api-bot"))["session"]["message_count"] == 4
+        assert await bot.delete_session("api-bot") == {"client_id": "api-bot", "deleted": True}
+        assert await ops.delete_session(mine["client_id"]) == {"client_id": mine["client_id"], "deleted": True}
+        assert await ops.delete_session("api-ops") == {"client_id": "api-ops", "deleted": True}
+
+
+async def test_a_client_stream_of_a_session_another_caller_creates_ends_with_forbidden(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    async with srv.client("ops") as ops, srv.client("bot") as bot, bot.stream("api-later") as spy, \
+            ops.stream("api-later") as own:
+        accepted = await ops.submit("secret plans", client_id="api-later")
+        events = await events_until_done(own, accepted["turn_id"])
+        assert events[-1]["data"]["text"] == "echo: secret plans"
+        seen = [e async for e in spy]  # the spy's stream ends after one event
+    assert [e["event"] for e in seen] == ["error"]
+    assert seen[0]["data"]["code"] == "forbidden"
+    assert "secret" not in str(seen)
+
+
+async def test_a_client_sees_only_the_gates_of_its_own_sessions(api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory, plugins=[NotesPlugin()], extra_files=NOTES_ENABLED)
+    srv.fake.responder = call_tool_when("note it", ("write_note", {"text": "a note"}))
+    async with srv.client("ops") as ops, srv.client("bot") as bot, srv.client("bot2") as bot2, \
+            ops.stream("api-ops-gated") as ops_events, bot.stream("api-bot-gated") as bot_events:
+        first = await ops.submit("note it", client_id="api-ops-gated")
+        ops_gate = (await next_event(ops_events, "gate"))["data"]
+        assert await bot.gates() == []  # the operator's gate (and its arguments) stay hidden
+        second = await bot.submit("note it", client_id="api-bot-gated")
+        bot_gate = (await next_event(bot_events, "gate"))["data"]
+        assert [g["id"] for g in await bot.gates()] == [bot_gate["id"]]
+        assert await bot2.gates() == []
+        assert [g["id"] for g in await ops.gates()] == [ops_gate["id"], bot_gate["id"]]
+        for gate in (ops_gate, bot_gate):
+            await ops.resolve_gate(gate["id"], "deny")
+        await events_until_done(ops_events, first["turn_id"])
+        await events_until_done(bot_events, second["turn_id"])
+
+
+async def test_without_tokens_loopback_callers_are_operators_and_own_what_they_create(
+        api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        await agent.send("hello", client_id="api-open")
+        (listed,) = await agent.sessions()
+    assert listed["owner"].startswith("loopback:")
+
+
+# ---- the proxies -----------------------------------------------------------------------------------------
+
+
+async def _ask(srv: ApiServer, token: str, text: str, **headers: str) -> tuple[str, str]:
+    assert srv.tokens is not None
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=srv.tokens.secrets[token], max_retries=0,
+                                default_headers=headers)
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="aiops", messages=[{"role": "user", "content": text}])
+        return raw.headers["x-aiops-session"], raw.parse().choices[0].message.content or ""
+    finally:
+        await client.close()
+
+
+async def test_proxy_conversation_names_are_namespaced_by_client_token(api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    for header in ("X-Aiops-Session", "X-OpenWebUI-Chat-Id"):
+        name = "shared-chat" if header == "X-Aiops-Session" else "owui-chat"
+        sid_bot, _ = await _ask(srv, "bot", "bot's question", **{header: name})
+        sid_bot2, _ = await _ask(srv, "bot2", "bot2's question", **{header: name})
+        assert sid_bot.startswith("bot:") and sid_bot2.startswith("bot2:") and sid_bot != sid_bot2
+        # Naming the other client's session outright does not reach it either.
+        sid_spy, _ = await _ask(srv, "bot2", "spying", **{header: sid_bot})
+        assert sid_spy != sid_bot and sid_spy.startswith("bot2:")
+    # The session id the server sent back continues the conversation as it is (not namespaced twice).
+    assert (await _ask(srv, "bot", "follow-up", **{"X-Aiops-Session": "bot:shared-chat"}))[0] == "bot:shared-chat"
+    # The OpenAI `user` field is namespaced the same way.
+    async with httpx.AsyncClient() as h:
+        ids = []
+        for token in ("bot", "bot2"):
+            r = await h.post(srv.url + "/v1/chat/completions", headers=srv.headers(token), json={
+                "model": "aiops", "user": "alice", "messages": [{"role": "user", "content": "hi"}]})
+            ids.append(r.headers["x-aiops-session"])
+    assert ids == ["bot:user-alice", "bot2:user-alice"]
+
+    async with srv.client("ops") as ops, srv.client("bot") as bot, srv.client("bot2") as bot2:
+        bot_sessions = {s["client_id"] for s in await bot.sessions(kind="proxy")}
+        assert bot_sessions == {"bot:shared-chat", "bot:owui-owui-chat", "bot:user-alice"}
+        history = (await bot.session("bot:shared-chat"))["messages"]
+        assert [m["content"] for m in history if m["role"] == "user"] == ["bot's question", "follow-up"]
+        await forbidden(bot2.session("bot:shared-chat"))
+        owners = {s["owner"] for s in await ops.sessions(kind="proxy")}
+        assert owners == {"bot", "bot2"}
+
+
+async def test_an_operator_may_continue_a_client_conversation_and_a_client_may_not_name_an_operators(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    sid, _ = await _ask(srv, "bot", "first", **{"X-Aiops-Session": "helpdesk"})
+    assert sid == "bot:helpdesk"
+    # Operators name sessions directly and may continue anyone's.
+    assert (await _ask(srv, "ops", "operator steps in", **{"X-Aiops-Session": sid}))[0] == sid
+    assert (await _ask(srv, "ops", "ops own", **{"X-Aiops-Session": "ops-room"}))[0] == "ops-room"
+    # A session that carries the client's namespace but was created by an operator stays theirs.
+    assert (await _ask(srv, "ops", "planted", **{"X-Aiops-Session": "bot:planted"}))[0] == "bot:planted"
+    assert srv.tokens is not None
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=srv.tokens.secrets["bot"], max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        await client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "x"}],
+                                             extra_headers={"X-Aiops-Session": "bot:planted"})
+    await client.close()
+    assert e.value.status_code == 403 and "belongs to another caller" in e.value.message
+    async with srv.client("ops") as ops:
+        planted = (await ops.session("bot:planted"))["messages"]
+    assert [m["content"] for m in planted if m["role"] == "user"] == ["planted"]
+
+
+# ---- across a restart, against `aiops serve` -------------------------------------------------------------
+
+
+def test_ownership_survives_a_restart_of_aiops_serve(aiops_serve_factory: ServeFactory) -> None:
+    tokens = Tokens.make(ops="operator", bot="client", bot2="client")
+    first = aiops_serve_factory(tokens=tokens)
+    with openai.OpenAI(base_url=first.url + "/v1", api_key=tokens.secrets["bot"], max_retries=0) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="aiops", messages=[{"role": "user", "content": "remember me"}],
+            extra_headers={"X-Aiops-Session": "durable"})
+    assert raw.headers["x-aiops-session"] == "bot:durable"
+    assert first.stop() == 0
+
+    again = aiops_serve_factory(tokens=tokens, config_dir=first.config_dir, data_dir=first.data_dir)
+    url = again.url + "/api/v1/sessions/bot:durable"
+    assert httpx.get(url, headers=tokens.header("bot")).status_code == 200
+    r = httpx.get(url, headers=tokens.header("bot2"))
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden")
+    assert httpx.get(url, headers=tokens.header("ops")).json()["session"]["owner"] == "bot"
+    with openai.OpenAI(base_url=again.url + "/v1", api_key=tokens.secrets["bot"], max_retries=0) as c:
+        raw = c.chat.completions.with_raw_response.create(
+            model="aiops", extra_headers={"X-Aiops-Session": "durable"},
+            messages=[{"role": "user", "content": "remember me"}, {"role": "assistant", "content": "echo: remember me"},
+                      {"role": "user", "content": "still me"}])
+    assert raw.headers["x-aiops-session"] == "bot:durable"
+    msgs = httpx.get(url, headers=tokens.header("bot")).json()["messages"]
+    assert [m["content"] for m in msgs if m["role"] == "user"] == ["remember me", "still me"]
+
