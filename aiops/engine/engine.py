@@ -34,7 +34,7 @@ from aiops.engine.plugins import (
 from aiops.engine.store import SessionRow, Store
 from aiops.engine.tools import ToolRegistry
 from aiops.engine.turn import Turn, TurnResult, TurnRunner
-from aiops.engine.types import Message, ToolSpec, new_id
+from aiops.engine.types import Completion, Message, ToolSpec, new_id
 
 log = logging.getLogger(__name__)
 
@@ -540,15 +540,15 @@ class Engine:
         return False
 
     async def complete_plain(self, model_key: str, messages: list[Message],
-                             system: str | None = None) -> str:
-        """One model call with no tools, no gates and no session: chat UIs' background tasks."""
-        from aiops.engine.types import Completion
+                             system: str | None = None) -> Completion:
+        """One model call with no tools, no gates and no session: chat UIs' background tasks.
 
-        text = ""
+        The whole Completion, so callers can report the model's token usage with the text."""
+        completion = Completion()
         async for item in self.backend(model_key).stream(messages, [], system=system):
             if isinstance(item, Completion):
-                text = item.text
-        return text
+                completion = item
+        return completion
 
     def status(self) -> dict[str, Any]:
         return {
