@@ -67,7 +67,8 @@ def tool_contents(fake: FakeOpenAI, i: int = -1) -> list[str]:
 
 async def test_streams_text_and_commits_history(engine_factory, fake_openai):
     engine = await engine_factory()
-    fake_openai.script(Reply.text("hello operator", chunks=4))
+    # Paced as a model generates, so the pieces arrive (and are published) one by one.
+    fake_openai.script(Reply.text("hello operator", chunks=4, chunk_delay=0.05))
     published: list[str] = []
     engine.bus.add_listener(lambda e: published.append(e.data["text"]) if e.name == TOK else None)
     result = await engine.run("api-1", "hi", kind="api", timeout=10)
