@@ -111,6 +111,22 @@ async def test_without_tokens_loopback_callers_are_operators_and_own_what_they_c
     assert listed["owner"].startswith("loopback:")
 
 
+
+async def test_a_command_only_message_creates_no_session_for_either_role(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    async with srv.client("ops") as ops, srv.client("bot") as bot:
+        for agent, cid in ((ops, "api-cmd-ops"), (bot, "api-cmd-bot")):
+            reply = await agent.send("!help", client_id=cid)
+            assert reply["status"] == "complete" and "Commands:" in reply["text"]
+            with pytest.raises(AgentError) as e:
+                await ops.session(cid)
+            assert e.value.status == 404
+        # The first message that starts a turn creates it, owned by its sender.
+        await bot.send("!help\nand now a question", client_id="api-cmd-bot")
+        assert (await ops.session("api-cmd-bot"))["session"]["owner"] == "bot"
+
+
 # ---- the proxies -----------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import aiops
 from aiops.engine import events as ev
+from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SessionRow
 from aiops.engine.turn import Turn
@@ -322,21 +323,18 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live)
-    elif not who.operator:
-        # A client's new session is created owned before anything runs, so even the first event
-        # on a stream that subscribed early is known to be the client's.
+    elif not who.operator and parse_input(body.text, engine.commands.raw_names()).text:
+        # A client's message that starts a turn: its new session is created owned before anything
+        # runs, so even the first event on a stream that subscribed early is known to be its own.
+        # (A message of only `!commands` creates no session, and is left to the engine.)
         await claim(engine, client_id, who, kind="api", model=body.model)
-    else:
-        # An operator's is left to the engine (a message of only `!commands` creates none); its
-        # owner is recorded after, for the record only: operators may use every session anyway.
-        with engine.bus.subscribe(client_id, names=(ev.SESSION,)) as sub:
-            turn = await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=True)
-            created = any(e.data.get("change") == "created" for e in sub.pending())
-        new = await engine.session(client_id) if created else None
-        if new is not None and OWNER_KEY not in new.row.meta:
-            await record_owner(engine, new, who)
-        return turn
-    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
+    with engine.bus.subscribe(client_id, names=(ev.SESSION,)) as sub:
+        turn = await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
+        created = any(e.data.get("change") == "created" for e in sub.pending())
+    new = await engine.session(client_id) if created else None
+    if new is not None and OWNER_KEY not in new.row.meta:
+        await record_owner(engine, new, who)
+    return turn
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
