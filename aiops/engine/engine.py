@@ -256,9 +256,10 @@ class Engine:
     # ---- sessions ----
 
     async def session(self, ref: str, *, kind: str = "api", create: bool = False,
-                      model: str | None = None) -> LiveSession | None:
+                      model: str | None = None, meta: dict[str, Any] | None = None) -> LiveSession | None:
         """A live session by full or shorthand id; created when asked and missing (with `model`,
-        which must be a usable model key: a session must not store one it cannot run on)."""
+        which must be a usable model key: a session must not store one it cannot run on, and
+        with `meta`, written in the same transaction: an existing session's is left alone)."""
         live = self._sessions.get(ref)
         if live is not None:
             return live
@@ -267,7 +268,7 @@ class Engine:
         if create and not ref.isdigit() and kind in SESSION_KINDS:
             # One store round trip instead of a lookup and a create; a new session's history is
             # known to be empty, so it is not loaded either.
-            row, created = await self.store.get_or_create_session(ref, kind, model)
+            row, created = await self.store.get_or_create_session(ref, kind, model, meta)
             if not created:
                 return self._sessions.setdefault(row.id, LiveSession(row))
             live = self._sessions.setdefault(row.id, LiveSession(row, _history=[]))
@@ -281,7 +282,7 @@ class Engine:
                 raise EngineError(f"unknown session kind {kind!r}")
             if ref.isdigit():
                 raise EngineError(f"no session {ref}: all-digit ids are shorthand ids of existing sessions")
-            row = await self.store.create_session(ref, kind, model)
+            row = await self.store.create_session(ref, kind, model, meta)
             live = self._sessions.setdefault(row.id, LiveSession(row))
             self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
             return live

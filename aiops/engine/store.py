@@ -297,10 +297,10 @@ class Store:
 
         return await self._run(run, small=True)
 
-    async def get_or_create_session(self, session_id: str, kind: str,
-                                    model: str | None) -> tuple[SessionRow, bool]:
-        """The session `session_id` (by full id), created when missing, in one round trip; and
-        whether it was created. Each new client conversation needs exactly this."""
+    async def get_or_create_session(self, session_id: str, kind: str, model: str | None,
+                                    meta: dict[str, Any] | None = None) -> tuple[SessionRow, bool]:
+        """The session `session_id` (by full id), created with `meta` when missing, in one round
+        trip; and whether it was created. Each new client conversation needs exactly this."""
         now = time.time()
 
         def run(conn: sqlite3.Connection) -> tuple[SessionRow, bool]:
@@ -315,8 +315,8 @@ class Store:
                 conn.execute("UPDATE counters SET value=value+1 WHERE name='next_short_id'")
                 conn.execute(
                     "INSERT INTO sessions(id, short_id, kind, model, created_at, updated_at, meta) "
-                    "VALUES (?,?,?,?,?,?,?)", (session_id, short, kind, model, now, now, "{}"))
-                return SessionRow(session_id, short, kind, model, "", 0, now, now, {}), True
+                    "VALUES (?,?,?,?,?,?,?)", (session_id, short, kind, model, now, now, json.dumps(meta or {})))
+                return SessionRow(session_id, short, kind, model, "", 0, now, now, dict(meta or {})), True
 
             return self._tx(conn, body)
 

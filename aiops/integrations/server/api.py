@@ -46,7 +46,6 @@ from aiops.integrations.server.owners import (
     claim,
     forbidden,
     owner_of,
-    record_owner,
 )
 
 log = logging.getLogger(__name__)
@@ -323,18 +322,12 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live)
-    elif not who.operator and parse_input(body.text, engine.commands.raw_names()).text:
-        # A client's message that starts a turn: its new session is created owned before anything
-        # runs, so even the first event on a stream that subscribed early is known to be its own.
-        # (A message of only `!commands` creates no session, and is left to the engine.)
+    elif parse_input(body.text, engine.commands.raw_names()).text:
+        # A message that starts a turn: its new session is created owned before anything runs, so
+        # even the first event on a stream that subscribed early is known to be its own. (A
+        # message of only `!commands` creates no session.)
         await claim(engine, client_id, who, kind="api", model=body.model)
-    with engine.bus.subscribe(client_id, names=(ev.SESSION,)) as sub:
-        turn = await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
-        created = any(e.data.get("change") == "created" for e in sub.pending())
-    new = await engine.session(client_id) if created else None
-    if new is not None and OWNER_KEY not in new.row.meta:
-        await record_owner(engine, new, who)
-    return turn
+    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
