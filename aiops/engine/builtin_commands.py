@@ -62,6 +62,16 @@ SESSION_PAGE = 30
 
 async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
+    if not ctx.is_operator and (not argv or argv[0] in ("all", "page")):
+        # Other sessions' titles are other people's conversations: a client sees only its own.
+        own = await engine.session(ctx.session_id) if ctx.session_id else None
+        if own is None:
+            return "no session yet: this message starts none"
+        r = own.row
+        return "\n".join([f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title",
+                          f"*{r.short_id:>4}  {r.kind:<8} {own.model_key(engine):<12} "
+                          f"{r.message_count:>5}  {ago(r.updated_at):<9} {r.title}",
+                          "(operators see every session)"])
     if not argv or argv[0] in ("all", "page"):
         page = 1
         if argv and argv[0] == "page":

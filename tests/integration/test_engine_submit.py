@@ -149,6 +149,18 @@ async def test_session_list_shows_the_most_recent_page_and_says_how_to_see_more(
                                             is_operator=True, timeout=10)).text
 
 
+async def test_a_client_lists_only_its_own_session(engine_factory, fake_openai):
+    engine = await engine_factory(extra_files=MYSQL_OFF)
+    fake_openai.script(Reply.text("ok"), Reply.text("ok"))
+    await engine.run("api-secret", "payroll for the board", kind="api", is_operator=True, timeout=10)
+    await engine.run("proxy-mine", "hello there", kind="proxy", timeout=10)
+    out = (await engine.run("proxy-mine", "!session", kind="proxy", timeout=10)).text
+    assert "hello there" in out and "payroll" not in out
+    assert "payroll" not in (await engine.run("proxy-mine", "!session all", kind="proxy", timeout=10)).text
+    assert "payroll" in (await engine.run("console-op", "!session", kind="console", is_operator=True,
+                                          timeout=10)).text
+
+
 # ---- the prompt tree lives in the config dir -------------------------------------------------------
 
 
