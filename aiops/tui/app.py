@@ -20,6 +20,7 @@ from textual import on, work
 from textual.app import App
 from textual.content import Content
 from textual.css.query import NoMatches
+from textual.widget import Widget
 
 from aiops.engine import events as ev
 from aiops.tui.adapter import (
@@ -33,7 +34,7 @@ from aiops.tui.adapter import (
 )
 from aiops.tui.commands import ConsoleCommands, focused_pane
 from aiops.tui.format import one_line
-from aiops.tui.keys import bindings_for, unknown_ids
+from aiops.tui.keys import bindings_for, display_keys, first_key, render_help, unknown_ids
 from aiops.tui.screens.main import MainScreen
 from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat import ChatView
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+GATE_TOAST_SECONDS = 4  # the header badge stays as long as the gate does
+
 OVERVIEW_HELP = """\
 ## aiops console
 
@@ -60,11 +63,15 @@ One view of every session and every gate. **Sessions** (left) lists every client
 **Chat** (centre) shows the selected one live, with the **input** below it; the side pane holds the
 **gates inbox**, the **prompt tree**, **rate limits** and the **log**.
 
-Move between panes with tab / shift+tab or F6; F2 and F3 show or hide the sessions and side panes;
-alt+left / alt+right resize them. On terminals narrower than 100 columns one pane is shown at a
-time: pick it in the tab bar at the top or with F6.
+Move between panes with tab / shift+tab or {app.next_pane}; {app.toggle_sessions} and
+{app.toggle_side} show or hide the sessions and side panes; {app.narrower} / {app.wider} resize
+them. On terminals narrower than 100 columns one pane is shown at a time: pick it in the tab bar at
+the top or with {app.next_pane}.
 
-Focus a pane and press F1 again for its own help. ctrl+p opens the command palette.
+A new gate shows in the header and a notification; {app.jump_gate} jumps to it, and answering it
+puts you back where you were. {app.focus_input} puts the cursor in the input from any pane.
+
+Focus a pane and press {app.help} again for its own help. {app.palette} opens the command palette.
 """
 
 PANE_WIDGETS: dict[str, type[Any]] = {
@@ -111,6 +118,9 @@ class AiopsApp(App[int]):
         self.live_events: dict[str, list[EngineEvent]] = {}
         self._user_events: dict[str, EngineEvent] = {}
         self._details: GateDetailsScreen | None = None
+        # Where the operator was when they jumped to a gate: answering it brings them back there,
+        # so that what they type next cannot land in the inbox and answer the next gate.
+        self._gate_return: Widget | None = None
         self.set_keymap(self.keymap_overrides)
 
     # ---- widgets ---------------------------------------------------------------------------------------
@@ -158,6 +168,10 @@ class AiopsApp(App[int]):
 
     def run_palette_action(self, action: str, target: Any) -> None:
         self.call_later(self.run_action, action, target)
+
+    def key_name(self, binding_id: str) -> str:
+        """The key in effect for a binding, as prose names it ("ctrl+g"), after the user's keymap."""
+        return display_keys(first_key(binding_id, self.keymap_overrides))
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
@@ -424,15 +438,20 @@ class AiopsApp(App[int]):
         gate = {**gate, "turn_id": turn_id}
         self.inbox.add(gate)
         self.main.set_gate_count(len(self.inbox.gates))
+        # Short and brief: the header badge and the inbox carry the details; this only says that
+        # something waits and which key answers it.
         who = f"{gate.get('client_kind')} {self.sessions_list.short_id(gate.get('session_id'))}"
-        self.notify(f"{who}: {one_line(gate.get('summary', ''), 100)}  (ctrl+g to answer)",
-                    title="⚑ approval needed", severity="warning", timeout=8)
+        what = f"{gate.get('tool')} {gate.get('operation', '')}".rstrip()
+        self.notify(f"{who} · {one_line(what, 30)}", title=f"⚑ approval needed · {self.key_name('app.jump_gate')}",
+                    severity="warning", timeout=GATE_TOAST_SECONDS, markup=False)
         if self.ring_bell:
             self.bell()
 
     def _gate_resolved(self, gate: dict[str, Any]) -> None:
         self.inbox.remove(gate.get("id", ""))
         self.main.set_gate_count(len(self.inbox.gates))
+        if not self.inbox.gates and self.main.focused is self.inbox:
+            self._return_from_gates()  # nothing left to answer where the jump led
         details = self._details
         if details is not None and details.gate_id == gate.get("id") and details.is_attached:
             self._details = None
@@ -446,6 +465,22 @@ class AiopsApp(App[int]):
     @on(GatesInbox.Decision)
     def _gate_decision(self, msg: GatesInbox.Decision) -> None:
         self._answer(msg.gate_id, msg.decision, msg.scope, msg.stop_turn)
+        self._return_from_gates()
+
+    def _return_from_gates(self) -> None:
+        """After answering the gate a jump led to, the focus goes back where the operator was."""
+        target, self._gate_return = self._gate_return, None
+        if target is None or not target.is_attached or not self._drawing:
+            return
+        if self.main.focused is self.inbox:
+            self.main.return_focus(target)
+
+    @on(GatesInbox.TypedAway)
+    def _typed_away(self, msg: GatesInbox.TypedAway) -> None:
+        """Typing in the inbox: the text belongs in the input, and so does the focus."""
+        self._gate_return = None
+        self.main.return_focus(self.chat_input)
+        self.chat_input.insert(msg.character)
 
     def _answer(self, gate_id: str, decision: str, scope: str, stop: bool) -> None:
         gate = self.inbox.gates.get(gate_id, {})
@@ -488,6 +523,7 @@ class AiopsApp(App[int]):
                 self._details = None
             if result is not None:
                 self._answer(msg.gate_id, *result)
+                self._return_from_gates()
 
         await self.push_screen(screen, answered)
 
@@ -626,39 +662,52 @@ class AiopsApp(App[int]):
                 help_text = node.HELP
                 break
             node = node.parent
-        self.push_screen(HelpScreen(pane, help_text, self.keymap_overrides))
+        self.push_screen(HelpScreen(pane, render_help(help_text, self.keymap_overrides), self.keymap_overrides))
 
     def action_jump_gate(self) -> None:
+        focused = self.main.focused
+        if focused is not None and not isinstance(focused, GatesInbox):
+            self._gate_return = focused
         self.main.show_pane("gates")
         self.inbox.highlight_oldest()
         if not self.inbox.gates:
             self.notify("no gate is pending", timeout=2)
 
+    # Moving elsewhere on purpose ends a jump to a gate: answering later does not move the focus.
+
     async def action_new_session(self) -> None:
+        self._gate_return = None
         await self._new_session(focus=True)
 
     def action_toggle_sessions(self) -> None:
+        self._gate_return = None
         self.main.toggle("sessions")
 
     def action_toggle_side(self) -> None:
+        self._gate_return = None
         self.main.toggle("side")
 
     def action_next_side_tab(self) -> None:
+        self._gate_return = None
         self.main.cycle_side_tab()
 
     def action_next_pane(self) -> None:
+        self._gate_return = None
         self.main.cycle_pane(1)
 
     def action_previous_pane(self) -> None:
+        self._gate_return = None
         self.main.cycle_pane(-1)
 
     def action_resize(self, delta: int) -> None:
         self.main.resize_pane(int(delta))
 
     def action_focus_input(self) -> None:
+        self._gate_return = None
         self.main.show_pane("input")
 
     def action_show_pane(self, name: str) -> None:
+        self._gate_return = None
         self.main.show_pane(name)
 
     def action_check_models(self) -> None:

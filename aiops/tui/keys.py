@@ -8,6 +8,7 @@ so none of them can drift from what the keys really do.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -31,36 +32,44 @@ class KeySpec:
     id: str
     keys: str  # comma-separated, Textual key names
     action: str
-    description: str  # short: footer and palette title
+    description: str  # short: palette title
     tooltip: str  # one sentence: footer tooltip, palette help, F1 help
     pane: str
     show: bool = True  # in the footer
     priority: bool = False
     palette: bool = True  # offered in the command palette
+    label: str = ""  # the footer's word for it when shorter than the description
 
     def binding(self) -> Binding:
-        return Binding(self.keys, self.action, self.description, show=self.show, priority=self.priority,
-                       tooltip=self.tooltip, id=self.id)
+        return Binding(self.keys, self.action, self.label or self.description, show=self.show,
+                       priority=self.priority, tooltip=self.tooltip, id=self.id)
 
 
 KEYS: tuple[KeySpec, ...] = (
     # -- everywhere --
+    # The footer shows the focused pane's keys, then these in this order, as many as fit.
+    KeySpec("app.focus_input", "i", "focus_input", "Type",
+            "Put the cursor in the message input", "global"),
+    KeySpec("app.jump_gate", "ctrl+g", "jump_gate", "Oldest gate",
+            "Jump to the oldest pending gate in the inbox; answering it brings you back", "global",
+            priority=True, label="Gate"),
+    KeySpec("app.help", "f1", "help", "Help", "Explain the focused pane and list its keys", "global",
+            priority=True),
+    KeySpec("app.new_session", "ctrl+n", "new_session", "New session",
+            "Open a new console session and put the cursor in the input", "global", priority=True,
+            label="New"),
     KeySpec("app.quit", "ctrl+q", "quit", "Quit",
             "Quit aiops: running turns are cancelled and recorded, the server stops", "global",
             priority=True),
+    # The footer shows the palette key at its right edge by itself.
     KeySpec("app.palette", "ctrl+p", "command_palette", "Palette",
             "Open the command palette; the focused pane's actions come first", "global", priority=True,
-            palette=False),
-    KeySpec("app.help", "f1", "help", "Help", "Explain the focused pane and list its keys", "global",
-            priority=True),
-    KeySpec("app.jump_gate", "ctrl+g", "jump_gate", "Oldest gate",
-            "Jump to the oldest pending gate in the inbox", "global", priority=True),
-    KeySpec("app.new_session", "ctrl+n", "new_session", "New session",
-            "Open a new console session and put the cursor in the input", "global", priority=True),
+            palette=False, show=False),
     KeySpec("app.toggle_sessions", "f2", "toggle_sessions", "Sessions",
-            "Show or hide the sessions pane", "global", priority=True),
+            "Show or hide the sessions pane", "global", show=False, priority=True),
     KeySpec("app.toggle_side", "f3", "toggle_side", "Side",
-            "Show or hide the side pane (gates, prompt tree, rate limits, log)", "global", priority=True),
+            "Show or hide the side pane (gates, prompt tree, rate limits, log)", "global", show=False,
+            priority=True),
     KeySpec("app.next_side_tab", "f5", "next_side_tab", "Next tab",
             "Cycle the side pane: gates, prompt tree, rate limits, log", "global", show=False,
             priority=True),
@@ -75,8 +84,6 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("app.wider", "alt+right", "resize(4)", "Wider",
             "Make the focused side pane wider (the sessions pane while typing)", "global", show=False,
             priority=True),
-    KeySpec("app.focus_input", "i", "focus_input", "Type",
-            "Put the cursor in the message input", "global"),
     # -- the input --
     # The input handles its own keys in order with the characters typed before them (a priority
     # binding would run before earlier keystrokes reached the text); see ChatInput._on_key.
@@ -87,7 +94,8 @@ KEYS: tuple[KeySpec, ...] = (
             "Insert a line break; ctrl+j works in every terminal, shift+enter where the terminal sends it",
             "input", show=False),
     KeySpec("input.cancel", "escape", "cancel", "Cancel turn",
-            "Cancel the running turn of this session and put its prompt back in the input", "input"),
+            "Cancel the running turn of this session and put its prompt back in the input", "input",
+            label="Cancel"),
     KeySpec("input.complete", "tab", "complete", "Complete",
             "Complete the !command or @model under the cursor", "input", show=False),
     # -- the chat --
@@ -102,19 +110,20 @@ KEYS: tuple[KeySpec, ...] = (
             "Show the highlighted session in the chat pane", "sessions"),
     KeySpec("sessions.new", "n", "new", "New", "Open a new console session", "sessions"),
     KeySpec("sessions.stop", "x", "stop", "Stop turn",
-            "Cancel the running turn of the highlighted session", "sessions"),
+            "Cancel the running turn of the highlighted session", "sessions", label="Stop"),
     # -- gates --
     KeySpec("gates.approve", "a", "approve", "Approve",
             "Approve the highlighted gate once", "gates"),
     KeySpec("gates.approve_session", "s", "approve_session", "Approve session",
             "Approve it and let the same tool, operation and tables through for the rest of the session",
-            "gates"),
+            "gates", label="Session"),
     KeySpec("gates.deny", "d", "deny", "Deny",
             "Deny the highlighted gate; the model is told it was not allowed", "gates"),
     KeySpec("gates.deny_stop", "x", "deny_stop", "Deny+stop",
             "Deny the highlighted gate and cancel the turn that asked", "gates"),
     KeySpec("gates.details", "enter", "details", "Details",
-            "Open the gate: full arguments, SQL highlighted, what the session was doing", "gates"),
+            "Open the gate: full arguments, SQL highlighted, what the session was doing", "gates",
+            label="Open"),
     # -- prompt tree --
     KeySpec("prompt.edit", "e", "edit", "Edit",
             "Edit the selected section and save it through the prompt-tree engine", "prompt"),
@@ -150,5 +159,28 @@ def keys_of(spec: KeySpec, keymap: Mapping[str, str]) -> str:
     return keymap.get(spec.id, spec.keys)
 
 
+_SHORT = {"escape": "esc"}
+
+
 def display_keys(keys: str) -> str:
-    return " / ".join(k.strip() for k in keys.split(",") if k.strip())
+    return " / ".join(_SHORT.get(k.strip(), k.strip()) for k in keys.split(",") if k.strip())
+
+
+def first_key(binding_id: str, keymap: Mapping[str, str]) -> str:
+    """The first key in effect for a binding (what prose and hints name)."""
+    keys = keys_of(BY_ID[binding_id], keymap)
+    return next((k.strip() for k in keys.split(",") if k.strip()), keys)
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z_]+\.[a-z_]+)\}")
+
+
+def render_help(text: str, keymap: Mapping[str, str]) -> str:
+    """Help text with each `{binding.id}` replaced by the keys in effect for it, so that help never
+    names a key the user's keymap moved."""
+
+    def key(m: re.Match[str]) -> str:
+        spec = BY_ID.get(m.group(1))
+        return display_keys(keys_of(spec, keymap)) if spec is not None else m.group(0)
+
+    return _PLACEHOLDER.sub(key, text)

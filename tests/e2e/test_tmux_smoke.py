@@ -86,6 +86,10 @@ def test_aiops_runs_in_a_real_terminal_and_quits_cleanly(tmux, tmp_path):
                                "the console with its server address")
         assert "Sessions" in screen and "Chat" in screen and "Gates" in screen
         assert "Traceback" not in screen
+        # The key bar: whole labels, the palette key once, at the right edge.
+        footer = [line for line in screen.splitlines() if line.strip()][-1]
+        assert footer.split()[:2] == ["⏎", "Send"] and footer.rstrip().endswith("▏^p Palette"), footer
+        assert footer.count("Palette") == 1, footer
 
         tmux("send-keys", "-t", "aiops", "-l", "hello from tmux")
         tmux("send-keys", "-t", "aiops", "Enter")

@@ -144,6 +144,31 @@ def region_text(app: AiopsApp, selector: str) -> str:
     return " ".join(text.split())
 
 
+def region_lines(app: AiopsApp, selector: str) -> list[str]:
+    """The lines a widget shows on screen, as drawn (borders included)."""
+    widget = app.screen.query_one(selector)
+    region = widget.region
+    strips = app.screen._compositor.render_strips()[region.y:region.bottom]
+    return [strip.crop(region.x, region.right).text for strip in strips]
+
+
+def color_of(app: AiopsApp, word: str, selector: str | None = None) -> Any:
+    """The foreground colour the terminal draws `word` in (its first cell), inside `selector`'s region
+    or anywhere on screen. Fails when the word is not on screen."""
+    strips = app.screen._compositor.render_strips()
+    region = app.screen.query_one(selector).region if selector else None
+    for y, strip in enumerate(strips):
+        if region is not None and not region.y <= y < region.bottom:
+            continue
+        line = strip.crop(region.x, region.right) if region is not None else strip
+        x = line.text.find(word)
+        if x < 0:
+            continue
+        for segment in line.crop(x, x + 1):
+            return segment.style.color if segment.style else None
+    raise AssertionError(f"{word!r} is not on screen:\n{screen_text(app)}")
+
+
 def chat_text(app: AiopsApp) -> str:
     return region_text(app, "#chat")
 

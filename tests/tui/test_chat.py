@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from aiops.tui.widgets.chat import AssistantMessage, EarlierButton, UserMessage
+from textual.geometry import Region
+
+from aiops.tui.widgets.chat import AssistantMessage, CommandOutput, EarlierButton, UserMessage
 from aiops.tui.widgets.chat_input import ChatInput
 from tests.fakes.openai_server import Reply
 from tests.tui.conftest import (
@@ -269,3 +271,37 @@ async def test_quitting_cancels_a_running_turn_and_records_it(make_app, fake_ope
         await store.close()
     assert [m.role for m in history][:1] == ["user"]
     assert history[-1].role == "notice" and history[-1].content == "turn cancelled"
+
+
+async def test_a_fresh_session_says_how_to_start_until_something_happens(make_app):
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await wait_chat(pilot, "New session.")
+        text = chat_text(app)
+        assert "New session. Type a message below and press enter to send it." in text
+        assert "!help lists the commands" in text and "@model text asks another model" in text
+        assert "f1 explains the focused pane" in text
+        await send(pilot, "hello")
+        await wait_chat(pilot, "echo: hello")
+        assert "New session." not in chat_text(app)
+
+
+async def test_command_output_wraps_under_its_columns_in_a_narrow_chat(make_app):
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "!help")
+        await wait_for(pilot, lambda: app.chat.query(CommandOutput), "the command output")
+        output = app.chat.query(CommandOutput).last()
+        await wait_for(pilot, lambda: output.size.height > 0, "the output laid out")
+        # The lines as the widget draws them (its left border and padding stripped).
+        strips = output.render_lines(Region(0, 0, output.size.width, output.size.height))
+        lines = [strip.text[2:].rstrip() for strip in strips]
+        # Every line after the heading is indented: a wrapped description never starts at the edge.
+        assert lines[0] == "Commands:" and all(line.startswith("  ") for line in lines[1:] if line), lines
+        # A description too long for the width continues under its own column.
+        i = next(i for i, line in enumerate(lines) if "list models /" in line)
+        column = lines[i].index("list models /")
+        assert lines[i + 1].strip() and len(lines[i + 1]) - len(lines[i + 1].lstrip()) == column, lines[i:i + 2]
+        assert all(len(line) < output.size.width for line in lines)

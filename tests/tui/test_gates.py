@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+from textual.widgets import Markdown
+
 from aiops.tui.screens.modals import GateDetailsScreen
 from aiops.tui.widgets.chat_input import ChatInput
-from aiops.tui.widgets.gates import GatesInbox
+from aiops.tui.widgets.gates import ARM_SECONDS, GatesInbox
 from tests.fakes.openai_server import call_tool_when
 from tests.tui.conftest import (
     SIZE,
     chat_text,
+    color_of,
     ready,
     region_text,
     screen_text,
     send,
+    type_text,
     wait_chat,
     wait_for,
+    wait_text,
 )
 
 NOTE = ("write_note", {"text": "disk at 91%"})
@@ -38,7 +46,9 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         inbox = region_text(app, "#side")
         assert "write_note write" in inbox and "disk at 91%" in inbox and "Gates (1)" in inbox
         assert "⚑ 1 gate" in screen_text(app)
-        assert any("approval needed" in (n.title or "") for n in app._notifications)
+        toast = next(n for n in app._notifications if "approval needed" in (n.title or ""))
+        assert "ctrl+g" in toast.title and toast.message == f"console {app.sessions_list.short_id(app.selected)} · " \
+            "write_note write"  # short: the badge and the inbox carry the rest
         assert app.bells == 1
         assert isinstance(app.focused, ChatInput)
         await wait_chat(pilot, "waiting for operator approval: write_note write")
@@ -48,6 +58,7 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert isinstance(app.focused, GatesInbox)
         await pilot.press("a")
         await wait_chat(pilot, "tool said: noted: disk at 91%")
+        assert isinstance(app.focused, ChatInput)  # back where the operator was
         assert notes.notes == ["disk at 91%"]
         assert not app.inbox.gates
         assert "⚑ 1 gate" not in screen_text(app)
@@ -151,6 +162,140 @@ async def test_gates_from_every_session_oldest_first(make_app, fake_openai):
         await first.wait(10)
         await wait_for(pilot, lambda: len(app.inbox.gates) == 1, "one gate left")
         assert "slack" in region_text(app, "#side")
-        await pilot.press("d")
+        await pilot.press("ctrl+g", "d")
         await second.wait(10)
         await wait_for(pilot, lambda: not app.inbox.gates, "no gate left")
+
+
+@pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
+async def test_after_answering_the_gate_jumped_to_typing_goes_to_the_input_not_the_inbox(
+        make_app, fake_openai, notes, size):
+    fake_openai.responder = call_tool_when("note", NOTE)
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        first = await engine.submit("api-1", "note from api", kind="api")
+        await wait_for(pilot, lambda: len(app.inbox.gates) == 1, "the first gate")
+        second = await engine.submit("slack-1", "note from slack", kind="slack")
+        await wait_for(pilot, lambda: len(app.inbox.gates) == 2, "the second gate")
+        await type_text(pilot, "half a ")
+        await pilot.press("ctrl+g", "a")
+        await first.wait(10)
+        # The focus is back in the input (on a narrow terminal: the chat view is back), so every
+        # letter of the next message lands there; none of a/s/d/x answers the slack gate.
+        await type_text(pilot, "sentence: deny access, approve nothing, stay")
+        assert app.chat_input.text == "half a sentence: deny access, approve nothing, stay"
+        assert isinstance(app.focused, ChatInput)
+        assert len(app.inbox.gates) == 1 and not second.done
+        assert "approve nothing" in region_text(app, "#input")
+        # The details view, reached through the jump, returns there too.
+        await pilot.press("ctrl+g", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
+        await pilot.press("d")
+        await second.wait(10)
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "the input again")
+        await type_text(pilot, "!")
+        assert app.chat_input.text.endswith("stay!")
+        assert notes.notes == ["disk at 91%"]
+
+
+async def test_a_gate_that_slides_under_the_cursor_is_not_answered_by_a_stray_key(make_app, fake_openai, notes):
+    fake_openai.responder = call_tool_when("note", NOTE)
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        # The operator went to the inbox on their own (no jump) and stays there.
+        app.main.show_pane("gates")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        turn = await app.adapter.engine.submit("api-1", "note from api", kind="api")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await pilot.press("a")  # a key pressed as the gate arrived: not an answer
+        await wait_for(pilot, lambda: any("moved under the cursor" in n.message for n in app._notifications),
+                       "the warning")
+        assert app.inbox.gates and notes.notes == []
+        await wait_for(pilot, lambda: time.monotonic() - app.inbox._moved_at > ARM_SECONDS, "a second to look")
+        await pilot.press("a")
+        await turn.wait(10)
+        assert notes.notes == ["disk at 91%"]
+        assert isinstance(app.focused, GatesInbox)  # no jump, so no return: ready for the next one
+
+
+async def test_typing_in_the_inbox_moves_the_text_and_the_focus_to_the_input(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await _ask(pilot, app, fake_openai)
+        app.main.show_pane("gates")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        await type_text(pilot, "hello, as said")
+        assert app.chat_input.text == "hello, as said"  # `h` is no inbox key: the rest follows it
+        assert isinstance(app.focused, ChatInput) and app.inbox.gates
+
+
+async def test_a_finite_wait_counts_down_in_the_row_and_the_details_then_times_out(make_app, fake_openai, notes):
+    fake_openai.responder = call_tool_when("note", NOTE)
+    app = make_app(extra_files={"gates.toml": "[wait]\napi = 4\n"})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        turn = await app.adapter.engine.submit("api-1", "note from api", kind="api")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await wait_for(pilot, lambda: "0:03" in region_text(app, "#side"), "3 s left in the row")
+        await wait_for(pilot, lambda: "0:02" in region_text(app, "#side"), "the row counting down")
+        assert "∞" not in region_text(app, "#side")
+        app.inbox.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
+        await wait_for(pilot, lambda: "time left: 0:01" in screen_text(app), "the details counting down")
+        # Nobody answers: the gate times out, the details close and the inbox empties at once.
+        await turn.wait(10)
+        await wait_for(pilot, lambda: not isinstance(app.screen, GateDetailsScreen), "the details to close")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
+        assert "No gate is waiting." in region_text(app, "#side") and notes.notes == []
+        history = await app.adapter.engine.history("api-1")
+        assert [m.meta.get("decision") for m in history if m.role == "gate"] == ["timeout"]
+
+
+async def test_a_db_gate_shows_its_tables_and_highlighted_sql_in_the_row(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        fake_openai.responder = call_tool_when("clean up", ("run_sql", {"sql": "DELETE FROM users WHERE id = 3"}))
+        await send(pilot, "clean up user 3")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        side = region_text(app, "#side")
+        assert "run_sql write ∞" in side and "tables users" in side and "DELETE FROM users WHERE id = 3" in side
+        # Highlighted: the keyword is drawn in another colour than the table name.
+        assert color_of(app, "DELETE", "#side") != color_of(app, "users WHERE", "#side")
+
+
+async def test_a_gate_resolved_through_the_engine_leaves_the_inbox_and_returns_the_focus(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        gate = await _ask(pilot, app, fake_openai)
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        # Answered through the API while the operator looks at it (the broker is what the API calls).
+        app.adapter.engine.gatekeeper.broker.resolve(gate["id"], "deny", by="api:ops")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "the input")
+        await wait_chat(pilot, "denied by api:ops")
+
+
+async def test_a_rebound_jump_key_is_the_one_the_console_names(make_app, fake_openai):
+    app = make_app(extra_files={"aiops.toml": '[console.keymap]\n"app.jump_gate" = "ctrl+o"\n'})
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await ready(pilot)
+        await _ask(pilot, app, fake_openai)
+        toast = next(n for n in app._notifications if "approval needed" in (n.title or ""))
+        assert "ctrl+o" in toast.title and "ctrl+g" not in toast.title + toast.message
+        footer = screen_text(app).splitlines()[-1]
+        assert "^o Gate" in footer and "^g" not in footer
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        assert "^o Gate" in screen_text(app).splitlines()[-1]
+        await pilot.press("f1")
+        await wait_text(pilot, "Help · Gates inbox")
+        text = " ".join(app.screen.query_one(Markdown).source.split())
+        assert "**ctrl+o** jumps here" in text and "ctrl+g" not in text

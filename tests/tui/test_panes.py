@@ -18,8 +18,10 @@ from tests.fakes.openai_server import call_tool_when
 from tests.tui.conftest import (
     SIZE,
     chat_text,
+    color_of,
     prompt_copy,
     ready,
+    region_lines,
     region_text,
     screen_text,
     send,
@@ -39,9 +41,9 @@ async def test_the_prompt_tree_shows_sections_and_errors_and_edits_save_through_
         await ready(pilot)
         await pilot.press("f5")  # gates -> prompt
         await wait_for(pilot, lambda: app.main.side_tab() == "prompt", "the prompt tab")
-        await wait_text(pilot, "tools_search")
+        await wait_text(pilot, "tools_prompt")
         side = region_text(app, "#side")
-        for name in ("1. role", "2. tools", "3. tools_db", "6. gates", "7. memory", "1 error"):
+        for name in ("1. role", "2. tools", "3. tools_db", "gates", "memory", "1 error"):
             assert name in side
         assert "✗ ghost (missing)" in side
         assert app.focused is app.main.query_one("#prompt-sections")
@@ -185,16 +187,28 @@ async def test_the_keymap_in_aiops_toml_rebinds_keys_by_id(make_app, fake_openai
         await wait_for(pilot, lambda: app.inbox.gates, "the gate")
         await pilot.press("ctrl+g", "a")
         await pilot.pause()
-        assert app.inbox.gates  # `a` is no longer approve
-        await pilot.press("y")
+        assert app.inbox.gates  # `a` is no longer approve: typed in the inbox, it went to the input
+        assert app.chat_input.text == "a" and isinstance(app.focused, ChatInput)
+        await pilot.press("ctrl+g", "y")
         await wait_chat(pilot, "tool said: noted: k")
 
 
-async def test_the_theme_comes_from_the_config(make_app):
+async def test_the_theme_comes_from_the_config_and_a_change_redraws_everything(make_app, fake_openai):
+    fake_openai.responder = call_tool_when("clean up", ("run_sql", {"sql": "DELETE FROM users WHERE id = 3"}))
     app = make_app(extra_files={"aiops.toml": '[console]\ntheme = "nord"\n'})
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         assert app.theme == "nord"
+        await send(pilot, "clean up user 3")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        app.chat.focus()
+        await pilot.press("t")  # the tool call's arguments open: SQL highlighted in the chat too
+        await wait_chat(pilot, "DELETE FROM users WHERE id = 3")
+        words = [("DELETE", "#gates"), ("DELETE", "#chat"), ("Sessions", None), ("console (1)", "#sessions")]
+        before = {w: color_of(app, *w) for w in words}
+        app.theme = "textual-light"
+        await wait_for(pilot, lambda: all(color_of(app, *w) != before[w] for w in words),
+                       "every pane in the new theme's colours")
 
 
 def _closed_port() -> int:
@@ -254,3 +268,54 @@ def test_nothing_logs_to_the_terminal_while_the_console_draws(tmp_path, fake_ope
         root.removeHandler(terminal)
     assert "only in the file" not in capsys.readouterr().err
     assert "only in the file" in cfg.paths.log_path.read_text()
+
+
+async def test_the_footer_fits_80_columns_with_whole_labels_and_one_palette_key(make_app, fake_openai):
+    fake_openai.responder = call_tool_when("note", ("write_note", {"text": "f"}))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        footer = await wait_for(pilot, lambda: "Send" in screen_text(app).splitlines()[-1]
+                                and screen_text(app).splitlines()[-1], "the footer")
+        assert footer.split() == ["⏎", "Send", "^g", "Gate", "f1", "Help", "^n", "New", "^q", "Quit",
+                                  "▏^p", "Palette"]
+        await send(pilot, "note it")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: "Approve" in screen_text(app).splitlines()[-1], "the inbox's keys")
+        footer = screen_text(app).splitlines()[-1]
+        # The inbox's own keys first, then as many global ones as fit, whole; the palette once.
+        assert footer.split()[:10] == ["⏎", "Open", "a", "Approve", "s", "Session", "d", "Deny", "x", "Deny+stop"]
+        assert footer.count("Palette") == 1 and footer.rstrip().endswith("▏^p Palette")
+        labels = {"Open", "Approve", "Session", "Deny", "Deny+stop", "Type", "Gate", "Help", "New", "Quit"}
+        assert all(word in labels or len(word) <= 3 for word in footer.replace("▏^p Palette", "").split())
+
+
+async def test_every_pane_is_framed_and_the_side_pane_names_itself_when_alone(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        top = region_lines(app, "#main")[0]
+        assert top.startswith("╭─ Sessions") and top.count("╭") == 3 and top.endswith("╮")
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("f5")  # the side pane's prompt tab, alone on a narrow terminal
+        await wait_for(pilot, lambda: region_lines(app, "#side")[0].startswith("╭─ Prompt"), "the framed tab")
+
+
+async def test_session_rows_use_the_width_they_get(make_app, fake_openai):
+    title = "please check the replication lag on every replica"
+    models = {"local": {"type": "openai", "model_id": "fake-model", "base_url": fake_openai.url,
+                        "system_prompt_folder": "noprompt-with-a-long-name"}}
+    app = make_app(models=models)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, title)
+        await wait_chat(pilot, "echo: " + title)
+        # 120 columns: the title is cut to the pane, and the last activity keeps its place.
+        rows = region_lines(app, "#sessions")
+        assert rows[1].rstrip().endswith("…") and rows[2].rstrip().endswith("now")
+        # 80 columns: the sessions tab is the full width, and the whole title shows.
+        await pilot.resize_terminal(80, 24)
+        app.main.show_pane("sessions")
+        await wait_for(pilot, lambda: title in region_text(app, "#sessions"), "the whole title")
+        assert region_lines(app, "#sessions")[2].rstrip().endswith("now")

@@ -14,10 +14,11 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static, Tab, TabbedContent, TabPane, Tabs
+from textual.widgets import Static, Tab, TabbedContent, TabPane, Tabs
 
 from aiops.tui.widgets.chat import ChatView
 from aiops.tui.widgets.chat_input import ChatInput
+from aiops.tui.widgets.footer import ConsoleFooter
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
 from aiops.tui.widgets.log import LogView
@@ -59,14 +60,18 @@ class MainScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         sessions = SessionsList(id="sessions")
+        chat = ChatView(id="chat")
+        # Titles are set here, not on mount: the App may already have named the session by then.
+        chat.border_title = "Chat"
         yield StatusBar(id="status")
         yield Tabs(*(Tab(v.capitalize(), id=f"v-{v}") for v in VIEWS), id="narrow-tabs")
         with Horizontal(id="main"):
-            with Vertical(id="sessions-pane"):
+            with Vertical(id="sessions-pane") as pane:
+                pane.border_title = "Sessions"
                 yield sessions
             with Vertical(id="center"):
                 yield Static("", id="guidance")
-                yield ChatView(id="chat")
+                yield chat
                 yield ChatInput(id="input")
             with SidePane(id="side", initial="tab-gates"):
                 with TabPane("Gates", id="tab-gates"):
@@ -77,11 +82,9 @@ class MainScreen(Screen[None]):
                     yield LimitsTable(sessions.short_id, id="limits")
                 with TabPane("Log", id="tab-log"):
                     yield LogView(id="log")
-        yield Footer()
+        yield ConsoleFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#sessions-pane").border_title = "Sessions"
-        self.query_one("#chat").border_title = "Chat"
         self._apply_layout(self.size.width)
         self.query_one(ChatInput).focus()
 
@@ -105,6 +108,7 @@ class MainScreen(Screen[None]):
         else:
             sessions.styles.width = self.sessions_width
             side.styles.width = self.side_width
+            self._title_side()
 
     def _apply_view(self) -> None:
         v = self.view
@@ -116,6 +120,17 @@ class MainScreen(Screen[None]):
             tabs.active = f"v-{v}"
         if v in SIDE_TABS:
             self.query_one("#side", TabbedContent).active = f"tab-{v}"
+        self._title_side()
+
+    def _title_side(self) -> None:
+        """The side pane is framed like the others; when narrow its own tab bar is hidden (the
+        screen's tab bar picks the pane), so the frame names what it shows."""
+        side = self.query_one("#side", TabbedContent)
+        if not self.narrow:
+            side.border_title = None
+            return
+        tab = side.get_tab(side.active) if side.active else None
+        side.border_title = tab.label if tab is not None else None
 
     def watch_view(self) -> None:
         if self.is_mounted:
@@ -165,6 +180,13 @@ class MainScreen(Screen[None]):
             self.view = view
         if focus:
             self.focus_pane(view)
+
+    def return_focus(self, widget: Widget) -> None:
+        """Put the focus back on `widget` now (before the next key is handled), showing its pane."""
+        self._focus_target = widget  # a focus still pending from before is overtaken
+        if self.narrow:
+            self.view = self._view_of(widget)
+        self.set_focus(widget)
 
     def focus_pane(self, name: str) -> None:
         """Focus a pane once it is displayed; a later request wins over one still pending."""
@@ -231,3 +253,5 @@ class MainScreen(Screen[None]):
         side.get_tab("tab-gates").label = label
         self.query_one("#narrow-tabs", Tabs).get_tab("v-gates").label = label  # type: ignore[union-attr]
         self.query_one(StatusBar).gates = count
+        if self.narrow:
+            self._title_side()

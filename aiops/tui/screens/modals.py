@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rich.syntax import Syntax
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.highlight import highlight
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Markdown, Static, TextArea
 
@@ -84,20 +84,44 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
             yield Static(Content(head))
             if g.get("tables"):
                 yield Static(Content("tables: " + ", ".join(g["tables"])))
-            yield Static(Content(f"time left: {time_left(g.get('expires_at'))}"), id="gate-time-left")
+            yield Static(self._time_left(), id="gate-time-left")
             with VerticalScroll(id="gate-body"):
+                # Textual's highlighter uses theme variables: the colours follow the theme.
                 if sql is not None:
-                    yield Static(Syntax(sql, "sql", word_wrap=True, background_color="default"),
-                                 id="gate-sql", classes="code")
-                yield Static(Syntax(pretty_json(args), "json", word_wrap=True, background_color="default"),
-                             id="gate-args", classes="code")
+                    yield Static(highlight(sql, language="sql"), id="gate-sql", classes="code")
+                rest = {k: v for k, v in args.items() if v is not sql} if sql is not None else args
+                if rest or sql is None:  # the SQL is not shown twice
+                    yield Static(highlight(pretty_json(rest), language="json"), id="gate-args", classes="code")
                 yield Label("what the session was doing", classes="dialog-subtitle")
                 yield Static(Content(self.context or "(no messages yet)"), id="gate-context")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Approve", id="b-approve", variant="success", compact=True)
-                yield Button("For session", id="b-session", variant="primary", compact=True)
-                yield Button("Deny", id="b-deny", variant="error", compact=True)
-                yield Button("Deny+stop", id="b-stop", variant="error", compact=True)
+                yield Button(self._label("approve", "Approve"), id="b-approve", variant="success", compact=True)
+                yield Button(self._label("approve_session", "For session"), id="b-session", variant="primary",
+                             compact=True)
+                yield Button(self._label("deny", "Deny"), id="b-deny", variant="error", compact=True)
+                yield Button(self._label("deny_stop", "Deny+stop"), id="b-stop", variant="error", compact=True)
+
+    def _label(self, name: str, text: str) -> str:
+        """A button's text with the key that does the same (after the user's keymap)."""
+        binding_id = f"gate_details.{name}"
+        default = next(b.key for b in self.BINDINGS if isinstance(b, Binding) and b.id == binding_id)
+        keymap: Mapping[str, str] = getattr(self.app, "keymap_overrides", {})
+        key = keymap.get(binding_id, default).split(",")[0].strip()
+        return f"{key} {text}"
+
+    def _time_left(self) -> Content:
+        expires = self.gate.get("expires_at")
+        left = time_left(expires)
+        if expires is None:
+            return Content.assemble("time left: ", (left, "bold"), " (waits until answered)")
+        return Content.assemble("time left: ", (left, "bold $warning"))
+
+    def on_mount(self) -> None:
+        if self.gate.get("expires_at") is not None:
+            self.set_interval(1, self._tick)
+
+    def _tick(self) -> None:
+        self.query_one("#gate-time-left", Static).update(self._time_left())
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         answers = {"b-approve": ("approve", "once", False), "b-session": ("approve", "session", False),

@@ -9,20 +9,21 @@ anchor: scrolling up releases it, scrolling back to the end restores it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rich.syntax import Syntax
 from textual import on
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.highlight import highlight
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Collapsible, Markdown, Static
 
 from aiops.engine import events as ev
 from aiops.tui.format import args_preview, duration, one_line, pretty_json, sql_of
-from aiops.tui.keys import bindings_for
+from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
+from aiops.tui.widgets.fitted import HangingText
 
 if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
@@ -125,17 +126,16 @@ class ToolCallBlock(Collapsible):
                          classes="tool")
 
     @staticmethod
-    def _args_renderable(arguments: Any) -> Any:
+    def _args_renderable(arguments: Any) -> Content:
+        # Textual's highlighter styles tokens with theme variables: a theme change recolours them.
         sql = sql_of(arguments)
         if sql is not None:
             rest = {k: v for k, v in arguments.items() if v is not sql}
-            body = Syntax(sql, "sql", word_wrap=True, background_color="default")
+            body = highlight(sql, language="sql")
             if not rest:
                 return body
-            from rich.console import Group
-
-            return Group(body, Syntax(pretty_json(rest), "json", word_wrap=True, background_color="default"))
-        return Syntax(pretty_json(arguments), "json", word_wrap=True, background_color="default")
+            return Content("\n").join([body, highlight(pretty_json(rest), language="json")])
+        return highlight(pretty_json(arguments), language="json")
 
     def _title_text(self) -> str:
         from textual.markup import escape
@@ -185,9 +185,28 @@ class NoticeLine(Static):
 
 
 class CommandOutput(Static):
+    """A command's output: column-aligned text that wraps under its columns in a narrow pane."""
+
     def __init__(self, text: str, command: str | None = None) -> None:
-        super().__init__(_esc(text), classes="msg command-output")
+        super().__init__(HangingText(text), classes="msg command-output")
+        self.text = text
         self.command = command
+
+
+class EmptyHint(Static):
+    """What a fresh session shows until something happens in it."""
+
+    def __init__(self, keymap: Mapping[str, str]) -> None:
+        send = display_keys(first_key("input.send", keymap))
+        lines = [
+            Content.assemble(("New session.", "bold"), f" Type a message below and press {send} to send it."),
+            Content.assemble(("!help", "bold $accent"), " lists the commands · ",
+                             ("@model", "bold $accent"), " text asks another model for one turn"),
+            Content.assemble((render_help("{app.help}", keymap), "bold $accent"),
+                             " explains the focused pane · ",
+                             (render_help("{app.palette}", keymap), "bold $accent"), " every action"),
+        ]
+        super().__init__(Content("\n").join(lines), classes="msg hint")
 
 
 class ErrorLine(Static):
@@ -249,8 +268,9 @@ The selected session's conversation, live. Answers stream in as Markdown; **thin
 **tool calls** are collapsible blocks (arguments, result preview, duration); gate decisions,
 notices, command output and errors are lines of their own.
 
-Only the latest messages are loaded: **load earlier** (or `e`) pages back. The view follows new
-output only while you are at the bottom; scroll up to read in peace, `end` to follow again.
+Only the latest messages are loaded: **load earlier** (or **{chat.earlier}**) pages back.
+**{chat.details}** opens or closes every block. The view follows new output only while you are at
+the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
 """
 
     class LoadEarlier(Message):
@@ -276,6 +296,7 @@ output only while you are at the bottom; scroll up to read in peace, `end` to fo
     async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
                    live: Iterable[EngineEvent] = ()) -> None:
         """Replace the view: a page of history, then the events of the live turn (if any)."""
+        live = list(live)
         await self._finish_current()
         self.session_id = session_id
         self._tools.clear()
@@ -288,6 +309,8 @@ output only while you are at the bottom; scroll up to read in peace, `end` to fo
             self.oldest_id = min((m.id for m in messages if m.id is not None), default=None)
             if has_more and self.oldest_id is not None:
                 widgets.insert(0, EarlierButton())
+            if not widgets and not live:
+                widgets.append(EmptyHint(getattr(self.app, "keymap_overrides", {})))
             if widgets:
                 await self.mount_all(widgets)
         for event in live:
@@ -326,6 +349,8 @@ output only while you are at the bottom; scroll up to read in peace, `end` to fo
                 self._tools[w.call_id] = w
 
     async def _add(self, widget: Widget) -> None:
+        for hint in self.query(EmptyHint):
+            await hint.remove()
         await self.mount(widget)
 
     async def _finish_current(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from textual import events
@@ -9,10 +10,9 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import TextArea
 
-from aiops.tui.keys import bindings_for, keys_of, specs_for
+from aiops.tui.keys import BY_ID, bindings_for, display_keys, first_key, keys_of, specs_for
 
 HISTORY_SIZE = 200
-TITLE = "message · enter send · ctrl+j newline · esc cancel"
 
 
 class ChatInput(TextArea):
@@ -23,14 +23,14 @@ class ChatInput(TextArea):
     HELP = """\
 ## Input
 
-Type a message for the selected session and press **enter** to send it.
+Type a message for the selected session and press **{input.send}** to send it.
 
-- **shift+enter** inserts a line break where the terminal sends it; **ctrl+j** and **alt+enter**
-  work everywhere (many terminals, and tmux, send shift+enter as a plain enter).
+- **{input.newline}** inserts a line break (many terminals, and tmux, send shift+enter as a plain
+  enter: ctrl+j works everywhere).
 - **up** on the first line and **down** on the last line walk through what you sent before.
 - Lines starting with `!` are commands (`!help` lists them); `@model text` sends one turn to
-  another model. **tab** (or **right** at the end) completes a command or model name.
-- **esc** cancels the running turn of this session and puts its prompt back here.
+  another model. **{input.complete}** (or **right** at the end) completes a command or model name.
+- **{input.cancel}** cancels the running turn of this session and puts its prompt back here.
 """
 
     busy: reactive[bool] = reactive(False)
@@ -54,7 +54,18 @@ Type a message for the selected session and press **enter** to send it.
         self.commands: list[str] = []
         self.models: list[str] = []
         self.candidates: list[str] = []
-        self.border_title = TITLE
+
+    def on_mount(self) -> None:
+        self.border_title = self.title_for(getattr(self.app, "keymap_overrides", {}))
+
+    @staticmethod
+    def title_for(keymap: Mapping[str, str]) -> str:
+        """The frame's reminder of the keys that matter, after the user's keymap."""
+        newline = [k.strip() for k in keys_of(BY_ID["input.newline"], keymap).split(",") if k.strip()]
+        # shift+enter reaches few terminals (tmux sends a plain enter): name one that works.
+        portable = next((k for k in newline if not k.startswith("shift+")), newline[0] if newline else "")
+        return (f"message · {display_keys(first_key('input.send', keymap))} send · {display_keys(portable)} "
+                f"newline · {display_keys(first_key('input.cancel', keymap))} cancel")
 
     # -- keys --
 

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from textual import events
 from textual.content import Content
+from textual.highlight import highlight
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from aiops.tui.format import one_line, time_left
+from aiops.tui.format import one_line, sql_of, time_left
 from aiops.tui.keys import bindings_for
+from aiops.tui.widgets.fitted import Rows
+
+ARM_SECONDS = 1.0  # how long a gate that moved under the cursor by itself ignores the answer keys
+URGENT_SECONDS = 30  # the countdown turns red below this
 
 
 class GatesInbox(OptionList):
@@ -24,14 +31,21 @@ class GatesInbox(OptionList):
 
 Every tool call the policy says to **ask** about waits here, from every client (console, API,
 chat UIs, Slack, swarm, MCP), oldest first: client kind and session, tool and operation, tables
-for database calls, a one-line summary and the time left before it times out (`∞`: it waits).
+for database calls, a one-line summary (SQL highlighted) and the time left before it times out
+(`∞`: it waits).
 
-- **a** approve once · **s** approve for the session (the same tool, operation and tables pass
-  without asking until restart) · **d** deny · **x** deny and cancel the turn that asked
-- **enter** opens the gate: full arguments (SQL highlighted) and what the session was doing.
+- **{gates.approve}** approve once · **{gates.approve_session}** approve for the session (the same
+  tool, operation and tables pass without asking until restart) · **{gates.deny}** deny ·
+  **{gates.deny_stop}** deny and cancel the turn that asked
+- **{gates.details}** opens the gate: full arguments (SQL highlighted) and what the session was doing.
 
-A new gate rings the bell, shows a notification and the count in the header; **ctrl+g** jumps here
-from anywhere. A gate answered elsewhere (API, MCP, timeout) leaves the inbox at once.
+A new gate rings the bell, shows a notification and the count in the header; **{app.jump_gate}**
+jumps here from anywhere, and answering the gate you jumped to puts you back where you were. A gate
+answered elsewhere (API, MCP, timeout) leaves the inbox at once.
+
+The answer keys only act on a gate you have had a moment to see: a gate that has just moved under
+the cursor (a new one, or the next after an answer) waits a second, and typing anything else here
+goes to the message input.
 """
 
     class Decision(Message):
@@ -49,16 +63,24 @@ from anywhere. A gate answered elsewhere (API, MCP, timeout) leaves the inbox at
             super().__init__()
             self.gate_id = gate_id
 
+    class TypedAway(Message):
+        """A printable key that is no key of the inbox: the operator meant to type a message."""
+
+        def __init__(self, character: str) -> None:
+            super().__init__()
+            self.character = character
+
     def __init__(self, short_id: Callable[[str | None], str] | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.gates: dict[str, dict[str, Any]] = {}
         self._short_id = short_id or (lambda sid: sid or "?")
+        # When a gate last moved under the cursor by itself (arrived, or slid up after an answer)
+        # while the inbox had focus: its answer keys wait ARM_SECONDS from then.
+        self._moved_at = 0.0
+        self._rebuilding = False
 
     def on_mount(self) -> None:
         self.set_interval(1, self._tick)
-        self.rebuild()
-
-    def on_resize(self) -> None:
         self.rebuild()
 
     # -- data --
@@ -82,53 +104,71 @@ from anywhere. A gate answered elsewhere (API, MCP, timeout) leaves the inbox at
 
     # -- drawing --
 
-    def _prompt(self, g: dict[str, Any], width: int) -> Content:
+    def _prompt(self, g: dict[str, Any]) -> Rows:
         who = f"{g.get('client_kind', '?')} {self._short_id(g.get('session_id'))}"
-        what = f"{g.get('tool', '?')} {g.get('operation', '')}"
-        left = time_left(g.get("expires_at"))
-        head = f"⚑ {who} · {what}"
-        pad = max(1, width - len(head) - len(left))
-        lines = [Content.assemble((head, "bold"), " " * pad, left)]
+        what = f"{g.get('tool', '?')} {g.get('operation', '')}".rstrip()
+        head = Content.assemble(("⚑ ", "$warning"), (who, "bold"), " · ", what)
+        lines: list[tuple[Content, Content]] = [(head, self._time_left(g))]
         if g.get("tables"):
-            lines.append(Content("  " + one_line(", ".join(g["tables"]), width - 2)))
-        summary = str(g.get("summary") or "")
-        # The summary repeats tool and operation; what follows the first ": " is the interesting part.
-        _, sep, rest = summary.partition(": ")
-        lines.append(Content.styled("  " + one_line(rest if sep else summary, width - 2), "dim"))
-        out = lines[0]
-        for line in lines[1:]:
-            out = Content.assemble(out, "\n", line)
-        return out
+            lines.append((Content.assemble("  ", ("tables ", "dim"), (", ".join(g["tables"]), "bold")),
+                          Content("")))
+        sql = sql_of(g.get("args"))
+        if sql is not None:
+            body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql"))
+        else:
+            summary = str(g.get("summary") or "")
+            # The summary repeats tool and operation; what follows the first ": " is the interesting part.
+            _, sep, rest = summary.partition(": ")
+            body = Content.styled("  " + one_line(rest if sep else summary, 400), "dim")
+        lines.append((body, Content("")))
+        return Rows(lines)
+
+    @staticmethod
+    def _time_left(g: dict[str, Any]) -> Content:
+        left = time_left(g.get("expires_at"))
+        expires = g.get("expires_at")
+        urgent = expires is not None and expires - time.time() < URGENT_SECONDS
+        return Content.styled(left, "bold $error" if urgent else "$text-muted")
 
     def rebuild(self) -> None:
         if not self.is_mounted:
             return
-        width = max(20, (self.scrollable_content_region.width or 40) - 3)
         current = self.highlighted_option.id if self.highlighted_option is not None else None
         index = self.highlighted or 0
         gates = self.ordered()
+        self._rebuilding = True
+        try:
+            self._set_gate_options(gates, current, index)
+        finally:
+            self._rebuilding = False
+        now = self.highlighted_option.id if gates and self.highlighted_option is not None else None
+        if now is not None and now != current and self.has_focus:
+            self._moved_at = time.monotonic()
+        self.border_title = f"Gates ({len(gates)})" if gates else "Gates"
+
+    def _set_gate_options(self, gates: list[dict[str, Any]], current: str | None, index: int) -> None:
         with self.app.batch_update():
             if gates:
-                self.set_options(Option(self._prompt(g, width), id=g["id"]) for g in gates)
+                self.set_options(Option(self._prompt(g), id=g["id"]) for g in gates)
             else:
                 self.set_options([Option(Content.styled("No gate is waiting.", "dim italic"), disabled=True)])
             if gates:
                 ids = [g["id"] for g in gates]
                 self.highlighted = ids.index(current) if current in ids else min(index, len(ids) - 1)
-        self.border_title = f"Gates ({len(gates)})" if gates else "Gates"
 
     def _tick(self) -> None:
         if any(g.get("expires_at") for g in self.gates.values()):
-            width = max(20, (self.scrollable_content_region.width or 40) - 3)
             for g in self.ordered():
-                try:
-                    self.replace_option_prompt(g["id"], self._prompt(g, width))
-                except Exception:  # noqa: BLE001 - removed meanwhile
-                    pass
+                if g.get("expires_at"):
+                    try:
+                        self.replace_option_prompt(g["id"], self._prompt(g))
+                    except Exception:  # noqa: BLE001 - removed meanwhile
+                        pass
 
     def highlight_oldest(self) -> None:
         if self.option_count:
             self.highlighted = 0
+        self._moved_at = 0.0  # the operator asked for this gate: it is theirs to answer
 
     # -- actions --
 
@@ -141,7 +181,27 @@ from anywhere. A gate answered elsewhere (API, MCP, timeout) leaves the inbox at
         if gid is None:
             self.notify("no gate is pending", timeout=2)
             return
+        if time.monotonic() - self._moved_at < ARM_SECONDS:
+            # A keystroke meant for something else must not answer a gate nobody has looked at.
+            self.notify("a gate just moved under the cursor: look, then press again", severity="warning",
+                        timeout=3)
+            return
         self.post_message(self.Decision(gid, decision, scope, stop))
+
+    def watch_highlighted(self, highlighted: int | None) -> None:
+        super().watch_highlighted(highlighted)
+        # The operator moved the cursor (keys, mouse): the gate under it is one they chose.
+        if self.has_focus and not self._rebuilding:
+            self._moved_at = 0.0
+
+    def on_key(self, event: events.Key) -> None:
+        """Text typed here was meant for the input: send it there (with the focus) rather than let a
+        later letter answer a gate."""
+        if not event.is_printable or not event.character or event.key in self.screen.active_bindings:
+            return
+        event.stop()
+        event.prevent_default()
+        self.post_message(self.TypedAway(event.character))
 
     def action_approve(self) -> None:
         self._decide("approve")

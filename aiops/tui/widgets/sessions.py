@@ -12,6 +12,7 @@ from textual.widgets.option_list import Option
 
 from aiops.tui.format import STATE_MARK, ago, one_line
 from aiops.tui.keys import bindings_for
+from aiops.tui.widgets.fitted import Rows
 
 # The engine's session kinds, in the order the pane groups them (unknown kinds follow).
 KIND_ORDER = ("console", "api", "proxy", "slack", "swarm", "mcp")
@@ -30,8 +31,9 @@ threads, swarm peers and MCP clients, grouped by kind. Each shows its shorthand 
 state (`·` idle, `▶` running, `⚑` waiting on a gate), last activity, and `●` when it has output
 you have not seen.
 
-**enter** shows a session in the chat pane, live. **n** (or ctrl+n anywhere) opens a new console
-session; **x** cancels the highlighted session's running turn.
+**{sessions.open}** shows a session in the chat pane, live. **{sessions.new}** (or
+**{app.new_session}** anywhere) opens a new console session; **{sessions.stop}** cancels the
+highlighted session's running turn.
 """
 
     class Picked(Message):
@@ -54,10 +56,7 @@ session; **x** cancels the highlighted session's running turn.
         self.selected: str | None = None
 
     def on_mount(self) -> None:
-        self.set_interval(15, self.rebuild)
-
-    def on_resize(self) -> None:
-        self.rebuild()
+        self.set_interval(15, self.rebuild)  # the ages
 
     # -- data --
 
@@ -100,23 +99,21 @@ session; **x** cancels the highlighted session's running turn.
 
     # -- drawing --
 
-    def _prompt(self, s: dict[str, Any], width: int) -> Content:
+    def _prompt(self, s: dict[str, Any]) -> Rows:
         sid = s["client_id"]
         state = s.get("state") or "idle"
-        unread = sid in self.unread
-        title = s.get("title") or "(new)"
+        title = one_line(s.get("title") or "(new)", 200)
         head = f"{s.get('short_id', '?'):>4} {STATE_MARK.get(state, '·')} "
-        mark = "●" if unread else " "
-        line1 = Content.assemble((head, "bold" if sid == self.selected else ""),
-                                 one_line(title, max(6, width - len(head) - 2)), " ", (mark, "bold"))
-        meta = f"{s.get('model') or ''} · {state} · {ago(s.get('updated_at'))}"
-        line2 = Content.assemble(("     " + one_line(meta, max(6, width - 5)), "dim"))
-        return Content.assemble(line1, "\n", line2)
+        unread = Content.styled("●", "bold $accent") if sid in self.unread else Content("")
+        line1 = Content.assemble((head, "bold" if sid == self.selected else ""), title)
+        meta = " · ".join(x for x in (s.get("model") or "", state) if x)
+        line2 = Content.styled("     " + meta, "dim")
+        # The title takes the width the pane has; the unread mark and the age keep their place.
+        return Rows([(line1, unread), (line2, Content.styled(ago(s.get("updated_at")), "dim"))])
 
     def rebuild(self) -> None:
         if not self.is_mounted:
             return
-        width = max(16, self.scrollable_content_region.width or 30)
         highlighted = self.highlighted_option.id if self.highlighted_option is not None else self.selected
         options: list[Option | None] = []
         by_kind: dict[str, list[dict[str, Any]]] = {}
@@ -128,7 +125,7 @@ session; **x** cancels the highlighted session's running turn.
             options.append(Option(Content.assemble((f"{kind} ({len(group)})", "bold underline")),
                                   id=f"kind:{kind}", disabled=True))
             for s in group:
-                options.append(Option(self._prompt(s, width), id=s["client_id"]))
+                options.append(Option(self._prompt(s), id=s["client_id"]))
         with self.app.batch_update():
             self.set_options(o for o in options if o is not None)
             if highlighted is not None:
