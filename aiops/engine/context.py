@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from aiops.engine.types import MODEL_ROLES, Message
 
+# For histories written before a stop recorded its own result for each open call.
 CANCELLED_RESULT = "[no result: the call was cancelled before it finished]"
+# Appended to a reply cut short, so the model never takes it for a whole answer it gave.
+INCOMPLETE_REPLY = {
+    "cancelled": "[this reply was cut off: the user stopped it before it was complete]",
+    "error": "[this reply was cut off: the model's stream failed before it was complete]",
+}
 
 
 def by_turn(history: list[Message], upto: str | None) -> list[Message]:
@@ -32,7 +39,8 @@ def conversation(history: list[Message]) -> list[Message]:
 
     Commands and notices are history but never context. An assistant message whose tool calls were
     cut short (a stopped turn) gets a placeholder result for each unanswered call, because every
-    provider rejects a tool call without its result.
+    provider rejects a tool call without its result. A reply cut short (stopped, or its stream
+    failed) goes back with a note saying so.
     """
     out: list[Message] = []
     pending: dict[str, Message] = {}
@@ -55,6 +63,8 @@ def conversation(history: list[Message]) -> list[Message]:
         flush()
         if m.role == "assistant" and not m.content and not m.tool_calls:
             continue
+        if m.role == "assistant" and m.status in INCOMPLETE_REPLY:
+            m = dataclasses.replace(m, content=f"{m.content}\n\n{INCOMPLETE_REPLY[m.status]}".lstrip())
         out.append(m)
         if m.role == "assistant":
             for c in m.tool_calls:

@@ -38,7 +38,8 @@ from typing import Any
 
 from aiops.engine.types import ToolCall, ToolSpec, new_id
 
-__all__ = ["TextCallParse", "describe_tools_for_prompt", "looks_like_tool_call", "parse_text_tool_calls"]
+__all__ = ["StreamGuard", "TextCallParse", "describe_tools_for_prompt", "looks_like_tool_call",
+           "parse_text_tool_calls"]
 
 _FENCE = "```"
 _FUNC_OPEN = "<function="
@@ -54,6 +55,10 @@ _OPENER_RE = re.compile("|".join(re.escape(o) for o in _OPENERS))
 _BACKTICKS_RE = re.compile("`*")
 _NON_SPACE_RE = re.compile(r"\S")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
+_NAME_CHARS_RE = re.compile(r"[A-Za-z0-9_.:\-]*")
+_JSON_PLAIN_RE = re.compile(r'[^"\\{}\[\]\s]+')  # outside strings: nothing that changes the state
+_JSON_STRING_RE = re.compile(r'[^"\\]+')  # inside a string: nothing that ends it
+_SPACE_RE = re.compile(r"\s+")
 # Keeps the report back to the model (and names echoed from it) a readable size.
 _MAX_ERRORS = 20
 _MAX_SHOWN = 80
@@ -502,6 +507,310 @@ def _kind(value: Any) -> str:
 
 def _clip(s: str) -> str:
     return s if len(s) <= _MAX_SHOWN else s[: _MAX_SHOWN - 1] + "…"
+
+
+# ---- streaming ----------------------------------------------------------------------------------
+
+
+class StreamGuard:
+    """How much of a reply that is still streaming is certainly text, never part of a call.
+
+    Mirrors `parse_text_tool_calls` on a growing text, so the user sees a reply as it streams while
+    call markup never reaches them: `feed` returns the text that became safe to show, `finish` what
+    remains once the whole reply is parsed. Text is held only while it may still become a call, and
+    released as soon as it cannot: a ```sql fence, a ``` fence whose content is not JSON, JSON that
+    turns out not to be a call object, a tag mentioned in prose. It errs on holding: what it
+    releases is always text the parser keeps. Once real call markup is seen, the rest of the reply
+    waits for the parse (calls end a reply; nothing is lost by waiting). Linear in the reply.
+    """
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._shown = 0  # released up to here
+        self._lead = 0  # leading whitespace is never shown (the parser strips it)
+        self._safe = 0  # certainly text up to here
+        self._state = "start"  # start | bare | text | ticks | code | json_fence | held
+        self._pos = 0  # text: where the search for openers resumes
+        self._content = 0  # a fence's content start
+        self._close_from = 0  # where the search for a fence's closing ``` resumes
+        self._json: _JsonScan | None = None
+
+    def feed(self, text: str) -> str:
+        """Add a delta; returns the text that is now certainly not call markup (maybe "")."""
+        # Detached while appending: a str with no other reference grows in place in CPython,
+        # where `self._buf += text` would copy the whole reply on every delta.
+        buf, self._buf = self._buf, ""
+        buf += text
+        self._buf = buf
+        del buf
+        self._advance()
+        if self._safe <= self._shown:
+            return ""
+        out = self._buf[self._shown : self._safe]
+        self._shown = self._safe
+        return out
+
+    def finish(self, visible: str) -> str:
+        """What is left to show of `visible` (the reply's final text) after what `feed` released."""
+        shown = self._buf[self._lead : self._shown]
+        target = visible.lstrip()
+        # The parser strips the text and, when it removed markup, closes up the blank lines left.
+        for candidate in (shown, _BLANK_LINES_RE.sub("\n\n", shown)):
+            if target.startswith(candidate):
+                return target[len(candidate) :]
+        return "" if shown else target
+
+    def _advance(self) -> None:
+        buf = self._buf
+        while True:
+            state = self._state
+            if state == "start":
+                first = _NON_SPACE_RE.search(buf, self._pos)
+                if first is None:
+                    self._pos = len(buf)
+                    return
+                self._lead = self._shown = self._safe = first.start()
+                if first.group() in "{[":
+                    self._state, self._json = "bare", _JsonScan(first.start())
+                else:
+                    self._state, self._pos = "text", first.start()
+            elif state == "bare":
+                if not self._bare_ruled_out(buf):
+                    return
+                # Not only call JSON: the whole reply is scanned like any other text.
+                self._state, self._pos, self._safe = "text", self._lead, self._lead
+            elif state == "text":
+                if not self._text(buf):
+                    return
+            elif state == "ticks":
+                # A run of four or more backticks is text, however long it grows.
+                self._pos = _match_end(_BACKTICKS_RE, buf, self._pos)
+                self._safe = self._pos
+                if self._pos == len(buf):
+                    return
+                self._state = "text"
+            elif state == "code":
+                close = buf.find(_FENCE, self._close_from)
+                if close < 0:
+                    # Everything inside a fence that holds no call is text, its closing fence too.
+                    self._safe = len(buf)
+                    self._close_from = max(self._content, len(buf) - len(_FENCE) + 1)
+                    return
+                self._state, self._pos = "text", close + len(_FENCE)
+                self._safe = self._pos
+            elif state == "json_fence":
+                if not self._json_fence(buf):
+                    return
+            else:  # held: a call; the rest waits for the parse
+                return
+
+    def _bare_ruled_out(self, buf: str) -> bool:
+        """Format 4: whether the reply can no longer be nothing but call objects."""
+        assert self._json is not None
+        while True:
+            kind, start, end = self._json.step(buf)
+            if kind == "more":
+                return False
+            if kind != "value" or _only_calls(buf[start:end]) is None:
+                return True
+
+    def _text(self, buf: str) -> bool:
+        """Scan prose for openers; False when more text is needed or a call began."""
+        found = _OPENER_RE.search(buf, self._pos)
+        if found is None:
+            # Hold back only a tail that may be the start of an opener split across deltas.
+            self._safe = self._pos = max(self._pos, len(buf) - _opener_prefix_len(buf, self._pos))
+            return False
+        start, opener = found.start(), found.group()
+        self._safe = self._pos = start
+        if opener == _FENCE:
+            verdict, at = _fence_verdict(buf, start)
+        elif opener == _FUNC_OPEN:
+            verdict, at = _function_verdict(buf, start)
+        else:
+            verdict, at = _tag_verdict(buf, start, opener)
+        if verdict == "wait":
+            return False
+        if verdict == "call":
+            self._state = "held"
+            return False
+        if verdict == "text":
+            self._safe = self._pos = at
+        elif verdict == "ticks":
+            self._state = "ticks"
+        else:  # a fence opens at `at`: code, or a json fence that may hold calls
+            self._state, self._content, self._close_from = verdict, at, at
+            self._json = _JsonScan(at) if verdict == "json_fence" else None
+        return True
+
+    def _json_fence(self, buf: str) -> bool:
+        """A ```json (or bare ```) fence: held while its content may be calls."""
+        close = buf.find(_FENCE, self._close_from)
+        if close >= 0:  # the content is final: the parser's own test decides
+            if _only_calls(buf[self._content : close]) is not None:
+                self._state = "held"
+                return False
+            self._state, self._pos = "text", close + len(_FENCE)
+            self._safe = self._pos
+            return True
+        self._close_from = max(self._content, len(buf) - len(_FENCE) + 1)
+        assert self._json is not None
+        while True:
+            kind, start, end = self._json.step(buf)
+            if kind == "more":
+                return False
+            if kind == "value" and _only_calls(buf[start:end]) is not None:
+                continue
+            if kind == "other" and _FENCE.startswith(buf[start:]):
+                return False  # may be the closing fence, still arriving
+            # Content that is not call objects only: the fence is text, whole.
+            self._state = "code"
+            return True
+
+
+class _JsonScan:
+    """Finds where consecutive top-level JSON values begin and end, as text streams in.
+
+    Only brackets, strings and escapes are tracked; nothing is validated (the parser does that
+    on each complete value). Resumes where it stopped, so a long value costs linear time.
+    """
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.start = pos
+        self.list_opened = False  # just after a top-level "[": a list of calls holds objects
+
+    def step(self, buf: str) -> tuple[str, int, int]:
+        """("value", start, end) when a value closes; ("other", at, at) at a character that
+        starts no value; ("bad", at, at) inside a value that cannot be calls; ("more", ...)."""
+        end = len(buf)
+        while self.pos < end:
+            i, c = self.pos, buf[self.pos]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
+                else:
+                    self.pos = max(_match_end(_JSON_STRING_RE, buf, i), i + 1)
+                    continue
+                self.pos += 1
+                continue
+            if c.isspace():
+                self.pos = max(_match_end(_SPACE_RE, buf, i), i + 1)
+                continue
+            if self.depth == 0:
+                if c not in "{[":
+                    return "other", i, i
+                self.start, self.depth, self.list_opened = i, 1, c == "["
+                self.pos += 1
+                continue
+            if self.list_opened:
+                self.list_opened = False
+                if c != "{":
+                    return "bad", i, i
+            if c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.pos = i + 1
+                    return "value", self.start, i + 1
+            else:
+                self.pos = max(_match_end(_JSON_PLAIN_RE, buf, i), i + 1)
+                continue
+            self.pos += 1
+        return "more", end, end
+
+
+def _match_end(regex: re.Pattern[str], buf: str, pos: int, endpos: int | None = None) -> int:
+    """Where a match of `regex` at `pos` ends (`pos` when there is none)."""
+    found = regex.match(buf, pos, len(buf) if endpos is None else endpos)
+    return found.end() if found is not None else pos
+
+
+def _opener_prefix_len(buf: str, floor: int) -> int:
+    """Length of the longest tail of `buf` (from `floor` on) that is a proper prefix of an opener."""
+    best = 0
+    for opener in _OPENERS:
+        for k in range(min(len(opener) - 1, len(buf) - floor), best, -1):
+            if buf.endswith(opener[:k]):
+                best = k
+                break
+    return best
+
+
+def _fence_verdict(buf: str, start: int) -> tuple[str, int]:
+    """A ``` at `start`, as `_Scanner._fence` will see it: text / code / json_fence / wait."""
+    window = buf[start + len(_FENCE) : start + len(_FENCE) + _MAX_INFO + 1]
+    decided = any(c in window for c in "\n{[`") or len(window) > _MAX_INFO
+    if not decided:
+        return "wait", start  # the info line is still streaming in
+    info = _fence_info(buf, start)
+    if info is None:  # plain backticks
+        run_end = _after_backticks(buf, start)
+        # A run still growing at the end has four or more backticks (three would have left a
+        # decided window): text whatever comes, but where it ends is not known yet.
+        return ("ticks", start) if run_end == len(buf) else ("text", run_end)
+    lang, content_start = info
+    return ("json_fence" if lang in _CALL_FENCE_LANGS else "code"), content_start
+
+
+def _tag_verdict(buf: str, start: int, opener: str) -> tuple[str, int]:
+    """`<tool_call>` / `<tool_code>` at `start`, as `_Scanner._tag` will see it."""
+    body_start = start + len(opener)
+    first = _NON_SPACE_RE.search(buf, body_start)
+    if first is None:
+        return "wait", start
+    c, at = first.group(), first.start()
+    if c in "{[":
+        return "call", start
+    if c != "`":
+        return "text", body_start  # prose that mentions the tag
+    # A fence around the JSON inside the tag (see _tag_body).
+    head = buf[at : at + len(_FENCE)]
+    if head != _FENCE:
+        return ("wait", start) if _FENCE.startswith(head) else ("text", body_start)
+    newline = buf.find("\n", at, at + _MAX_INFO + len(_FENCE) + 1)
+    if newline < 0:
+        return ("text", body_start) if len(buf) >= at + _MAX_INFO + len(_FENCE) + 1 else ("wait", start)
+    if buf[at + len(_FENCE) : newline].strip().lower() not in _CALL_FENCE_LANGS:
+        return "text", body_start
+    inner = _NON_SPACE_RE.search(buf, newline + 1)
+    if inner is None:
+        return "wait", start
+    return ("call", start) if inner.group() in "{[" else ("text", body_start)
+
+
+def _function_verdict(buf: str, start: int) -> tuple[str, int]:
+    """`<function=NAME>` at `start`, as `_Scanner._function` will see it."""
+    name_start = start + len(_FUNC_OPEN)
+    name_end = _match_end(_NAME_CHARS_RE, buf, name_start, name_start + _MAX_FUNC_NAME + 1)
+    if name_end - name_start > _MAX_FUNC_NAME:
+        return "text", name_start
+    if name_end == len(buf):
+        return "wait", start
+    if buf[name_end] != ">" or name_end == name_start:
+        return "text", name_start
+    body_start = name_end + 1
+    first = _NON_SPACE_RE.search(buf, body_start)
+    if first is None:
+        return "wait", start
+    if first.group() == "{":
+        return "call", start
+    rest = buf[first.start() : first.start() + len(_FUNC_CLOSE)]
+    if rest == _FUNC_CLOSE:
+        return "call", start  # an empty call
+    if _FUNC_CLOSE.startswith(rest):
+        return "wait", start
+    return "text", body_start
 
 
 # ---- prompt -------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The turn is bounded by `max_tool_iterations` and a repeat detector, every step publishes the events
 of DESIGN.md, and each assistant and tool message is committed as soon as it is complete. A stop
-cancels the turn's task: the partial answer is recorded as cancelled and its pending gates denied.
+cancels the turn's task: the partial answer is recorded as cancelled, its pending gates are
+cancelled, and every call still without a result gets a cancelled one, so history says what was cut
+short. A failure does the same, marked as an error.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +22,7 @@ from pydantic import ValidationError
 from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
 from aiops.engine.context import by_turn, conversation, trim
-from aiops.engine.textcalls import looks_like_tool_call, parse_text_tool_calls
+from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
 from aiops.engine.tools import ToolContext, ToolOutput, canonical_call, format_validation_error
 from aiops.engine.types import Completion, Message, TextDelta, ThinkingDelta, ToolCall, Usage, new_id
 
@@ -31,9 +34,18 @@ log = logging.getLogger(__name__)
 MAX_RESULT_CHARS = 20_000
 PREVIEW_CHARS = 2_000
 REPEAT_LIMIT = 3
-# Text that may open a text-form tool call: held back from the stream until the reply is complete.
-_CALL_MARKERS = ("<tool_call", "<tool_code", "<function=", "```", "{{")
-_MAX_MARKER = max(len(m) for m in _CALL_MARKERS)
+# The result a call cut short gets, for the user now and for the model next turn: (stopped while
+# the tool ran, stopped while it waited for approval, stopped before it ran).
+CANCELLED_CALL = (
+    "cancelled: the turn was stopped before {name} finished; its effect, if any, is unknown",
+    "cancelled: the turn was stopped while {name} waited for approval; it was not executed",
+    "cancelled: the turn was stopped before {name} ran; it was not executed",
+)
+FAILED_CALL = (
+    "error: the turn failed before {name} finished; its effect, if any, is unknown",
+    "error: the turn failed while {name} waited for approval; it was not executed",
+    "error: the turn failed before {name} ran; it was not executed",
+)
 
 
 @dataclass(slots=True)
@@ -77,70 +89,32 @@ class Turn:
         return self.future.done()
 
 
-def _marker_prefix_len(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of a call marker."""
-    best = 0
-    for m in _CALL_MARKERS:
-        for k in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:k]):
-                best = k
-                break
-    return best
-
-
-class _StreamFilter:
-    """Streams text deltas, but holds back what may be a text-form tool call."""
-
-    def __init__(self, publish_tok: Any, hold_all: bool) -> None:
-        self._publish = publish_tok
-        self.buffer = ""
-        self.emitted = 0
-        self.holding = hold_all
-        self.started = False  # seen non-blank text (a reply opening with JSON may be a call)
-
-    def feed(self, text: str) -> None:
-        # Only the new text plus a marker-length overlap is scanned, so a long answer costs linear time.
-        scan_from = max(0, len(self.buffer) - _MAX_MARKER)
-        self.buffer += text
-        if self.holding:
-            return
-        if not self.started:
-            stripped = self.buffer.lstrip()
-            if stripped:
-                self.started = True
-                if stripped.startswith(("{", "[")):
-                    self.holding = True
-                    return
-        window = self.buffer[scan_from:]
-        if any(m in window for m in _CALL_MARKERS):
-            self.holding = True
-            return
-        # hold back only a tail that could be the start of a marker split across deltas
-        safe = len(self.buffer) - _marker_prefix_len(self.buffer)
-        if safe > self.emitted:
-            self._publish(self.buffer[self.emitted:safe])
-            self.emitted = safe
-
-    def finish(self, visible: str) -> None:
-        """Emit what remains of the visible text once the reply is parsed."""
-        if visible.startswith(self.buffer[: self.emitted]):
-            rest = visible[self.emitted:]
-        else:
-            rest = visible if self.emitted == 0 else ""
-        if rest:
-            self._publish(rest)
-
-
 class TurnRunner:
     def __init__(self, engine: Engine, live: LiveSession, turn: Turn) -> None:
         self.engine = engine
         self.live = live
         self.turn = turn
         self.segments: list[str] = []
-        self.partial = ""
-        self.partial_thinking = ""
+        # The reply streaming now, as deltas (joined on demand: appending to one str is quadratic).
+        self._text_parts: list[str] = []
+        self._thinking_parts: list[str] = []
+        self._guard = StreamGuard()
         self.usage = Usage()
         self.model_key = turn.model or live.model_key(engine)
+        # Calls committed in an assistant message and still without a result: a stop or a failure
+        # answers them, so no call is left looking as if it were still running.
+        self._open_calls: dict[str, ToolCall] = {}
+        self._started: dict[str, float] = {}  # call id -> when it began (monotonic)
+        self._at_gate: set[str] = set()  # calls in the gate check, maybe waiting for an operator
+        self._executing: set[str] = set()  # calls whose tool is running
+
+    @property
+    def partial(self) -> str:
+        return "".join(self._text_parts)
+
+    @property
+    def partial_thinking(self) -> str:
+        return "".join(self._thinking_parts)
 
     # -- events --
 
@@ -150,6 +124,21 @@ class TurnRunner:
     def _tok(self, text: str) -> None:
         if text:
             self._pub(ev.TOK, {"text": text})
+
+    async def _commit(self, msg: Message) -> Message:
+        """Commit one message of this turn; durable when this returns.
+
+        A stop that lands during the write lets it finish before the cancellation goes on: the
+        message is then in the store and in the cached history alike, and the cancel path, which
+        answers what is still open, never records it a second time.
+        """
+        write = asyncio.ensure_future(self.engine.record(self.turn.session_id, msg))
+        try:
+            return await asyncio.shield(write)
+        except asyncio.CancelledError:
+            if not write.done():
+                await asyncio.wait({write})
+            raise
 
     # -- the turn --
 
@@ -165,12 +154,12 @@ class TurnRunner:
             cur = asyncio.current_task()
             if cur is not None:
                 cur.uncancel()
-            result = await self._on_cancel()
+            result = await self._settle(self._on_cancel())
         except ModelError as e:
-            result = await self._on_error("model_error", str(e))
+            result = await self._settle(self._on_error("model_error", str(e)))
         except Exception as e:  # noqa: BLE001 - a bug in one turn must not kill the session
             log.exception("turn %s failed", t.id)
-            result = await self._on_error("internal_error", f"{type(e).__name__}: {e}")
+            result = await self._settle(self._on_error("internal_error", f"{type(e).__name__}: {e}"))
         if t.prefix:
             result.text = t.prefix + ("\n\n" + result.text if result.text else "")
         done = {"text": result.text, "status": result.status, "model": self.model_key}
@@ -184,31 +173,83 @@ class TurnRunner:
         self.engine._session_changed(self.live)
         return result
 
+    async def _settle(self, record: Coroutine[Any, Any, TurnResult]) -> TurnResult:
+        """Record how the turn ended. A second stop (or a shutdown) meanwhile must not cut that
+        record short: it would leave calls without results and the turn without its `done`."""
+        job = asyncio.ensure_future(record)
+        while True:
+            try:
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                cur = asyncio.current_task()
+                if cur is not None:
+                    cur.uncancel()
+                if job.cancelled():
+                    raise
+
     def _final_text(self) -> str:
         return "\n\n".join(s for s in self.segments if s)
+
+    def _partial_text(self) -> str:
+        """The streamed part of a reply cut short, without text-form call markup in it (a call
+        that was still being written is never run, and its markup was never shown)."""
+        text = self.partial
+        if looks_like_tool_call(text):
+            parsed = parse_text_tool_calls(text, ())
+            if parsed.unknown or parsed.errors:
+                return parsed.text
+        return text
+
+    async def _keep_partial(self, status: str) -> None:
+        """Commit what streamed of a reply cut short, marked incomplete (`status`)."""
+        text = self._partial_text()
+        if text or self.partial_thinking:
+            await self._commit(Message(
+                "assistant", text, thinking=self.partial_thinking, turn_id=self.turn.id, status=status,
+                meta={"model": self.model_key, "incomplete": True}))
+            self.segments.append(text)
+        self._text_parts, self._thinking_parts = [], []
 
     async def _on_cancel(self) -> TurnResult:
         t = self.turn
         cancelled_gates = t.cancelled_gates + self.engine.gatekeeper.broker.cancel_turn(t.id)
-        if self.partial or self.partial_thinking:
-            await self.engine.record(t.session_id, Message(
-                "assistant", self.partial, thinking=self.partial_thinking, turn_id=t.id,
-                status="cancelled", meta={"model": self.model_key}))
-            self.segments.append(self.partial)
+        await self._keep_partial("cancelled")
+        stopped = await self._answer_open_calls(CANCELLED_CALL, "cancelled")
         note = "turn cancelled"
+        if stopped:
+            note += ": stopped " + ", ".join(c.name for c in stopped)
         if cancelled_gates:
             note += f" ({cancelled_gates} pending gate{'s' if cancelled_gates != 1 else ''} cancelled)"
-        await self.engine.record(t.session_id, Message("notice", note, turn_id=t.id,
-                                                       meta={"kind": "cancelled"}))
+        await self._commit(Message("notice", note, turn_id=t.id, meta={"kind": "cancelled"}))
         self._pub(ev.NOTICE, {"text": note})
         return TurnResult(t.id, "cancelled", self._final_text(), usage=self.usage)
 
     async def _on_error(self, code: str, message: str) -> TurnResult:
         t = self.turn
+        await self._keep_partial("error")
+        await self._answer_open_calls(FAILED_CALL, "error")
         err = {"code": code, "message": message}
-        await self.engine.record(t.session_id, Message("error", message, turn_id=t.id, meta=err))
+        await self._commit(Message("error", message, turn_id=t.id, meta=err))
         self._pub(ev.ERROR, err)
         return TurnResult(t.id, "error", self._final_text(), error=err, usage=self.usage)
+
+    async def _answer_open_calls(self, texts: tuple[str, str, str], status: str) -> list[ToolCall]:
+        """Give every call still without a result one that says it was cut short, and where."""
+        open_calls = list(self._open_calls.values())
+        for call in open_calls:
+            if call.id in self._executing:
+                text, gate = texts[0], None
+            elif call.id in self._at_gate:
+                text, gate = texts[1], "cancelled"  # the broker cancels its gate
+            else:
+                text, gate = texts[2], None
+            await self._record_result(call, ToolOutput(text.format(name=call.name), is_error=True),
+                                      self._elapsed_ms(call), gate, status=status)
+        return open_calls
+
+    def _elapsed_ms(self, call: ToolCall) -> float:
+        began = self._started.get(call.id)
+        return (time.monotonic() - began) * 1000 if began is not None else 0.0
 
     async def _loop(self) -> None:
         engine, t = self.engine, self.turn
@@ -232,8 +273,7 @@ class TurnRunner:
                 context = as_text_protocol(context)
             if self.segments and self.segments[-1]:
                 self._tok("\n\n")
-            completion = await self._stream(backend, context, [] if text_mode else specs, system,
-                                            hold_all=text_mode)
+            completion = await self._stream(backend, context, [] if text_mode else specs, system)
             calls = list(completion.tool_calls)
             visible = completion.text
             if not calls and t.tools_enabled and (text_mode or looks_like_tool_call(visible)):
@@ -245,11 +285,12 @@ class TurnRunner:
                               for name in parsed.unknown]
                     calls += [ToolCall(new_id("txt_"), "invalid_tool_call", {}, parse_error=err)
                               for err in parsed.errors]
-            self._filter.finish(visible)
+            self._tok(self._guard.finish(visible))
             self.segments.append(visible)
-            self.partial = ""
-            self.partial_thinking = ""
-            await engine.record(t.session_id, Message(
+            self._text_parts, self._thinking_parts = [], []
+            # Open before the commit: from here on a stop must answer these calls.
+            self._open_calls = {c.id: c for c in calls}
+            await self._commit(Message(
                 "assistant", visible, tool_calls=calls, thinking=completion.thinking, turn_id=t.id,
                 meta={"model": self.model_key}))
             if not calls:
@@ -269,18 +310,25 @@ class TurnRunner:
                                    f"(max_tool_iterations in limits.toml)")
                 return
             iterations += 1
-            await asyncio.gather(*(self._run_call(c) for c in calls))
+            running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
+            try:
+                await asyncio.gather(*running)
+            finally:
+                # A call that failed must not leave its siblings running on after the turn ends.
+                for task in running:
+                    task.cancel()
 
-    async def _stream(self, backend: Any, context: list[Message], specs: list[Any], system: str | None,
-                      hold_all: bool) -> Completion:
-        self._filter = _StreamFilter(self._tok, hold_all)
+    async def _stream(self, backend: Any, context: list[Message], specs: list[Any],
+                      system: str | None) -> Completion:
+        self._guard = StreamGuard()
+        self._text_parts, self._thinking_parts = [], []
         completion: Completion | None = None
         async for item in backend.stream(context, specs, system=system):
             if isinstance(item, TextDelta):
-                self.partial += item.text
-                self._filter.feed(item.text)
+                self._text_parts.append(item.text)
+                self._tok(self._guard.feed(item.text))
             elif isinstance(item, ThinkingDelta):
-                self.partial_thinking += item.text
+                self._thinking_parts.append(item.text)
                 self._pub(ev.THINKING, {"text": item.text})
             elif isinstance(item, Completion):
                 completion = item
@@ -293,7 +341,7 @@ class TurnRunner:
         return completion
 
     async def _notice(self, text: str) -> None:
-        await self.engine.record(self.turn.session_id, Message("notice", text, turn_id=self.turn.id))
+        await self._commit(Message("notice", text, turn_id=self.turn.id))
         self._pub(ev.NOTICE, {"text": text})
 
     async def _refuse_all(self, calls: list[ToolCall], reason: str) -> None:
@@ -301,7 +349,9 @@ class TurnRunner:
             await self._record_result(c, ToolOutput(reason, is_error=True), 0.0)
 
     async def _record_result(self, call: ToolCall, out: ToolOutput, duration_ms: float,
-                             decision: str | None = None) -> None:
+                             decision: str | None = None, status: str = "complete") -> None:
+        # Answered from here on, even if a stop lands during the write (the write still finishes).
+        self._open_calls.pop(call.id, None)
         text = out.text
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(out.text) - MAX_RESULT_CHARS} more characters]"
@@ -310,8 +360,6 @@ class TurnRunner:
             meta["gate"] = decision
         if out.data is not None:
             meta["data"] = out.data
-        await self.engine.record(self.turn.session_id, Message(
-            "tool", text, tool_call_id=call.id, name=call.name, turn_id=self.turn.id, meta=meta))
         data = {"id": call.id, "name": call.name, "content": text[:PREVIEW_CHARS],
                 "truncated": len(text) > PREVIEW_CHARS, "is_error": out.is_error,
                 "duration_ms": meta["duration_ms"]}
@@ -319,12 +367,20 @@ class TurnRunner:
             data["gate"] = decision
         if out.data is not None:
             data["data"] = out.data
+        if status != "complete":
+            data["status"] = status
+        try:
+            await self._commit(Message("tool", text, tool_call_id=call.id, name=call.name,
+                                       turn_id=self.turn.id, meta=meta, status=status))
+        except asyncio.CancelledError:
+            self._pub(ev.TOOL_RESULT, data)  # committed all the same (see _commit)
+            raise
         self._pub(ev.TOOL_RESULT, data)
 
     async def _run_call(self, call: ToolCall) -> None:
         engine, t = self.engine, self.turn
         self._pub(ev.TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
-        start = time.monotonic()
+        start = self._started[call.id] = time.monotonic()
         decision: str | None = None
         tool = engine.tools.get(call.name)
         if call.parse_error and tool is None:
@@ -351,9 +407,12 @@ class TurnRunner:
             cls = tool.classification(args)
         except Exception as e:  # noqa: BLE001 - a classifier failure must fail closed
             return ToolOutput(f"error: {tool.name} could not be checked: {e}", is_error=True), None
+        self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
         outcome = await self.engine.gatekeeper.check(tool, call.arguments, cls, ctx)
+        self._at_gate.discard(call.id)
         if not outcome.allowed:
             return ToolOutput(outcome.message, is_error=True), outcome.decision
+        self._executing.add(call.id)
         try:
             raw = await tool.execute(args, ctx)
         except asyncio.CancelledError:

@@ -212,7 +212,7 @@ async def test_stop_cancels_the_pending_gate(engine_factory, mariadb, mysql_tabl
     assert resolved["decision"] == "cancelled" and resolved["by"] == "stop"
     assert await mysql_table.query(f"SELECT COUNT(*) FROM {t}") == [(1,)]
     notes = [m.content for m in await engine.history("api-s") if m.role == "notice"]
-    assert notes[-1] == "turn cancelled (1 pending gate cancelled)"
+    assert notes[-1] == "turn cancelled: stopped db_query (1 pending gate cancelled)"
     assert not engine.gatekeeper.broker.pending()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiops.engine.context import CANCELLED_RESULT, as_text_protocol, conversation, trim
+from aiops.engine.context import CANCELLED_RESULT, INCOMPLETE_REPLY, as_text_protocol, conversation, trim
 from aiops.engine.types import Message, ToolCall
 
 
@@ -69,3 +69,26 @@ def test_text_protocol_writes_calls_as_markup_and_results_as_user_turns():
     assert [m.role for m in out] == ["user", "assistant", "user", "assistant"]
     assert "<tool_call>" in out[1].content and '"name": "t"' in out[1].content
     assert out[2].content.startswith('<tool_result name="t">')
+
+
+def test_a_reply_cut_short_goes_back_marked_incomplete():
+    h = [Message("user", "q"), Message("assistant", "The disk is fu", status="error"),
+         Message("error", "connection dropped"), Message("user", "again"),
+         Message("assistant", "Rotating", status="cancelled"), Message("notice", "turn cancelled"),
+         Message("user", "why stop?"), Message("assistant", "", thinking="hmm", status="cancelled")]
+    conv = conversation(h)
+    assert [(m.role, m.content) for m in conv] == [
+        ("user", "q"), ("assistant", f"The disk is fu\n\n{INCOMPLETE_REPLY['error']}"),
+        ("user", "again"), ("assistant", f"Rotating\n\n{INCOMPLETE_REPLY['cancelled']}"),
+        ("user", "why stop?")]
+    assert h[1].content == "The disk is fu"  # the history itself is untouched
+
+
+def test_a_call_answered_by_a_stop_keeps_that_answer():
+    h = [Message("user", "q"), Message("assistant", "", tool_calls=[ToolCall("c1", "slow", {})]),
+         Message("tool", "cancelled: the turn was stopped before slow finished", tool_call_id="c1", name="slow",
+                 status="cancelled"),
+         Message("notice", "turn cancelled: stopped slow"), Message("user", "again")]
+    conv = conversation(h)
+    assert [m.role for m in conv] == ["user", "assistant", "tool", "user"]
+    assert conv[2].content.startswith("cancelled: the turn was stopped")

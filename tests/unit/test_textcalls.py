@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiops.engine.textcalls import (
+    StreamGuard,
     TextCallParse,
     describe_tools_for_prompt,
     looks_like_tool_call,
@@ -381,6 +382,122 @@ def test_every_recognised_format_is_held_back_while_streaming(case: Case) -> Non
     first = min(starts)
     for end in range(first + 1, len(text) + 1):
         assert looks_like_tool_call(text[:end]), text[:end]
+
+
+# ---- streaming: what may be shown before the reply is complete ---------------------------------
+
+
+def _visible(text: str) -> str:
+    """The final text of a reply, as the turn computes it."""
+    result = parse_text_tool_calls(text, KNOWN)
+    return result.text if (result.calls or result.unknown or result.errors) else text
+
+
+def _stream(text: str, pieces: list[str]) -> tuple[str, str]:
+    """(shown before the reply ended, shown in all) when `text` arrives as `pieces`."""
+    guard = StreamGuard()
+    early = "".join(guard.feed(p) for p in pieces)
+    return early, early + guard.finish(_visible(text))
+
+
+def _same_text(a: str, b: str) -> bool:
+    # The parser strips the text and closes up blank lines left by removed markup.
+    return re.sub(r"\n{3,}", "\n\n", a).strip() == re.sub(r"\n{3,}", "\n\n", b).strip()
+
+
+ALL_CASES = {**FORMATS, **STAYS_TEXT, **UNKNOWN, **MALFORMED}
+
+
+@pytest.mark.parametrize("case", list(ALL_CASES.values()), ids=list(ALL_CASES))
+@pytest.mark.parametrize("size", [1, 3, 10_000])
+def test_streaming_shows_exactly_the_final_text(case: Case, size: int) -> None:
+    # Whatever the deltas, the user ends up with the final text, and nothing shown early had to
+    # be taken back (markup shown early would not line up with the final text).
+    text = case.text
+    early, total = _stream(text, [text[i : i + size] for i in range(0, len(text), size)])
+    assert _same_text(total, _visible(text)), (early, total)
+    if case.calls or case.unknown or case.errors:
+        for marker in ("<tool_call>", "<tool_code>", "<function=", '"arguments"', '"name"'):
+            assert early.count(marker) <= _visible(text).count(marker), early
+
+
+# (reply so far, what may already be shown): text is held only while it may still be a call.
+SHOWN_EARLY = {
+    "prose": ("The disk is 93% full.", "The disk is 93% full."),
+    "sql-fence-streaming": (f"Run this:\n{FENCE}sql\nSELECT * FROM users", f"Run this:\n{FENCE}sql\nSELECT * FROM users"),
+    "sql-fence-closed-then-prose": (f"{FENCE}sql\nSELECT 1;\n{FENCE}\nThen", f"{FENCE}sql\nSELECT 1;\n{FENCE}\nThen"),
+    "plain-fence-with-shell": (f"{FENCE}\ndf -h /var", f"{FENCE}\ndf -h /var"),
+    "json-fence-not-a-call": (f'{FENCE}json\n{{"disk": "93%"}}\nmore', f'{FENCE}json\n{{"disk": "93%"}}\nmore'),
+    "json-fence-prose-inside": (f"{FENCE}json\n// a comment", f"{FENCE}json\n// a comment"),
+    "json-fence-call-after-prose": (f'See:\n{FENCE}json\n{{"name": "search", "arguments": {{}}}}', "See:\n"),
+    "json-fence-may-be-a-call": (f'{FENCE}json\n{{"name": "search", "argu', ""),
+    "json-fence-info-streaming": (f"Here:\n{FENCE}js", "Here:\n"),
+    "json-fence-call-then-prose": (f'{FENCE}json\n{tc(*SEARCH)}\nand so on', f'{FENCE}json\n{tc(*SEARCH)}\nand so on'),
+    "list-of-numbers": ("[1, 2, 3] are the ids", "[1, 2, 3] are the ids"),
+    "list-just-opened": ("[1", "[1"),
+    "markdown-link": ("[the docs](https://example.com)", "[the docs](https://example.com)"),
+    "object-not-a-call": ('{"disk": "93%"} is the status', '{"disk": "93%"} is the status'),
+    "call-object-then-prose": (f"{tc(*SEARCH)} is what I would send", f"{tc(*SEARCH)} is what I would send"),
+    "bare-call-so-far": (tc(*SEARCH), ""),
+    "bare-call-incomplete": ('{"name": "search", "arguments": {"q": "di', ""),
+    "tag-in-prose": ("Models wrap calls in <tool_call> and more", "Models wrap calls in <tool_call> and more"),
+    "tag-at-the-end": ("I will reply with <tool_call>", "I will reply with "),
+    "tag-opener-split": ("Let me check <tool_", "Let me check "),
+    "tag-call": ('Checking.\n<tool_call>{"na', "Checking.\n"),
+    "tag-fenced-call": (f"<tool_call>\n{FENCE}json\n{{", ""),
+    "tag-python-syntax": ("<tool_code>print(1)", "<tool_code>print(1)"),
+    "function-call": ('Sure <function=search>{"q"', "Sure "),
+    "function-in-prose": ("Llama writes <function=name> then", "Llama writes <function=name> then"),
+    "function-empty-call-may-close": ("<function=search></func", ""),
+    "function-bad-name": ("<function=rm -rf />", "<function=rm -rf />"),
+    "four-backticks": ("````\nnot a fence", "````\nnot a fence"),
+    "inline-triple-backticks": ("Type ``` to open a block, then write your code",
+                                "Type ``` to open a block, then write your code"),
+    # The line after ``` may still turn out a language ("json"): held for at most its first line.
+    "fence-info-undecided": ("Type ``` to open a block", "Type "),
+    "partial-fence": ("Here ``", "Here "),
+    "leading-blank-lines": ("\n\n  hello", "hello"),
+    "doubled-braces-call": ('{{"name": "search", "arguments": {{}}}}', ""),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), list(SHOWN_EARLY.values()), ids=list(SHOWN_EARLY))
+def test_streaming_holds_only_what_may_still_be_a_call(text: str, expected: str) -> None:
+    for size in (1, 4, len(text)):
+        early, _ = _stream(text, [text[i : i + size] for i in range(0, len(text), size)])
+        assert early == expected, (size, early)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                ["<tool_call>", "</tool_call>", "<tool_code>", "<function=search>", "<function=", ">",
+                 "</function>", FENCE, f"{FENCE}json\n", f"{FENCE}sql\n", "`", "{", "}", "{{", "}}", "[", "]",
+                 '"', "\\", ":", ",", "\n", " ", '"name"', '"arguments"', '"search"', '"shell"', tc(*SEARCH)]
+            ),
+            st.text(max_size=6),
+        ),
+        max_size=30,
+    ).map("".join),
+    st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=40),
+)
+def test_any_reply_in_any_deltas_streams_to_its_final_text(text: str, sizes: list[int]) -> None:
+    pieces, pos = [], 0
+    while pos < len(text):
+        size = sizes[len(pieces) % len(sizes)]
+        pieces.append(text[pos : pos + size])
+        pos += size
+    early, total = _stream(text, pieces)
+    assert _same_text(total, _visible(text)), (pieces, early)
+
+
+@pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_replies_stream_in_linear_time(text: str) -> None:
+    guard = StreamGuard()
+    shown = "".join(guard.feed(text[i : i + 64]) for i in range(0, len(text), 64))
+    assert text.startswith(shown)
 
 
 TOOLS = [
