@@ -9,10 +9,12 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from aiops.engine.context import CANCELLED_RESULT
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
@@ -123,6 +125,160 @@ def test_sigkill_mid_turn_loses_only_the_streaming_answer(setup):
     assert r.returncode == 0, r.stderr
     sent = [m["content"] for m in fake.requests[-1].json["messages"] if m["role"] in ("user", "assistant")]
     assert sent == ["first question", "first answer, committed", "second question", "still there?"]
+
+
+# ---- SIGKILL at other points of a turn ----------------------------------------------------------
+
+# A third-party plugin as a user installs one: a module and its dist-info (with the entry point) on
+# PYTHONPATH. Its tool says it has started (it writes the file it is given) and never finishes.
+SLOW_PLUGIN = """
+import asyncio
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from aiops.engine.plugins import Plugin
+from aiops.engine.tools import Tool
+
+
+class Args(BaseModel):
+    marker: str
+
+
+class SlowPlugin(Plugin):
+    name = "slowtool"
+
+    async def setup(self, api):
+        async def slow_tool(args, ctx):
+            Path(args.marker).write_text("running")
+            await asyncio.Event().wait()
+
+        api.register_tool(Tool("slow_tool", "takes forever", Args, "test", slow_tool))
+"""
+
+
+@pytest.fixture
+def killable(tmp_path: Path, fake_openai: FakeOpenAI) -> tuple[Path, Path, FakeOpenAI, dict[str, str]]:
+    site = tmp_path / "site"
+    dist = site / "aiops_slow_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (site / "aiops_slow_plugin.py").write_text(SLOW_PLUGIN)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-slow-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[aiops.plugins]\nslowtool = aiops_slow_plugin:SlowPlugin\n")
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n\n[slowtool]\nenabled = true\n"})
+    env = _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    return cfg, tmp_path / "data", fake_openai, env
+
+
+def _wait_until(what: str, predicate: Callable[[], bool], proc: subprocess.Popen[bytes],
+                timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"aiops exited ({proc.returncode}) before {what}: "
+                                 f"{proc.stderr.read().decode() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _committed(db: Path) -> list[tuple[object, ...]]:
+    """Every stored message, as the rows say (read by a second connection, as WAL allows)."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT id, session_id, turn_id, role, content, tool_calls, tool_call_id, status "
+                            "FROM messages ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+def _kill_mid_turn(cfg: Path, data: Path, env: dict[str, str], question: str,
+                   ready: Callable[[subprocess.Popen[bytes]], None],
+                   session: list[str] | None = None) -> list[tuple[object, ...]]:
+    """Run `aiops chat question` (in a new session unless `session` says which), SIGKILL it once
+    `ready` returns; the rows committed just before the kill, checked to be exactly the rows that
+    survived it."""
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", question,
+                             *(session or [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        ready(proc)
+        before = _committed(data / "aiops.sqlite3")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == -signal.SIGKILL
+    conn = sqlite3.connect(data / "aiops.sqlite3")
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    assert _committed(data / "aiops.sqlite3") == before
+    return before
+
+
+def _sent_after_restart(cfg: Path, data: Path, env: dict[str, str], fake: FakeOpenAI) -> list[tuple[str, str]]:
+    """Restart, run one more turn in session 101: the conversation the model is sent."""
+    fake.script(Reply.text("back after the crash"))
+    r = subprocess.run([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "still there?",
+                        "--session", "101"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("back after the crash")
+    out = []
+    for m in fake.requests[-1].json["messages"]:
+        if m["role"] == "system":
+            continue
+        calls = [c["function"]["name"] for c in m.get("tool_calls") or []]
+        out.append((m["role"], m["content"] or "", *calls))
+    return out
+
+
+def test_sigkill_during_a_tool_call_keeps_every_committed_message(killable, tmp_path: Path):
+    cfg, data, fake, env = killable
+    fake.script(Reply.text("first answer, committed"))
+    first = subprocess.run([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "first question"],
+                           capture_output=True, text=True, timeout=60, env=env)
+    assert first.returncode == 0, first.stderr
+    marker = tmp_path / "slow-tool-is-running"
+    fake.script(Reply.tool_calls(("slow_tool", {"marker": str(marker)})))
+
+    before = _kill_mid_turn(cfg, data, env, "second question",
+                            lambda proc: _wait_until("the tool to start", marker.exists, proc),
+                            session=["--session", "101"])
+    # The call was committed before its tool ran, so it is there, with everything before it.
+    assert [(r[3], r[4]) for r in before] == [
+        ("user", "first question"), ("assistant", "first answer, committed"),
+        ("user", "second question"), ("assistant", "")]
+    assert "slow_tool" in str(before[-1][5])
+
+    sent = _sent_after_restart(cfg, data, env, fake)
+    assert sent == [
+        ("user", "first question"), ("assistant", "first answer, committed"),
+        ("user", "second question"), ("assistant", "", "slow_tool"),
+        ("tool", CANCELLED_RESULT),  # the call never finished: the model is told so
+        ("user", "still there?")]
+
+
+def test_sigkill_between_a_tool_result_and_the_next_model_call(killable):
+    cfg, data, fake, env = killable
+    # The tool answers at once; the model call that would read its result never answers.
+    fake.script(Reply.tool_calls(("read_system_prompt", {"section": "role"})), Reply.hang())
+
+    def result_sent(proc: subprocess.Popen[bytes]) -> None:
+        _wait_until("the follow-up model call", lambda: len(fake.requests) >= 2, proc)
+
+    before = _kill_mid_turn(cfg, data, env, "who are you?", result_sent)
+    result = before[-1]
+    assert [(r[3], r[7]) for r in before] == [("user", "complete"), ("assistant", "complete"),
+                                             ("tool", "complete")]
+    # The request in flight when the process died already carried the committed result.
+    in_flight = [m for m in fake.requests[1].json["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in in_flight] == [result[4]]
+
+    sent = _sent_after_restart(cfg, data, env, fake)
+    assert sent == [("user", "who are you?"), ("assistant", "", "read_system_prompt"),
+                    ("tool", result[4]), ("user", "still there?")]
 
 
 def test_a_second_aiops_on_the_same_data_dir_is_told_where_the_first_runs(setup):
