@@ -504,6 +504,8 @@ class AiopsApp(App[int]):
             page = await self.adapter.load_history(sid, 8)
             lines = []
             for m in page.messages:
+                if m.meta.get("command") or m.meta.get("kind") == "command":
+                    continue  # the operator's own commands say nothing about what the model does
                 if m.role in ("user", "assistant", "notice", "error") and m.content.strip():
                     lines.append(f"{m.role}: {one_line(m.content, 300)}")
                 for tc in m.tool_calls:

@@ -113,6 +113,8 @@ async def test_details_show_the_arguments_with_sql_and_answer_from_there(make_ap
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
+        await send(pilot, "!model")
+        await wait_chat(pilot, "Models (* = this session")
         fake_openai.responder = call_tool_when("clean up", ("run_sql", {"sql": "DELETE FROM users WHERE id = 3"}))
         await send(pilot, "clean up user 3")
         await wait_for(pilot, lambda: app.inbox.gates, "the gate")
@@ -122,8 +124,11 @@ async def test_details_show_the_arguments_with_sql_and_answer_from_there(make_ap
         text = screen_text(app)
         assert "DELETE FROM users WHERE id = 3" in text
         assert "tables: users" in text and "what the session was doing" in text and "clean up user 3" in text
-        sql = app.screen.query_one("#gate-sql")
-        assert sql.visual is not None  # highlighted by the SQL lexer
+        assert "Models (" not in text and "!model" not in text  # the operator's commands are not context
+        assert "DELETE FROM users WHERE id = 3" in str(app.screen.query_one("#gate-sql").visual)
+        assert not app.screen.query("#gate-args")  # the SQL was the only argument: not shown twice
+        # Highlighted: the keyword and the table name are drawn in different colours.
+        assert color_of(app, "DELETE", "#gate-sql") != color_of(app, "users", "#gate-sql")
         await pilot.press("a")
         await wait_chat(pilot, "tool said: 1 row affected")
         assert notes.sql == ["DELETE FROM users WHERE id = 3"]

@@ -6,9 +6,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pygments.token import Token
 from textual import events
 from textual.content import Content
-from textual.highlight import highlight
+from textual.highlight import HighlightTheme, highlight
 from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -19,6 +20,14 @@ from aiops.tui.widgets.fitted import Rows
 
 ARM_SECONDS = 1.0  # how long a gate that moved under the cursor by itself ignores the answer keys
 URGENT_SECONDS = 30  # the countdown turns red below this
+
+
+class RowSQL(HighlightTheme):
+    """SQL in a row: keywords, literals and operators stand out; names keep the row's own colour,
+    which stays readable on the highlighted row (the default theme draws names in the primary
+    colour, the highlight's own)."""
+
+    STYLES = {**HighlightTheme.STYLES, Token.Name: "", Token.Name.Builtin: "bold", Token.Name.Variable: ""}
 
 
 class GatesInbox(OptionList):
@@ -114,7 +123,7 @@ goes to the message input.
                           Content("")))
         sql = sql_of(g.get("args"))
         if sql is not None:
-            body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql"))
+            body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql", theme=RowSQL))
         else:
             summary = str(g.get("summary") or "")
             # The summary repeats tool and operation; what follows the first ": " is the interesting part.
