@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import pytest
 from textual.widgets import Markdown
 
+from aiops.engine.engine import Engine
+from aiops.integrations.mysql_plugin import MySQLPlugin
+from aiops.tui.app import AiopsApp
 from aiops.tui.screens.modals import GateDetailsScreen
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import ARM_SECONDS, GatesInbox
 from tests.fakes.openai_server import call_tool_when
+from tests.support.mariadb import PASSWORD_ENV
 from tests.tui.conftest import (
     SIZE,
     chat_text,
     color_of,
+    console_config,
     ready,
     region_text,
     screen_text,
@@ -304,3 +311,34 @@ async def test_a_rebound_jump_key_is_the_one_the_console_names(make_app, fake_op
         await wait_text(pilot, "Help · Gates inbox")
         text = " ".join(app.screen.query_one(Markdown).source.split())
         assert "**ctrl+o** jumps here" in text and "ctrl+g" not in text
+
+
+@pytest.mark.mariadb
+async def test_a_real_db_query_gate_shows_tables_and_sql_and_runs_when_approved(
+        tmp_path, fake_openai, mariadb, mysql_table):
+    t = await mysql_table("id INT PRIMARY KEY, name VARCHAR(20)", [(1, "a"), (2, "b")])
+    settings = mariadb.model_dump() | {"enabled": True}
+    plugins = "[mysql]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items() if v is not None)
+    cfg = console_config(tmp_path, fake_openai, extra_files={"plugins.toml": plugins})
+    env = {**os.environ, PASSWORD_ENV: os.environ.get(PASSWORD_ENV, "")}
+    engine = Engine(cfg, env=env, plugins=[MySQLPlugin()], discover_plugins=False)
+    sql = f"DELETE FROM {t} WHERE id = 2"
+    fake_openai.responder = call_tool_when("clean up", ("db_query", {"sql": sql}))
+    app = AiopsApp(cfg, engine=engine, server=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert engine.tools.get("db_query") is not None, engine.plugin_status
+        await send(pilot, "clean up row 2")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        # The row: the operation, the table (qualified with the database) and the SQL, cut to the pane.
+        side = region_text(app, "#side")
+        assert "db_query write ∞" in side and f"tables {mariadb.database}.t_" in side and "DELETE FROM t_" in side
+        await pilot.press("ctrl+g", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
+        text = screen_text(app)
+        assert f"tables: {mariadb.database}.{t}" in text and sql in text
+        assert color_of(app, "DELETE", "#gate-sql") != color_of(app, t, "#gate-sql")
+        await pilot.press("a")
+        await wait_chat(pilot, "1 row affected")
+        assert isinstance(app.focused, ChatInput)
+    assert await mysql_table.query(f"SELECT id FROM {t}") == [(1,)]
