@@ -56,6 +56,7 @@ unknown (recognised as a statement of no known kind), unparseable (sqlglot could
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -68,6 +69,8 @@ from sqlglot.tokens import Token, TokenType
 __all__ = ["Operation", "SqlClassification", "StatementClass", "classify_sql"]
 
 Operation = Literal["read", "write"]
+
+log = logging.getLogger(__name__)
 
 _DIALECT = Dialect.get_or_raise("mysql")
 
@@ -113,7 +116,7 @@ class SqlClassification:
 def classify_sql(sql: str) -> SqlClassification:
     """Classify every statement in ``sql``; raise ValueError when there is no statement at all."""
     lexed = _as_mysql_lexes(sql)
-    statements = tuple(_classify_chunk(lexed, chunk) for chunk in _split(sql, lexed))
+    statements = tuple(_classify_chunk_safely(lexed, chunk) for chunk in _split(sql, lexed))
     if not statements:
         raise ValueError("empty SQL: no statement, only whitespace, comments or semicolons")
     if _lexers_may_disagree(sql):
@@ -269,6 +272,17 @@ _EXPORT_WORDS = frozenset(
 )
 
 
+def _classify_chunk_safely(sql: str, chunk: _Chunk) -> StatementClass:
+    """A statement's class; if classifying it fails in a way nobody foresaw, the strictest one
+    (a write the table rules cannot describe): the gate must ask, never crash or wave it through."""
+    try:
+        return _classify_chunk(sql, chunk)
+    except Exception:  # noqa: BLE001 - fail closed, and say so in the log
+        log.exception("SQL classification failed; treating the statement as an unknown write")
+        return StatementClass(sql=chunk.text.strip(), kind="unknown", operation=_WRITE, tables=(),
+                              beyond_tables=True)
+
+
 def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
     text = chunk.text.strip()
     if chunk.tokens is None:
@@ -355,6 +369,8 @@ def _opaque_tables(text: str) -> tuple[str, ...]:
     words = [t.text.upper() if t.token_type not in (TokenType.STRING, TokenType.IDENTIFIER) else ""
              for t in tokens]
     first = words[0].split()
+    if not first:
+        return ()  # it starts with a quoted name or a string: no grammar to read names from
     names: list[str] = []
     if first == ["LOCK", "TABLES"] or first == ["LOCK"]:
         start = 1 if len(first) == 2 else _after_words(words, 1, ("TABLE", "TABLES"))
