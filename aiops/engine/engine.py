@@ -297,10 +297,11 @@ class Engine:
         assert live is not None
         return live
 
-    async def list_sessions(self, kind: str | None = None, limit: int = 1000,
-                            offset: int = 0) -> list[dict[str, Any]]:
-        """Sessions, most recently active first."""
-        rows = await self.store.list_sessions(kind, limit=limit, offset=offset)
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
+                            owner: str | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently active first; only those of `kind` and of `owner` (the server
+        caller that created them) when given."""
+        rows = await self.store.list_sessions(kind, limit=limit, offset=offset, owner=owner)
         out = []
         for r in rows:
             live = self._sessions.get(r.id)

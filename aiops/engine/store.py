@@ -35,6 +35,11 @@ CHECKPOINT_EVERY = 500  # writes between WAL checkpoints (run on the worker thre
 
 log = logging.getLogger(__name__)
 
+# Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
+# session's metadata. Listings filter on it, so a client's sessions are found by the index below.
+OWNER_KEY = "owner"
+OWNER_SQL = f"json_extract(meta, '$.{OWNER_KEY}')"
+
 # Ordered upgrade steps; PRAGMA user_version records how many have run. Never edit a released
 # step: add a new one.
 MIGRATIONS: list[str] = [
@@ -85,6 +90,12 @@ MIGRATIONS: list[str] = [
     CREATE INDEX audit_by_session ON audit(session_id, ts);
     CREATE INDEX audit_by_ts ON audit(ts);
     """,
+    # 2: a client's own sessions, found without reading everyone's. Partial (only sessions with an
+    # owner) and on the owner alone: adding a message changes `updated_at`, never `meta`, so the
+    # index costs nothing on the chat path.
+    f"""
+    CREATE INDEX sessions_by_owner ON sessions({OWNER_SQL}) WHERE {OWNER_SQL} IS NOT NULL;
+    """,
 ]
 
 
@@ -105,8 +116,14 @@ class SessionRow:
         return {
             "client_id": self.id, "short_id": self.short_id, "kind": self.kind, "model": self.model,
             "title": self.title, "created_at": self.created_at, "updated_at": self.updated_at,
-            "message_count": self.message_count,
+            "message_count": self.message_count, "owner": self.owner,
         }
+
+    @property
+    def owner(self) -> str | None:
+        """Who created it through the server; None for sessions made elsewhere (console, Slack)."""
+        owner = self.meta.get(OWNER_KEY)
+        return owner if isinstance(owner, str) else None
 
 
 @dataclass(slots=True)
@@ -335,15 +352,23 @@ class Store:
 
         return await self._run(run)  # counts the messages: the thread
 
-    async def list_sessions(self, kind: str | None = None, limit: int = 1000,
-                            offset: int = 0) -> list[SessionRow]:
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
+                            owner: str | None = None) -> list[SessionRow]:
+        """Sessions, most recently updated first; only those of `kind` and of `owner` when given."""
+
         def run(conn: sqlite3.Connection) -> list[SessionRow]:
             sql = ("SELECT s.*, (SELECT COUNT(*) FROM messages m WHERE m.session_id=s.id "
                    "AND m.epoch=s.epoch) AS message_count FROM sessions s")
+            where: list[str] = []
             args: list[Any] = []
             if kind:
-                sql += " WHERE s.kind=?"
+                where.append("s.kind=?")
                 args.append(kind)
+            if owner is not None:
+                where.append(f"{OWNER_SQL}=?")  # as indexed, so the index serves it
+                args.append(owner)
+            if where:
+                sql += " WHERE " + " AND ".join(where)
             sql += " ORDER BY s.updated_at DESC LIMIT ? OFFSET ?"
             args += [limit, offset]
             return [_row_to_session(r) for r in conn.execute(sql, args)]

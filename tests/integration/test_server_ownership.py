@@ -59,6 +59,14 @@ async def test_a_client_token_uses_only_its_own_sessions_and_an_operator_uses_al
         owners = {s["client_id"]: s["owner"] for s in await ops.sessions()}
         assert owners == {"api-ops": "ops", "api-bot": "bot", mine["client_id"]: "bot"}
         assert [s["client_id"] for s in await bot.sessions(limit=1)] == [mine["client_id"]]
+        # Pages count the caller's own sessions: with the operator's now the most recent, a
+        # client's second page is still its second session.
+        assert (await ops.send("more operator business", client_id="api-ops"))["status"] == "complete"
+        async with httpx.AsyncClient() as http:
+            r = await http.get(srv.url + "/api/v1/sessions", params={"limit": 1, "offset": 1},
+                               headers=srv.headers("bot"))
+        assert [s["client_id"] for s in r.json()["sessions"]] == ["api-bot"]
+        assert [s["client_id"] for s in await ops.sessions()] == ["api-ops", mine["client_id"], "api-bot"]
 
         # Its own: everything works, and the operator manages a client's session too.
         assert (await bot.session("api-bot"))["session"]["owner"] == "bot"

@@ -116,3 +116,47 @@ async def test_engine_start_does_not_load_stored_sessions(tmp_path):
         assert live is not None and live.id == "api-1399" and live._history is None
     finally:
         await engine.stop()
+
+
+async def test_sessions_list_by_owner_and_kind_in_pages(store):
+    for i, (kind, owner) in enumerate([("api", "bot"), ("proxy", "bot"), ("api", "ops"), ("console", None),
+                                       ("api", "bot"), ("api", "bot")]):
+        await store.create_session(f"s{i}", kind, None, meta={"owner": owner} if owner else None)
+        await store.add_message(f"s{i}", Message("user", f"q{i}"))  # later ones are more recent
+    assert [r.id for r in await store.list_sessions(owner="bot")] == ["s5", "s4", "s1", "s0"]
+    assert [r.id for r in await store.list_sessions("api", owner="bot")] == ["s5", "s4", "s0"]
+    assert [r.id for r in await store.list_sessions("api", limit=2, offset=1, owner="bot")] == ["s4", "s0"]
+    assert [r.owner for r in await store.list_sessions(owner="ops")] == ["ops"]
+    assert await store.list_sessions(owner="nobody") == []
+    everyone = await store.list_sessions()
+    assert [r.id for r in everyone] == ["s5", "s4", "s3", "s2", "s1", "s0"]
+    assert [r.to_dict()["owner"] for r in everyone] == ["bot", "bot", None, "ops", "bot", "bot"]
+
+
+async def test_a_version_1_database_upgrades_and_lists_by_owner(tmp_path):
+    path = tmp_path / "db.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0])
+    conn.execute("INSERT INTO sessions(id, short_id, kind, created_at, updated_at, meta) VALUES "
+                 "('old-bot', 101, 'api', 1, 1, '{\"owner\": \"bot\"}'), ('old-console', 102, 'console', 2, 2, '{}')")
+    conn.execute("UPDATE counters SET value=103")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    s = Store(path)
+    await s.open()
+    try:
+        assert [r.id for r in await s.list_sessions(owner="bot")] == ["old-bot"]
+        assert [r.id for r in await s.list_sessions()] == ["old-console", "old-bot"]
+        new = await s.create_session("new-bot", "api", None, meta={"owner": "bot"})
+        assert new.short_id == 103
+        assert [r.id for r in await s.list_sessions(owner="bot")] == ["new-bot", "old-bot"]
+    finally:
+        await s.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    # A client's listing reads its own sessions through the index, not the whole table.
+    plan = conn.execute("EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE json_extract(meta, '$.owner')=?",
+                        ("bot",)).fetchall()
+    assert "sessions_by_owner" in str(plan)
+    conn.close()

@@ -20,7 +20,6 @@ import aiops
 from aiops.engine import events as ev
 from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
-from aiops.engine.store import SessionRow
 from aiops.engine.turn import Turn
 from aiops.engine.types import new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
@@ -39,7 +38,6 @@ from aiops.integrations.server.app import (
 )
 from aiops.integrations.server.openapi import ApiRoute, build_openapi
 from aiops.integrations.server.owners import (
-    OWNER_KEY,
     Caller,
     caller,
     check_access,
@@ -92,6 +90,7 @@ class SessionsQuery(_Query):
     kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
+    offset: int = Field(0, ge=0, description="Skip this many first (the next page starts at `offset + limit`).")
 
 
 class HistoryQuery(_Query):
@@ -265,17 +264,10 @@ async def _live(engine: Engine, ref: str, who: Caller) -> LiveSession:
     return live
 
 
-def _row_info(engine: Engine, row: SessionRow) -> SessionInfo:
-    d = row.to_dict()
-    d.update(model=row.model if row.model in engine.config.models.models else engine.config.models.default_model,
-             state=engine.session_state(row.id), owner=row.meta.get(OWNER_KEY))
-    return SessionInfo.model_validate(d)
-
-
 async def _session_info(engine: Engine, live: LiveSession) -> SessionInfo:
     row = await engine.store.get_session(live.id)
     d = (row or live.row).to_dict()
-    d.update(model=live.model_key(engine), state=engine.session_state(live.id), owner=live.row.meta.get(OWNER_KEY))
+    d.update(model=live.model_key(engine), state=engine.session_state(live.id), owner=live.row.owner)
     if live.row.title:
         d["title"] = live.row.title
     return SessionInfo.model_validate(d)
@@ -394,20 +386,10 @@ async def list_sessions(request: web.Request) -> web.Response:
     q = validate(SessionsQuery, dict(request.query), "query string")
     engine = get_engine(request)
     who = caller(request)
-    if who.operator:
-        rows = await engine.store.list_sessions(q.kind, limit=q.limit)
-    else:
-        # A client sees only its own sessions. The store cannot filter on metadata, so read pages
-        # (most recent first) until `limit` of the caller's are found.
-        rows, offset, page = [], 0, max(4 * q.limit, 200)
-        while len(rows) < q.limit:
-            batch = await engine.store.list_sessions(q.kind, limit=page, offset=offset)
-            rows += [r for r in batch if who.may_use(r.meta.get(OWNER_KEY))]
-            if len(batch) < page:
-                break
-            offset += page
-        rows = rows[: q.limit]
-    return _json(SessionList(sessions=[_row_info(engine, r) for r in rows]))
+    # An operator sees every session; a client only those it created (the store finds them by owner).
+    rows = await engine.list_sessions(q.kind, limit=q.limit, offset=q.offset,
+                                      owner=None if who.operator else who.principal)
+    return _json(SessionList(sessions=[SessionInfo.model_validate(r) for r in rows]))
 
 
 async def get_session(request: web.Request) -> web.Response:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from aiops.engine.engine import Engine, LiveSession
+from aiops.engine.store import OWNER_KEY  # where the owner is kept: the store filters on it
 from aiops.integrations.server.app import HttpError, is_operator
-
-OWNER_KEY = "owner"  # in the session's metadata
 
 
 @dataclass(frozen=True, slots=True)
