@@ -312,6 +312,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    _setup_file_logging(cfg, args.verbose)  # it starts an engine: its warnings go where the others' do
 
     async def run() -> list[Any]:
         from aiops.engine.engine import Engine
@@ -319,6 +320,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         engine = Engine(cfg)
         await engine.start()
         try:
+            await engine.plugins_ready()  # e.g. mysql's connection check, which runs in the background
             return list(engine.plugin_status)
         finally:
             await engine.stop()

@@ -198,6 +198,10 @@ class Engine:
             note = str(getattr(plugin, "status_note", "") or "")
             self.plugin_status.append(PluginStatus(name, "started", note, source))
 
+    async def plugins_ready(self) -> None:
+        """Wait for the plugins' background start-up checks (each bounds its own)."""
+        await asyncio.gather(*(p.ready() for p in self._plugins), return_exceptions=True)
+
     def plugin(self, name: str) -> Plugin | None:
         return next((p for p in self._plugins if p.name == name), None)
 

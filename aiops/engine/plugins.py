@@ -53,11 +53,20 @@ class Plugin:
     def __init__(self) -> None:
         self.settings: Any = None
         self.api: PluginAPI | None = None
+        # Shown next to "started" by `aiops plugins` and the status (e.g. its server was down).
+        self.status_note = ""
 
     async def setup(self, api: PluginAPI) -> None:  # pragma: no cover - default is a no-op
         return None
 
     async def start(self) -> None:
+        """Start quickly: engine start-up (console, serve, chat) waits for this. Checks that may
+        take long run in the background and `report` what they find."""
+        return None
+
+    async def ready(self) -> None:
+        """Return once background start-up checks have finished (bounded by the plugin);
+        `aiops plugins` waits for this before it reports."""
         return None
 
     async def stop(self) -> None:
@@ -78,6 +87,13 @@ class PluginAPI:
     @property
     def env(self) -> Mapping[str, str]:
         return self._engine.env
+
+    def report(self, note: str) -> None:
+        """Say something about the plugin's state (shown next to "started"), at any time."""
+        self._plugin.status_note = note
+        for status in self._engine.plugin_status:
+            if status.name == self._plugin.name and status.state == "started":
+                status.reason = note
 
     def register_tool(self, tool: Tool) -> None:
         tool.plugin = self._plugin.name

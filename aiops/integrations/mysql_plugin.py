@@ -77,8 +77,7 @@ class MySQLPlugin(Plugin):
     def __init__(self) -> None:
         super().__init__()
         self.runner: MySQLRunner | None = None
-        # Shown by `aiops plugins` and the status next to "started" (e.g. the server was down).
-        self.status_note = ""
+        self._probe: asyncio.Task[None] | None = None
 
     async def setup(self, api: PluginAPI) -> None:
         settings: MySQLSettings = self.settings
@@ -132,21 +131,34 @@ class MySQLPlugin(Plugin):
                                      db_command, operator_only=True, raw=True))
 
     async def start(self) -> None:
-        """Check the connection once, so `aiops plugins` can say the server was unreachable.
+        """Check the connection once, in the background, so `aiops plugins` and the status can say
+        the server was unreachable without start-up waiting on a host that does not answer.
 
         A server that is down does not stop start-up: every db_query reports it, and the pool
         connects as soon as the server is back.
         """
-        assert self.runner is not None
+        self._probe = asyncio.get_running_loop().create_task(self._check_connection())
+
+    async def _check_connection(self) -> None:
+        assert self.runner is not None and self.api is not None
+        note = ""
         try:
             await asyncio.wait_for(self.runner.execute("SELECT 1", "read"), _PROBE_SECONDS)
         except DatabaseError as e:
-            self.status_note = f"could not connect at start-up: {e}"
+            note = f"could not connect at start-up: {e}"
         except TimeoutError:
-            self.status_note = f"could not connect at start-up: no answer in {_PROBE_SECONDS:g} s"
-        if self.status_note:
-            log.warning("mysql: %s", self.status_note)
+            note = f"could not connect at start-up: no answer in {_PROBE_SECONDS:g} s"
+        if note:
+            log.warning("mysql: %s", note)
+            self.api.report(note)
+
+    async def ready(self) -> None:
+        if self._probe is not None:
+            await asyncio.shield(self._probe)
 
     async def stop(self) -> None:
+        if self._probe is not None and not self._probe.done():
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         if self.runner is not None:
             await self.runner.close()

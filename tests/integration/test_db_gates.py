@@ -526,6 +526,7 @@ async def test_plugin_is_skipped_when_a_named_secret_is_missing(engine_factory, 
 
 async def test_server_down_at_start_is_reported_but_does_not_stop_start_up(engine_factory, mariadb, tmp_path):
     engine = await db_engine(engine_factory, mariadb, port=1)
+    await engine.plugins_ready()  # the connection check runs in the background
     (status,) = [s for s in engine.plugin_status if s.name == "mysql"]
     assert status.state == "started" and "could not connect" in status.reason and "127.0.0.1:1" in status.reason
     await engine.stop()

@@ -93,3 +93,29 @@ async def test_broken_plugins_are_reported_and_the_rest_start(engine_factory):
     assert status["mysql"].state == "disabled"  # the built-in, found through the entry point
     assert "hello" in engine.tools
     assert (await engine.run("console-1", "!hello", kind="console")).text == "ahoy from a plugin command"
+
+
+async def test_a_database_host_that_never_answers_does_not_hold_up_start_up(engine_factory):
+    # A firewalled host: the TCP connection opens, the MySQL greeting never comes.
+    import asyncio
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        engine = await engine_factory(extra_files={
+            "plugins.toml": f'[mysql]\nenabled = true\nhost = "127.0.0.1"\nport = {port}\n'})
+        mysql = next(s for s in engine.plugin_status if s.name == "mysql")
+        # Start-up is over while the check still waits (only its own timeout can end it).
+        assert (mysql.state, mysql.reason) == ("started", "")
+        await engine.plugins_ready()
+        assert mysql.reason == "could not connect at start-up: no answer in 3 s"
+    finally:
+        for w in held:
+            w.close()
+        server.close()
+        await server.wait_closed()
