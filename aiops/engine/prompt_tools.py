@@ -45,8 +45,19 @@ async def apply_edit(engine: Engine, folder: Path, session_id: str | None, actor
                      operation: str, content: str = "", target: str = "", confirm: bool = False,
                      description: str = "", parent: str = "") -> EditResult:
     """Edit one section (atomic write in a thread), audit the diff, refresh the cached tree."""
-    result = await asyncio.to_thread(edit_section, folder, ref, operation, content, target, confirm,
-                                     description, parent)
+    paths = engine.config.paths
+
+    def edit() -> EditResult:
+        if folder.resolve().is_relative_to(paths.shipped_prompt_dir.resolve()):
+            # Only when the user's copy could not be made: turns may read the shipped tree, but an
+            # edit would change the installation (the repository, or site-packages) for everyone.
+            raise PromptEditError(
+                f"cannot edit the shipped system prompt {folder}: its copy in the config dir "
+                f"({paths.config_dir / 'system_prompt'}) could not be made; make that directory "
+                "writable (the log says why the copy failed)")
+        return edit_section(folder, ref, operation, content, target, confirm, description, parent)
+
+    result = await asyncio.to_thread(edit)
     engine.prompts.reload(folder)
     await engine.store.add_audit(
         "prompt_edit", session_id=session_id, tool="update_system_prompt", operation="write",

@@ -179,3 +179,18 @@ async def test_prompt_edits_change_the_users_copy_never_the_shipped_tree(engine_
     fake_openai.script(Reply.text("ok"))
     await engine.run("console-a", "hi", kind="console", timeout=10)
     assert "Always cite the query." in fake_openai.requests[-1].json["messages"][0]["content"]
+
+
+async def test_when_the_users_copy_cannot_be_made_turns_read_the_shipped_tree_and_edits_are_refused(
+        engine_factory, fake_openai, tmp_path):
+    shipped = {p.name: p.read_bytes() for p in (SHIPPED_PROMPT_DIR / "default").iterdir()}
+    engine = await engine_factory()
+    # A file where the copy's directory must go: the copy fails (as in a read-only config dir).
+    (tmp_path / "config" / "system_prompt").write_text("not a directory")
+    fake_openai.script(Reply.text("ok"))
+    await engine.run("console-a", "hi", kind="console", timeout=10)
+    assert "role:" in fake_openai.requests[-1].json["messages"][0]["content"]  # the prompt still goes out
+    result = await engine.run("console-a", "!prompt edit role append Always cite the query.", kind="console",
+                              is_operator=True, timeout=10)
+    assert "cannot edit the shipped system prompt" in result.text and "writable" in result.text
+    assert {p.name: p.read_bytes() for p in (SHIPPED_PROMPT_DIR / "default").iterdir()} == shipped
