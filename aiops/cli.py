@@ -155,30 +155,17 @@ def parse_since(text: str) -> float:
 
 
 def _lock_state(path: Path) -> str:
-    """Who holds the data-dir lock, probed without taking it (the file outlives its holder)."""
-    import os
+    from aiops.engine.lock import fcntl, holder
 
-    from aiops.engine.lock import read_holder
-
-    try:
-        import fcntl
-    except ImportError:  # Windows: no advisory locks
+    if fcntl is None:
         return "no locking on this platform"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    if not path.exists():
         return "absent: no aiops runs on this data dir"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        holder = read_holder(path)
-        url = f", {holder['url']}" if holder.get("url") else ""
-        return f"held by pid {holder.get('pid', '?')}{url}"
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+    info = holder(path)
+    if info is None:
         return "free: no aiops runs on this data dir"
-    finally:
-        os.close(fd)
+    url = f", {info['url']}" if info.get("url") else ""
+    return f"held by pid {info.get('pid', '?')}{url}"
 
 
 def cmd_config_paths(args: argparse.Namespace) -> int:

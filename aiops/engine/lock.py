@@ -116,3 +116,23 @@ def read_holder(path: Path) -> dict[str, Any]:
         return _read_info(fd)
     finally:
         os.close(fd)
+
+
+def holder(path: Path) -> dict[str, Any] | None:
+    """Who holds the lock, probed without taking it: what the holder wrote (possibly empty), or
+    None when nobody does (the file outlives its holder; the kernel's lock does not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if fcntl is None:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _read_info(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
