@@ -60,9 +60,8 @@ class TurnResult:
         d: dict[str, Any] = {"turn_id": self.turn_id, "status": self.status, "text": self.text}
         if self.error:
             d["error"] = self.error
-        if self.usage:
-            d["usage"] = {"prompt_tokens": self.usage.prompt_tokens,
-                          "completion_tokens": self.usage.completion_tokens}
+        if self.usage is not None and (counts := self.usage.counts()) is not None:
+            d["usage"] = counts  # only real counts: none at all when nothing was counted
         return d
 
 

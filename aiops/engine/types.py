@@ -88,6 +88,14 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def counts(self) -> dict[str, int] | None:
+        """`{prompt_tokens, completion_tokens}`, or None when nothing was counted (a model that
+        reports no usage, a turn stopped before the model answered): zeros would claim a count.
+        Every surface that reports usage takes it from here."""
+        if not self.total_tokens:
+            return None
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
 
 # ---- what a backend yields while streaming one model call -------------------------------------
 

@@ -343,3 +343,18 @@ async def test_a_stopped_api_turn_has_no_usage_key(served: ServeProcess, fake: F
         body = (await waiting).json()
     assert body["status"] == "cancelled"
     assert "usage" not in body
+
+
+async def test_a_stopped_non_streaming_turn_has_no_usage(aclient: openai.AsyncOpenAI, served: ServeProcess,
+                                                         fake: FakeOpenAI) -> None:
+    n = len(fake.requests)
+    fake.script(Reply.hang())
+    waiting = asyncio.create_task(aclient.chat.completions.create(
+        model="aiops", messages=[{"role": "user", "content": "hang on"}],
+        extra_headers={"X-Aiops-Session": "usage-stop-plain"}))
+    await asyncio.to_thread(fake.wait_for_requests, n + 1)
+    async with httpx.AsyncClient(base_url=served.url) as h:
+        assert (await h.post("/api/v1/sessions/usage-stop-plain/stop")).json()["stopped"] is True
+    r = await waiting
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage is None

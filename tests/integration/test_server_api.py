@@ -106,12 +106,13 @@ async def test_async_submit_then_the_stream_carries_tok_to_done_in_order(api_ser
 
 
 async def test_submit_with_wait_answers_with_the_text_and_creates_an_api_session(api_server: ApiServer) -> None:
-    api_server.fake.script(Reply.text("forty-two"))
+    api_server.fake.script(Reply.text("forty-two", usage=(12, 3)))
     async with aiohttp.ClientSession() as http:
         async with http.post(api_server.url + "/api/v1/submit", json={"text": "the answer?", "wait": True}) as r:
             assert r.status == 200
             body = await r.json()
     assert body["status"] == "complete" and body["text"] == "forty-two"
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 3}  # the model's own counts
     assert re.fullmatch(r"api-[0-9a-f]{8}", body["client_id"]), body
     assert body["turn_id"].startswith("turn_")
     async with api_server.client() as agent:

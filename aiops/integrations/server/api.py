@@ -299,14 +299,9 @@ async def submit(request: web.Request) -> web.Response:
     except TimeoutError:
         return _json(SubmitResult(client_id=turn.session_id, status="timeout", text="", turn_id=turn.id),
                      exclude_none=True)
-    usage = result.usage
-    return _json(SubmitResult.model_validate({
-        "client_id": turn.session_id, "status": result.status, "text": result.text, "turn_id": turn.id,
-        "error": result.error,
-        # No counts recorded (a turn cancelled before the model answered): no usage, not zeros.
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-        if usage is not None and usage.total_tokens else None,
-    }), exclude_none=True)
+    # The result as the engine reports it: usage only when the model counted something.
+    return _json(SubmitResult.model_validate({"client_id": turn.session_id, **result.to_dict(), "turn_id": turn.id}),
+                 exclude_none=True)
 
 
 async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:

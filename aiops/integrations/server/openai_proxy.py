@@ -46,7 +46,6 @@ from aiops.integrations.server.proxy_sessions import (
     published_models,
     tools_refused,
     turn_output,
-    usage_counts,
     wait_done,
 )
 
@@ -135,13 +134,12 @@ def model_object(m: PublishedModel, created: int) -> dict[str, Any]:
     return {"id": m.name, "object": "model", "created": created, "owned_by": "aiops"}
 
 
-def _usage(usage: dict[str, int] | None) -> dict[str, int] | None:
-    if not usage:
+def _usage(counts: dict[str, int] | None) -> dict[str, int] | None:
+    """OpenAI's usage object from the engine's counts (None when nothing was counted: see
+    `Usage.counts`), which then has no usage rather than zeros."""
+    if counts is None:
         return None
-    p, c = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    if not p + c:
-        return None  # nothing was counted: no usage rather than zeros
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}
 
 
 def completion_object(cid: str, created: int, model: str, text: str,
@@ -326,7 +324,7 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
         err = result.error or {}
         raise HttpError(502, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
                         headers={SESSION_HEADER: started.session_id})
-    resp = web.json_response(completion_object(cid, created, req.model, result.text, usage_counts(result.usage)))
+    resp = web.json_response(completion_object(cid, created, req.model, result.text, result.to_dict().get("usage")))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -150,14 +150,6 @@ def is_background_task(messages: Sequence[ClientMessage]) -> bool:
     return bool(messages) and messages[-1].role == "user" and messages[-1].text.lstrip().startswith(TASK_PREFIX)
 
 
-def usage_counts(usage: Usage | None) -> dict[str, int] | None:
-    """`{prompt_tokens, completion_tokens}`, or None when the model reported nothing (never zeros
-    standing in for unknown counts)."""
-    if usage is None or not usage.total_tokens:
-        return None
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-
-
 async def answer_background_task(engine: Engine, model: PublishedModel,
                                  messages: Sequence[ClientMessage]) -> tuple[str, dict[str, int] | None]:
     """A plain model call: no tools, no gates, no session, nothing recorded. The answer and the
@@ -171,7 +163,7 @@ async def answer_background_task(engine: Engine, model: PublishedModel,
         completion = await engine.complete_plain(model.key, convo, system=system)
     except ModelError as e:
         raise HttpError(502, "model_error", str(e)) from None
-    return completion.text, usage_counts(completion.usage)
+    return completion.text, completion.usage.counts() if completion.usage is not None else None
 
 
 # ---- status lines and text normalisation ---------------------------------------------------------------
