@@ -254,7 +254,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 def cmd_config_init(args: argparse.Namespace) -> int:
     import shutil
 
-    from aiops.config import CONFIG_FILES, copy_tree, resolve_paths
+    from aiops.config import CONFIG_FILES, copy_tree, replace_tree, resolve_paths
 
     paths = resolve_paths(args.config_dir, args.data_dir)
     try:
@@ -273,8 +273,9 @@ def cmd_config_init(args: argparse.Namespace) -> int:
                 print(f"kept    {dest}/")
                 continue
             if dest.exists():
-                shutil.rmtree(dest)
-            copy_tree(src, dest)
+                replace_tree(src, dest)  # the user's tree goes only once the new copy is complete
+            else:
+                copy_tree(src, dest)
             print(f"wrote   {dest}/")
     except OSError as e:
         raise CliError(f"cannot write {e.filename or paths.config_dir}: {e.strerror or e}") from None

@@ -267,6 +267,22 @@ def copy_tree(src: Path, dest: Path) -> None:
             raise
 
 
+def replace_tree(src: Path, dest: Path) -> None:
+    """Replace the directory `dest` with a copy of `src`; `dest` goes only once the copy is whole."""
+    staged = dest.parent / f".{dest.name}.new-{os.getpid()}"
+    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+    shutil.rmtree(staged, ignore_errors=True)
+    shutil.copytree(src, staged)
+    os.rename(dest, old)
+    try:
+        os.rename(staged, dest)
+    except OSError:
+        os.rename(old, dest)
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def resolve_paths(config_dir: str | Path | None = None, data_dir: str | Path | None = None) -> Paths:
     import platformdirs  # deferred: keeps `import aiops.config` cheap
 

@@ -455,7 +455,7 @@ class Engine:
                     return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs))
                 outputs.append(out)
                 if live is None:
-                    live = self._sessions.get(sid)  # a command may have created it (!model KEY)
+                    live = self._sessions.get(sid)  # a plugin's command may have created it
                 if live is not None:
                     if not echoed:
                         await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))

@@ -375,8 +375,9 @@ async def test_session_approval_of_an_update_does_not_cover_into_outfile(engine_
     await engine.run("api-o", "update", kind="api", timeout=10)
     await approver
     assert len(engine.gatekeeper.broker.grants("api-o")) == 1
-    # Same tables, but it writes a server file: the grant does not cover it.
-    outfile = f"/tmp/{t}.csv"
+    # Same tables, but it writes a server file: the grant does not cover it. (The directory does
+    # not exist, so the approved statement fails on the server and leaves no file behind.)
+    outfile = f"/nonexistent-aiops-test-dir/{t}.csv"
     fake_openai.script(Reply.tool_calls(("db_query", {"sql": f"SELECT * FROM {t} INTO OUTFILE '{outfile}'"})),
                        Reply.text("2"))
     turn = await engine.submit("api-o", "export", kind="api")

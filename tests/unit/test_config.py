@@ -83,6 +83,11 @@ def test_config_init_copies_the_config_files_and_the_prompt_tree_and_keeps_them_
     assert main(["config", "init", *dirs]) == 0
     assert f"kept    {user}/" in capsys.readouterr().out
     assert (user / ".system_prompt_role").read_text() == "mine\n"
+    # --force replaces the tree with the shipped one, leaving no staging copies behind.
+    (user / ".system_prompt_extra").write_text("stray\n")
+    assert main(["config", "init", "--force", *dirs]) == 0
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == shipped_snapshot()
+    assert sorted(p.name for p in user.parent.iterdir()) == ["default"]
 
 
 def test_config_paths_prints_the_lock_file_and_the_users_prompt_tree(tmp_path, capsys):
