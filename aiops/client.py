@@ -292,9 +292,12 @@ class AgentClient:
 
     # -- sessions --
 
-    async def sessions(self, kind: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        """Sessions, most recently updated first (a client token sees only those it created)."""
-        return (await self._call("GET", "/api/v1/sessions", params={"kind": kind, "limit": limit}))["sessions"]
+    async def sessions(self, kind: str | None = None, limit: int | None = None,
+                       offset: int | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently updated first (a client token sees only those it created);
+        the next page starts at `offset + limit`."""
+        return (await self._call("GET", "/api/v1/sessions",
+                                 params={"kind": kind, "limit": limit, "offset": offset}))["sessions"]
 
     async def session(self, client_id: str, limit: int | None = None,
                       before: int | None = None) -> dict[str, Any]:

@@ -243,6 +243,9 @@ async def test_sessions_are_listed_read_page_by_page_and_deleted(api_server: Api
         assert hist["message_count"] == 6 and hist["state"] == "idle" and hist["title"] == "message 0"
         short = str(hist["short_id"])
         assert [s["client_id"] for s in await agent.sessions(kind="console")] == []
+        # Paged: most recently updated first ("api-other" spoke last).
+        assert [s["client_id"] for s in await agent.sessions(limit=1)] == ["api-other"]
+        assert [s["client_id"] for s in await agent.sessions(limit=1, offset=1)] == ["api-hist"]
 
         full = await agent.session("api-hist", limit=1000)
         msgs = full["messages"]
