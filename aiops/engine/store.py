@@ -375,6 +375,12 @@ class Store:
 
         return await self._run(run)
 
+    async def session_ids(self, kind: str) -> list[str]:
+        """Every session id of `kind`, oldest first: the ids alone, without the per-session counts
+        list_sessions computes (the proxy indexes its conversations from this once)."""
+        return await self._run(lambda c: [r[0] for r in c.execute(
+            "SELECT id FROM sessions WHERE kind=? ORDER BY created_at, short_id", (kind,))])
+
     async def count_sessions(self) -> int:
         return await self._run(lambda c: c.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
 

@@ -87,6 +87,26 @@ async def test_a_conversation_continues_its_session_and_an_edit_forks_it(api_ser
     assert set(await sessions(api_server)) == {sid, fork}
     await client.close()
 
+async def test_a_fork_is_continued_after_a_restart(api_server_factory: ApiServerFactory) -> None:
+    first = await api_server_factory()
+    client = openai.AsyncOpenAI(base_url=first.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-r"})
+    _, a1 = await ask(client, [("user", "disk on db-1?")])
+    fork, a2 = await ask(client, [("user", "disk on db-1?"), ("assistant", "edited answer"), ("user", "why?")])
+    assert fork == "owui-chat-r+2"
+    data = first.cfg.paths.data_dir
+    await first.stop()
+
+    second = await api_server_factory(data_dir=data)
+    client = openai.AsyncOpenAI(base_url=second.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-r"})
+    # The new process learns the conversation's sessions from the store: the fork continues.
+    sid, _ = await ask(client, [("user", "disk on db-1?"), ("assistant", "edited answer"), ("user", "why?"),
+                                ("assistant", a2), ("user", "and now?")])
+    assert sid == fork
+    assert set(await sessions(second)) == {"owui-chat-r", "owui-chat-r+2"}
+
+
 
 async def test_sessions_by_fingerprint_when_the_client_sends_no_id(api_server: ApiServer) -> None:
     client = ollama.AsyncClient(host=api_server.url)

@@ -163,18 +163,19 @@ ApiServerFactory = Callable[..., Awaitable[ApiServer]]
 
 @pytest.fixture
 async def api_server_factory(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[ApiServerFactory]:
-    """`await api_server_factory(tokens=, plugins=, server=, engine=, models=, default=, extra_files=)`:
-    an engine and its server on this test's loop, stopped after the test."""
+    """`await api_server_factory(tokens=, plugins=, server=, engine=, models=, default=, extra_files=,
+    data_dir=)`: an engine and its server on this test's loop, stopped after the test (pass a
+    stopped server's `cfg.paths.data_dir` to restart on its data)."""
     servers: list[ApiServer] = []
 
     async def make(*, tokens: Tokens | None = None, plugins: Sequence[Plugin] = (),
                    server: dict[str, Any] | None = None, engine: dict[str, Any] | None = None,
                    models: dict[str, dict[str, Any]] | None = None, default: str = "local",
-                   extra_files: dict[str, str] | None = None) -> ApiServer:
+                   extra_files: dict[str, str] | None = None, data_dir: Path | None = None) -> ApiServer:
         root = tmp_path / f"server{len(servers)}"
         cfg_dir = server_config_dir(root, fake_openai, tokens=tokens, server=server, engine=engine,
                                     models=models, default=default, extra_files=extra_files)
-        cfg = load_config(resolve_paths(cfg_dir, root / "data"), load_dotenv=False)
+        cfg = load_config(resolve_paths(cfg_dir, data_dir or root / "data"), load_dotenv=False)
         eng = Engine(cfg, env=clean_env(tokens.env() if tokens else None), plugins=list(plugins),
                      discover_plugins=False)
         await eng.start()

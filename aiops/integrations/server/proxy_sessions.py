@@ -378,9 +378,8 @@ class ProxySessions:
         async with self._load_lock:
             if self._loaded:
                 return
-            rows = await self.engine.store.list_sessions("proxy", limit=100_000)
-            for row in sorted(rows, key=lambda r: r.created_at):
-                self._forks.setdefault(_root_of(row.id), []).append(row.id)
+            for sid in await self.engine.store.session_ids("proxy"):
+                self._forks.setdefault(_root_of(sid), []).append(sid)
             self._loaded = True
 
     async def _lock(self, root: str) -> asyncio.Lock:
