@@ -410,6 +410,10 @@ class EngineAdapter:
             return folder, None
         return folder, self.engine.prompts.get(folder)
 
+    def tool_names(self) -> list[str]:
+        """The registered tools: a prompt section that requires another is left out of the prompt."""
+        return self.engine.tools.names()
+
     def reload_prompt(self, folder: Path) -> None:
         self.engine.prompts.reload(folder)
 

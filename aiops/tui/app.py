@@ -555,7 +555,7 @@ class AiopsApp(App[int]):
             return
         model = self._selected_model()
         folder, tree = self.adapter.prompt_tree(model)
-        self.main.query_one(PromptPane).show(model, folder, tree)
+        self.main.query_one(PromptPane).show(model, folder, tree, self.adapter.tool_names())
 
     @on(PromptPane.ReloadRequested)
     def _prompt_reload(self) -> None:

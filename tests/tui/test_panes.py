@@ -9,7 +9,8 @@ import sys
 from textual.command import CommandPalette
 from textual.widgets import OptionList, TextArea
 
-from aiops.tui.app import _terminal_quiet
+from aiops.integrations.mysql_plugin import MySQLPlugin
+from aiops.tui.app import AiopsApp, _terminal_quiet
 from aiops.tui.screens.modals import HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import GatesInbox
@@ -19,6 +20,7 @@ from tests.tui.conftest import (
     SIZE,
     chat_text,
     color_of,
+    console_config,
     prompt_copy,
     ready,
     region_lines,
@@ -69,6 +71,64 @@ async def test_the_prompt_tree_shows_sections_and_errors_and_edits_save_through_
         await wait_chat(pilot, "echo: hi")
         system = fake_openai.last_request.json["messages"][0]
         assert system["role"] == "system" and "Always answer in haiku." in system["content"]
+
+
+async def _prompt_section(pilot, app, name: str) -> str:
+    """Open the prompt tab, move the cursor to section `name`; the reader's text."""
+    await pilot.press("f5")  # gates -> prompt
+    await wait_for(pilot, lambda: app.main.side_tab() == "prompt", "the prompt tab")
+    await wait_text(pilot, name)
+    for _ in range(12):
+        if f"{name}:" in region_text(app, "#prompt-reader"):
+            break
+        await pilot.press("down")
+    return await wait_for(pilot, lambda: f"{name}:" in (t := region_text(app, "#prompt-reader")) and t,
+                          f"the {name} section in the reader")
+
+
+async def test_a_section_whose_tool_is_not_registered_is_marked_inactive(make_app, fake_openai):
+    # No mysql plugin: db_query is not registered, so tools_db is left out of the prompt.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        reader = await _prompt_section(pilot, app, "tools_db")
+        tree = region_text(app, "#prompt-sections")
+        assert "3. tools_db ⊘ needs db_query" in tree and "(6 sections, 1 inactive)" in tree
+        assert "⊘" not in tree.replace("tools_db ⊘", "")  # the others: in the prompt
+        assert "inactive: needs db_query (not registered); left out of the prompt" in reader
+        # Dimmed: drawn unlike an active section (with the cursor on neither).
+        await pilot.press("down")
+        await wait_for(pilot, lambda: "tools_prompt:" in region_text(app, "#prompt-reader"), "the next section")
+        assert color_of(app, "tools_db", "#prompt-sections") != color_of(app, "memory", "#prompt-sections")
+        await send_from_input(pilot, app, "hi")
+        assert "tools_db: Querying databases" not in fake_openai.last_request.json["messages"][0]["content"]
+
+
+async def test_a_section_whose_tool_is_registered_is_active(tmp_path, fake_openai, notes):
+    with socket.socket() as s:  # a port nobody listens on: the plugin registers db_query all the same
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plugins = f'[notes]\nenabled = true\n[mysql]\nenabled = true\nhost = "127.0.0.1"\nport = {port}\n'
+    cfg = console_config(tmp_path, fake_openai, extra_files={"plugins.toml": plugins})
+    app = AiopsApp(cfg, plugins=[notes, MySQLPlugin()], discover_plugins=False, server=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.adapter.engine.tools.get("db_query") is not None, app.adapter.engine.plugin_status
+        reader = await _prompt_section(pilot, app, "tools_db")
+        tree = region_text(app, "#prompt-sections")
+        assert "3. tools_db Querying databases" in tree and "⊘" not in tree and "inactive" not in tree
+        assert "requires db_query (registered)" in reader
+        await pilot.press("down")
+        await wait_for(pilot, lambda: "tools_prompt:" in region_text(app, "#prompt-reader"), "the next section")
+        assert color_of(app, "tools_db", "#prompt-sections") == color_of(app, "memory", "#prompt-sections")
+        await send_from_input(pilot, app, "hi")
+        assert "tools_db: Querying databases" in fake_openai.last_request.json["messages"][0]["content"]
+
+
+async def send_from_input(pilot, app, text: str) -> None:
+    app.chat_input.focus()
+    await send(pilot, text)
+    await wait_chat(pilot, f"echo: {text}")
 
 
 async def test_rate_limits_pane_flags_a_disabled_type_and_a_key_re_enables_it(make_app, fake_openai):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
     from aiops.prompts.tree import PromptTree, Section
 
+INACTIVE = "⊘"  # a section left out of the prompt: a tool it requires is not registered
+
 
 class PromptPane(Vertical):
     """Sections as a tree (containers and leaves); errors marked; select to read; `e` edits."""
@@ -31,6 +34,9 @@ class PromptPane(Vertical):
 The system prompt of the selected session's model, as the tree of section files it is assembled
 from: containers (▸) hold other sections, leaves hold text. Loops, duplicates, missing files and
 malformed lines are marked `✗` where they occur; the offending entry is left out of the prompt.
+A section that declares `[REQUIRES tool, …]` is left out too while one of those tools is not
+registered (its plugin disabled or unavailable): it is drawn dimmed and marked `⊘ needs tool`
+(inactive), and the reader says so.
 
 Move through the tree to read a section below it. **e** edits the selected leaf in a text editor;
 saving writes it atomically through the prompt-tree engine and records the diff in the audit log.
@@ -52,6 +58,7 @@ saving writes it atomically through the prompt-tree engine and records the diff 
         self.folder: Path | None = None
         self.tree_data: PromptTree | None = None
         self.model_key: str | None = None
+        self.tools: frozenset[str] | None = None  # the registered tools; None: not known (yet)
         self.selected: Section | None = None
 
     def compose(self) -> ComposeResult:
@@ -62,10 +69,14 @@ saving writes it atomically through the prompt-tree engine and records the diff 
         with VerticalScroll(id="prompt-reader"):
             yield Static("Select a section to read it.", id="prompt-body", markup=False)
 
-    def show(self, model_key: str | None, folder: Path | None, tree: PromptTree | None) -> None:
+    def show(self, model_key: str | None, folder: Path | None, tree: PromptTree | None,
+             tools: Collection[str] | None = None) -> None:
+        """Draw `tree`; with `tools` (the registered tool names) sections that need another tool are
+        marked inactive, as they are left out of the prompt."""
         self.model_key = model_key
         self.folder = folder
         self.tree_data = tree
+        self.tools = None if tools is None else frozenset(tools)
         note = self.query_one("#prompt-folder", Static)
         view: Tree[Any] = self.query_one("#prompt-sections", Tree)
         keep = self.selected.name if self.selected is not None else None
@@ -81,14 +92,24 @@ saving writes it atomically through the prompt-tree engine and records the diff 
         note.update(Content.assemble(f"{model_key} · {folder}",
                                      (f"  ✗ {errors} error{'s' if errors != 1 else ''}", "bold red")
                                      if errors else ""))
-        view.root.label = Text.assemble(("system prompt", "bold"), f" ({len(tree.sections)} sections)")
+        inactive = len(tree.sections) - len(tree.active(self.tools))
+        view.root.label = Text.assemble(("system prompt", "bold"), f" ({len(tree.sections)} sections",
+                                        f", {inactive} inactive)" if inactive else ")")
         view.root.data = None
         nodes: dict[str, Any] = {}
         for s in tree.sections:
             parent = nodes.get(s.parent or "", view.root)
-            label = Text.assemble((f"{s.index}. ", "dim"), (s.name, "bold" if s.is_container else ""),
-                                     ("  ▸" if s.is_container else ""),
-                                     (f"  {s.description}" if s.description else "", "dim"))
+            missing = tree.missing_tools(s, self.tools)
+            if missing:
+                # Dimmed as a whole, the reason right after the name and short: a nested row in
+                # the side pane has about 30 columns, and the description may not fit at all.
+                label = Text.assemble(f"{s.index}. ", s.name, ("  ▸" if s.is_container else ""),
+                                      (f" {INACTIVE} needs {', '.join(missing)}", "italic"),
+                                      (f"  {s.description}" if s.description else ""), style="dim")
+            else:
+                label = Text.assemble((f"{s.index}. ", "dim"), (s.name, "bold" if s.is_container else ""),
+                                      ("  ▸" if s.is_container else ""),
+                                      (f"  {s.description}" if s.description else "", "dim"))
             if s.is_container:
                 node = parent.add(label, data=s, expand=True)
             else:
@@ -118,7 +139,10 @@ saving writes it atomically through the prompt-tree engine and records the diff 
             text = data.body or "(empty)"
             if data.is_container:
                 text += f"\n\n[contains: {', '.join(data.children) or 'nothing yet'}]"
-            head = f"{data.name}: {data.description}\n{'─' * 20}\n" if data.description else ""
+            head = f"{data.name}: {data.description}\n" if data.description else ""
+            condition = self._condition(data)
+            if head or condition:
+                head += f"{condition}{'─' * 20}\n"
             body.update(Content(head + text))
         elif isinstance(data, PromptError):
             self.selected = None
@@ -126,6 +150,16 @@ saving writes it atomically through the prompt-tree engine and records the diff 
         else:
             self.selected = None
             body.update(Content(self.tree_data.main if self.tree_data else ""))
+
+    def _condition(self, section: Section) -> str:
+        """What a section's `[REQUIRES ...]` means now, as a line for the reader ("" without one)."""
+        missing = () if self.tree_data is None else self.tree_data.missing_tools(section, self.tools)
+        if missing:
+            return (f"inactive: needs {', '.join(missing)} (not registered); "
+                    "left out of the prompt\n")
+        if section.requires and self.tools is not None:
+            return f"requires {', '.join(section.requires)} (registered)\n"
+        return ""
 
     def action_edit(self) -> None:
         s = self.selected
