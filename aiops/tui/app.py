@@ -45,6 +45,7 @@ from aiops.tui.widgets.log import LogView
 from aiops.tui.widgets.prompt_tree import PromptPane
 from aiops.tui.widgets.sessions import SessionsList
 from aiops.tui.widgets.status import StatusBar
+from aiops.tui.widgets.typeaway import TypedAway
 
 if TYPE_CHECKING:
     from aiops.config import Config
@@ -290,10 +291,12 @@ class AiopsApp(App[int]):
 
     @on(SessionsList.Picked)
     async def _picked(self, msg: SessionsList.Picked) -> None:
+        # A session is picked to talk in it: the cursor goes to the input at once, so the next
+        # letters typed are the message, not the sessions list's keys (n: new, x: stop).
+        self._gate_return = None
+        self.main.return_focus(self.chat_input)
         if msg.session_id != self.selected:
             await self.select_session(msg.session_id)
-        if self.main.narrow:
-            self.main.show_pane("chat")
 
     @on(SessionsList.NewRequested)
     async def _new_requested(self) -> None:
@@ -475,9 +478,10 @@ class AiopsApp(App[int]):
         if self.main.focused is self.inbox:
             self.main.return_focus(target)
 
-    @on(GatesInbox.TypedAway)
-    def _typed_away(self, msg: GatesInbox.TypedAway) -> None:
-        """Typing in the inbox: the text belongs in the input, and so does the focus."""
+    @on(TypedAway)
+    def _typed_away(self, msg: TypedAway) -> None:
+        """Typing in the inbox or the sessions list: the text belongs in the input, and so does the
+        focus."""
         self._gate_return = None
         self.main.return_focus(self.chat_input)
         self.chat_input.insert(msg.character)

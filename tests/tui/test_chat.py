@@ -167,6 +167,34 @@ async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, 
         await wait_text(pilot, "echo: alpha in the console")
 
 
+async def test_picking_a_session_with_enter_puts_what_is_typed_next_in_the_input(make_app, fake_openai):
+    fake_openai.script(Reply.hang(after_chunks=1))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        busy = app.selected
+        await send(pilot, "a long job")
+        await wait_for(pilot, lambda: busy in app.live_turn, "the turn to run")
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.selected != busy and app.chat.session_id == app.selected, "a new session")
+        count = len(app.sessions_list.sessions)
+        await pilot.press("shift+f6")  # the input -> the sessions pane
+        await wait_for(pilot, lambda: app.focused is app.sessions_list, "the sessions list")
+        await pilot.press("down", "enter")  # from the new session to the busy one, and pick it
+        # Typed right away: the message, not `n` (new session) and `x` (stop the turn).
+        await type_text(pilot, "nx hello")
+        assert app.chat_input.text == "nx hello" and isinstance(app.focused, ChatInput)
+        assert app.selected == busy and len(app.sessions_list.sessions) == count
+        await wait_chat(pilot, "› you a long job")
+        assert busy in app.live_turn and app.chat_input.busy  # still running
+        # Other text typed in the list goes to the input as well, with the focus.
+        await pilot.press("shift+f6")
+        await wait_for(pilot, lambda: app.focused is app.sessions_list, "the sessions list")
+        await type_text(pilot, " again")
+        assert app.chat_input.text == "nx hello again" and isinstance(app.focused, ChatInput)
+        assert len(app.sessions_list.sessions) == count
+
+
 async def test_a_running_turn_of_another_session_is_shown_live_when_selected(make_app, fake_openai):
     fake_openai.script(Reply.text("one two three four five six seven eight", chunks=8, chunk_delay=0.2))
     app = make_app()

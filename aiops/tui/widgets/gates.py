@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 from pygments.token import Token
-from textual import events
 from textual.content import Content
 from textual.highlight import HighlightTheme, highlight
 from textual.message import Message
@@ -17,6 +16,7 @@ from textual.widgets.option_list import Option
 from aiops.tui.format import one_line, sql_of, time_left
 from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
+from aiops.tui.widgets.typeaway import TypesAway
 
 ARM_SECONDS = 1.0  # how long a gate that moved under the cursor by itself ignores the answer keys
 URGENT_SECONDS = 30  # the countdown turns red below this
@@ -30,8 +30,9 @@ class RowSQL(HighlightTheme):
     STYLES = {**HighlightTheme.STYLES, Token.Name: "", Token.Name.Builtin: "bold", Token.Name.Variable: ""}
 
 
-class GatesInbox(OptionList):
-    """Pending gates; keys answer the highlighted one."""
+class GatesInbox(TypesAway, OptionList):
+    """Pending gates; keys answer the highlighted one. Other text typed here goes to the input (with
+    the focus) rather than let a later letter answer a gate."""
 
     PANE = "gates"
     BINDINGS = bindings_for("gates")
@@ -71,13 +72,6 @@ goes to the message input.
         def __init__(self, gate_id: str) -> None:
             super().__init__()
             self.gate_id = gate_id
-
-    class TypedAway(Message):
-        """A printable key that is no key of the inbox: the operator meant to type a message."""
-
-        def __init__(self, character: str) -> None:
-            super().__init__()
-            self.character = character
 
     def __init__(self, short_id: Callable[[str | None], str] | None = None, **kw: Any) -> None:
         super().__init__(**kw)
@@ -202,15 +196,6 @@ goes to the message input.
         # The operator moved the cursor (keys, mouse): the gate under it is one they chose.
         if self.has_focus and not self._rebuilding:
             self._moved_at = 0.0
-
-    def on_key(self, event: events.Key) -> None:
-        """Text typed here was meant for the input: send it there (with the focus) rather than let a
-        later letter answer a gate."""
-        if not event.is_printable or not event.character or event.key in self.screen.active_bindings:
-            return
-        event.stop()
-        event.prevent_default()
-        self.post_message(self.TypedAway(event.character))
 
     def action_approve(self) -> None:
         self._decide("approve")

@@ -13,13 +13,18 @@ from textual.widgets.option_list import Option
 from aiops.tui.format import STATE_MARK, ago, one_line
 from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
+from aiops.tui.widgets.typeaway import TypesAway
 
 # The engine's session kinds, in the order the pane groups them (unknown kinds follow).
 KIND_ORDER = ("console", "api", "proxy", "slack", "swarm", "mcp")
 
 
-class SessionsList(OptionList):
-    """Sessions grouped by kind: shorthand id, title, model, state, last activity, unread."""
+class SessionsList(TypesAway, OptionList):
+    """Sessions grouped by kind: shorthand id, title, model, state, last activity, unread.
+
+    Picking a session hands the operator to the input; text typed here that is none of the list's
+    keys goes there too, so that a message cannot open a session (`n`) or stop a turn (`x`).
+    """
 
     PANE = "sessions"
     BINDINGS = bindings_for("sessions")
@@ -31,9 +36,10 @@ threads, swarm peers and MCP clients, grouped by kind. Each shows its shorthand 
 state (`·` idle, `▶` running, `⚑` waiting on a gate), last activity, and `●` when it has output
 you have not seen.
 
-**{sessions.open}** shows a session in the chat pane, live. **{sessions.new}** (or
-**{app.new_session}** anywhere) opens a new console session; **{sessions.stop}** cancels the
-highlighted session's running turn.
+**{sessions.open}** shows a session in the chat pane, live, and puts the cursor in the input.
+**{sessions.new}** (or **{app.new_session}** anywhere) opens a new console session;
+**{sessions.stop}** cancels the highlighted session's running turn. Typing anything else here goes
+to the message input.
 """
 
     class Picked(Message):
@@ -89,9 +95,11 @@ highlighted session's running turn.
             self.rebuild()
 
     def select(self, session_id: str) -> None:
+        """Mark the session shown in the chat; the cursor moves to it (a new session, a jump), so
+        the list opens where the operator is."""
         self.selected = session_id
         self.unread.discard(session_id)
-        self.rebuild()
+        self.rebuild(highlight=session_id)
 
     def short_id(self, session_id: str | None) -> str:
         s = self.sessions.get(session_id or "")
@@ -111,10 +119,12 @@ highlighted session's running turn.
         # The title takes the width the pane has; the unread mark and the age keep their place.
         return Rows([(line1, unread), (line2, Content.styled(ago(s.get("updated_at")), "dim"))])
 
-    def rebuild(self) -> None:
+    def rebuild(self, highlight: str | None = None) -> None:
+        """Redraw every row; the cursor stays on its session (or moves to `highlight`)."""
         if not self.is_mounted:
             return
-        highlighted = self.highlighted_option.id if self.highlighted_option is not None else self.selected
+        highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
+                                    else self.selected)
         options: list[Option | None] = []
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for s in self.sessions.values():
@@ -139,7 +149,16 @@ highlighted session's running turn.
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         if event.option.id and not event.option.id.startswith("kind:"):
+            # The App moves the focus to the input; keys typed before it gets there are text for
+            # the input too, letters of this list's bindings included.
+            self.typing_away = True
             self.post_message(self.Picked(event.option.id))
+
+    def on_focus(self) -> None:
+        self.typing_away = False
+
+    def on_blur(self) -> None:
+        self.typing_away = False
 
     def action_new(self) -> None:
         self.post_message(self.NewRequested())
