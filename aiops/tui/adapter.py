@@ -79,7 +79,8 @@ class ToolCallStarted(EngineEvent):
 
 
 class ToolCallFinished(EngineEvent):
-    """`tool_result`: {id, name, content, is_error, duration_ms, gate?, data?}."""
+    """`tool_result`: {id, name, content, is_error, duration_ms, gate?, data?, status?}; status is
+    "cancelled" or "error" for a call its stopped or failed turn left without a result."""
 
 
 class GateOpened(EngineEvent):

@@ -58,7 +58,8 @@ class SqlArgs(BaseModel):
 
 class NotesPlugin(Plugin):
     """`write_note` is a write (the default gate asks), `read_note` a read (allowed); both are tool
-    type "notes". `run_sql` is a db write on the table `users`."""
+    type "notes". `run_sql` is a db write on the table `users`. `slow_read` (a read) runs until its
+    turn is stopped; `slow_started` is set once it runs."""
 
     name = "notes"
 
@@ -66,6 +67,7 @@ class NotesPlugin(Plugin):
         super().__init__()
         self.notes: list[str] = []
         self.sql: list[str] = []
+        self.slow_started = asyncio.Event()
 
     async def setup(self, api: PluginAPI) -> None:
         async def write(args: NoteArgs, ctx: ToolContext) -> ToolOutput:
@@ -81,6 +83,13 @@ class NotesPlugin(Plugin):
 
         api.register_tool(Tool("write_note", "Write a note.", NoteArgs, "notes", write, operation="write"))
         api.register_tool(Tool("read_note", "Read the notes.", NoteArgs, "notes", read, operation="read"))
+        async def slow_read(args: NoteArgs, ctx: ToolContext) -> ToolOutput:
+            self.slow_started.set()
+            await asyncio.get_running_loop().create_future()  # never done: only a stop ends it
+            return ToolOutput("unreachable")
+
+        api.register_tool(Tool("slow_read", "Read the notes, slowly.", NoteArgs, "notes", slow_read,
+                               operation="read"))
         api.register_tool(Tool("run_sql", "Run SQL.", SqlArgs, "db", run_sql,
                                classify=lambda a: Classification("write", ("users",))))
 

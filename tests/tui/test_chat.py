@@ -6,7 +6,7 @@ from textual.geometry import Region
 
 from aiops.tui.widgets.chat import AssistantMessage, CommandOutput, EarlierButton, UserMessage
 from aiops.tui.widgets.chat_input import ChatInput
-from tests.fakes.openai_server import Reply
+from tests.fakes.openai_server import Reply, call_tool_when
 from tests.tui.conftest import (
     SIZE,
     chat_text,
@@ -121,6 +121,37 @@ async def test_escape_cancels_the_running_turn_and_puts_the_prompt_back(make_app
         # The prompt is back: enter sends it again.
         await pilot.press("enter")
         await wait_text(pilot, "echo: a very long job")
+
+
+async def test_a_tool_call_stopped_with_escape_shows_cancelled_live_and_from_history(make_app, fake_openai,
+                                                                                      notes):
+    fake_openai.responder = call_tool_when("slowly", ("slow_read", {}))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session = app.selected
+        await send(pilot, "read the notes slowly")
+        await wait_chat(pilot, "⚙ slow_read {} · running…")
+        await wait_for(pilot, notes.slow_started.is_set, "the tool to run")
+        await pilot.press("escape")
+        await wait_chat(pilot, "turn cancelled")
+        # Live: the row says cancelled, neither running nor a plain error.
+        await wait_chat(pilot, "⚙ slow_read {} · ⊘ cancelled")
+        text = chat_text(app)
+        assert "running…" not in text and "✗" not in text
+        # From history: another session, then back to this one through the sessions list.
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.selected != session and app.chat.session_id == app.selected,
+                       "the new session")
+        await pilot.press("shift+f6")  # the input -> the sessions pane
+        await wait_for(pilot, lambda: app.focused is app.sessions_list, "the sessions list")
+        await pilot.press("down", "enter")  # the cursor is on the new session; this one is next
+        await wait_for(pilot, lambda: app.chat.session_id == session, "the cancelled session again")
+        await wait_chat(pilot, "⚙ slow_read {} · ⊘ cancelled")
+        assert "running…" not in chat_text(app) and "✗" not in chat_text(app)
+        app.chat.focus()
+        await pilot.press("t")  # open the blocks: the result says what happened
+        await wait_chat(pilot, "cancelled: the turn was stopped before slow_read finished")
 
 
 async def test_escape_with_nothing_running_keeps_the_text(make_app):

@@ -144,23 +144,36 @@ class ToolCallBlock(Collapsible):
         r = self.result
         if r is None:
             return f"{head}  · running…"
-        mark = "✗" if r.get("is_error") else "✓"
+        status = r.get("status")
+        gate = r.get("gate")
+        if status == "cancelled":
+            # A stop cut the call short: not a tool failure, and not still running.
+            mark = "⊘ cancelled" + (" at the gate" if gate == "cancelled" else "")
+        elif status == "error":
+            mark = "✗ cut short: the turn failed"
+        else:
+            mark = "✗" if r.get("is_error") else "✓"
         extra = [duration(r.get("duration_ms"))]
-        if r.get("gate") and r.get("gate") not in ("allow",):
-            extra.append(str(r["gate"]))
-        return f"{head}  · {mark} {' · '.join(x for x in extra if x)}"
+        if gate and gate not in ("allow", "cancelled"):
+            extra.append(str(gate))
+        return f"{head}  · {' · '.join(x for x in [mark, *extra] if x)}"
 
     def set_result(self, content: str, *, is_error: bool, duration_ms: float | None,
-                   gate: str | None = None) -> None:
-        self.result = {"content": content, "is_error": is_error, "duration_ms": duration_ms, "gate": gate}
+                   gate: str | None = None, status: str | None = None) -> None:
+        """Show the result. `status` is the engine's: "cancelled" (a stop) or "error" (a failed
+        turn) for a call that got no result of its own; None or "complete" otherwise."""
+        self.result = {"content": content, "is_error": is_error, "duration_ms": duration_ms, "gate": gate,
+                       "status": status}
         lines = content.splitlines()
         preview = "\n".join(lines[:PREVIEW_LINES])
         if len(lines) > PREVIEW_LINES:
             preview += f"\n… {len(lines) - PREVIEW_LINES} more lines"
         self.result_view.update(_esc(preview or "(empty result)"))
         self.result_view.display = True
-        self.result_view.set_class(is_error, "error")
-        self.set_class(is_error, "failed")
+        cancelled = status == "cancelled"
+        self.result_view.set_class(is_error and not cancelled, "error")
+        self.set_class(is_error and not cancelled, "failed")
+        self.set_class(cancelled, "cancelled")
         self.title = self._title_text()
 
 
@@ -241,7 +254,7 @@ def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
                 block = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
                 out.append(block)
             block.set_result(m.content, is_error=bool(m.meta.get("is_error")),
-                             duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"))
+                             duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"), status=m.status)
         elif m.role == "gate":
             info = dict(m.meta)
             info.setdefault("summary", m.content)
@@ -397,7 +410,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
             if data.get("truncated"):
                 content += "\n… (preview; the full result is in the session history)"
             block.set_result(content, is_error=bool(data.get("is_error")),
-                             duration_ms=data.get("duration_ms"), gate=data.get("gate"))
+                             duration_ms=data.get("duration_ms"), gate=data.get("gate"), status=data.get("status"))
         elif name == ev.GATE_RESOLVED:
             await self._finish_current()
             await self._add(GateLine(data))
