@@ -11,7 +11,7 @@ from textual.widgets import OptionList, TextArea
 
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp, _terminal_quiet
-from aiops.tui.screens.modals import HelpScreen, PromptEditScreen
+from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
@@ -349,6 +349,33 @@ async def test_the_footer_fits_80_columns_with_whole_labels_and_one_palette_key(
         assert footer.count("Palette") == 1 and footer.rstrip().endswith("▏^p Palette")
         labels = {"Open", "Approve", "Session", "Deny", "Deny+stop", "Type", "Gate", "Help", "New", "Quit"}
         assert all(word in labels or len(word) <= 3 for word in footer.replace("▏^p Palette", "").split())
+
+
+async def test_a_dialog_shows_its_own_keys_in_the_footer(make_app, fake_openai):
+    fake_openai.responder = call_tool_when("note", ("write_note", {"text": "f"}))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+
+        def footer() -> list[str]:
+            return screen_text(app).splitlines()[-1].split()
+
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+        # The dialog's keys and the ones that still work (quit, palette); none of the main screen's.
+        await wait_for(pilot, lambda: footer() == ["esc", "Close", "^q", "Quit", "▏^p", "Palette"], "help's keys")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: "Send" in footer(), "the main screen's keys again")
+        await send(pilot, "note it")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        await pilot.press("ctrl+g", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the gate details")
+        await wait_for(pilot, lambda: footer()[:8] == ["a", "Approve", "s", "Approve", "session", "d", "Deny",
+                                                        "x"], "the details' keys")
+        assert "Open" not in footer() and "Gate" not in footer() and "Close" in footer()
+        await pilot.press("a")
+        await wait_chat(pilot, "noted: f")
+        await wait_for(pilot, lambda: "Send" in footer(), "the main screen's keys again")
 
 
 async def test_every_pane_is_framed_and_the_side_pane_names_itself_when_alone(make_app):

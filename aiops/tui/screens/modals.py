@@ -1,4 +1,8 @@
-"""Modal screens: F1 help, gate details, prompt-section editor."""
+"""Modal screens: F1 help, gate details, prompt-section editor.
+
+Each has its own key bar: a footer belongs to one screen and shows that screen's bindings, so the
+main screen's bar (under the modal) would offer keys that do nothing while the modal is open.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from textual.widgets import Button, Label, Markdown, Static, TextArea
 
 from aiops.tui.format import pretty_json, sql_of, time_left
 from aiops.tui.keys import PANES, KeySpec, display_keys, keys_of, specs_for
+from aiops.tui.widgets.footer import ConsoleFooter
 
 
 class HelpScreen(ModalScreen[None]):
@@ -47,6 +52,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll():
                 yield Markdown(text)
             yield Label("esc closes", classes="dialog-hint")
+        yield ConsoleFooter()
 
 
 class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
@@ -100,6 +106,7 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
                              compact=True)
                 yield Button(self._label("deny", "Deny"), id="b-deny", variant="error", compact=True)
                 yield Button(self._label("deny_stop", "Deny+stop"), id="b-stop", variant="error", compact=True)
+        yield ConsoleFooter()
 
     def _label(self, name: str, text: str) -> str:
         """A button's text with the key that does the same (after the user's keymap)."""
@@ -155,6 +162,7 @@ class PromptEditScreen(ModalScreen[str | None]):
             yield Label(Content.assemble(("edit section ", "bold"), self.section), classes="dialog-title")
             yield TextArea(self.body, id="prompt-editor", soft_wrap=True, tab_behavior="indent")
             yield Label("ctrl+s saves · esc discards", classes="dialog-hint")
+        yield ConsoleFooter()
 
     def on_mount(self) -> None:
         self.query_one("#prompt-editor", TextArea).focus()

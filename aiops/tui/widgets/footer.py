@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from textual import events
+from textual.binding import ActiveBinding
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
@@ -13,7 +14,6 @@ from aiops.tui.keys import KEYS
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
-    from textual.binding import ActiveBinding
 
 # Global keys in the order the bar offers them (keys.py lists the essentials first).
 _RANK = {spec.id: i for i, spec in enumerate(KEYS)}
@@ -21,7 +21,8 @@ _PALETTE_ACTIONS = ("command_palette", "app.command_palette")
 
 
 class ConsoleFooter(Footer):
-    """Textual's Footer, with an order and a width budget.
+    """Textual's Footer, with an order and a width budget. Every screen has its own (the main screen
+    and each modal), and shows the keys that work there.
 
     Textual lists keys in binding order, which a keymap override changes (a rebound key moves to
     the end of its map), and lets the bar run off the right edge, cutting a label mid-word. Here the
@@ -42,7 +43,7 @@ class ConsoleFooter(Footer):
     def compose(self) -> ComposeResult:
         if not self._bindings_ready:
             return
-        active = list(self.screen.active_bindings.values())
+        active = self._active()
         palette: ActiveBinding | None = next(
             (a for a in active if a.binding.action in _PALETTE_ACTIONS), None)
         pane: list[ActiveBinding] = []
@@ -73,6 +74,31 @@ class ConsoleFooter(Footer):
             yield FooterKey(b.key, self.app.get_key_display(b), b.description, b.action,
                             classes="-command-palette", disabled=not palette.enabled,
                             tooltip=b.tooltip or b.description)
+
+    def _active(self) -> list[ActiveBinding]:
+        """The bindings that work on this footer's screen.
+
+        On a modal screen Textual's `active_bindings` stops at the modal, yet the App's priority
+        bindings above it (quit, the palette: the ones the App's `check_action` leaves enabled
+        there) still fire; they are listed too, so the bar shows every key that works and no other.
+        """
+        screen = self.screen
+        found = screen.active_bindings
+        active = list(found.values())
+        if not screen.is_modal:
+            return active
+        keys = set(found)
+        for node, bindings in screen._binding_chain:
+            if node is screen or screen in node.ancestors_with_self:
+                continue  # the modal's own part of the chain: already in active_bindings
+            for key, binding in bindings:
+                if not binding.priority or key in keys:
+                    continue
+                state = self.app._check_action_state(binding.action, node)
+                if state is not False:
+                    keys.add(key)
+                    active.append(ActiveBinding(node, binding, bool(state), binding.tooltip))
+        return active
 
     def on_resize(self, event: events.Resize) -> None:
         if event.size.width != self._laid_out_for and self._bindings_ready:
