@@ -17,15 +17,20 @@ Recognised, in order of appearance:
   5. Llama-style `<function=NAME>{...arguments...}</function>`
 A call object has "name" (or "tool_name") and "arguments" (or "parameters"); arguments may be a
 JSON-encoded string. Doubled braces (`{{ ... }}`, a prompt-template artefact) are undone when the
-JSON does not parse as written. Inside explicit tags (1, 2, 5) a body is recognised when it starts
-like JSON, and then any problem is reported in `errors` so the model can correct itself; formats 3
-and 4 have no markup of their own, so they must be unambiguous call objects or they stay text.
+JSON does not parse as written (in formats 3 and 4 only in a block that starts doubled). Inside
+explicit tags (1, 2, 5) a body is recognised when it starts like JSON, also inside a ```json fence,
+and then any problem is reported in `errors` so the model can correct itself; formats 3 and 4 have
+no markup of their own, so they must be unambiguous call objects or they stay text.
 Recognised markup is removed from `text` whether or not its name is registered; unregistered names
 are listed in `unknown` so the caller can tell the model, and are never executed.
 
 Known limit: a body ends at the first closing tag, so an argument string that itself contains
 `</tool_call>` (or `</function>`) breaks that call (reported as malformed JSON). Searching past it
 would need unbounded re-parsing of the text, which is what keeps hostile input linear.
+
+`StreamGuard` decides, while a reply streams, which text can no longer become a call. It asks the
+parser's own verdict functions (`_markup_verdict`, `_fence_verdict`, `_only_calls`) on the text so
+far, so the two cannot disagree about what is a call.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiops.engine.types import ToolCall, ToolSpec, new_id
 
@@ -50,12 +55,12 @@ _OPENERS = (*_TAG_OPENERS, _FUNC_OPEN, _FENCE)
 _CALL_FENCE_LANGS = frozenset({"", "json"})
 _MAX_INFO = 32  # longer than this after ``` is not a language tag
 _MAX_FUNC_NAME = 128
-_FUNC_NAME_RE = re.compile(r"[A-Za-z0-9_.:\-]+")
 _OPENER_RE = re.compile("|".join(re.escape(o) for o in _OPENERS))
 _BACKTICKS_RE = re.compile("`*")
 _NON_SPACE_RE = re.compile(r"\S")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
-_NAME_CHARS_RE = re.compile(r"[A-Za-z0-9_.:\-]*")
+_DOUBLED_RE = re.compile(r"\[?\s*\{\{")  # a block written with doubled braces (see _only_calls)
+_NAME_CHARS_RE = re.compile(r"[A-Za-z0-9_.:\-]*")  # a <function=NAME> name
 _JSON_PLAIN_RE = re.compile(r'[^"\\{}\[\]\s]+')  # outside strings: nothing that changes the state
 _JSON_STRING_RE = re.compile(r'[^"\\]+')  # inside a string: nothing that ends it
 _SPACE_RE = re.compile(r"\s+")
@@ -208,26 +213,178 @@ class _Collector:
         return TextCallParse(calls=list(self._calls), unknown=list(self._unknown), errors=errors, text=text)
 
 
-class _Finder:
-    """`str.find` that remembers, per needle, the last hit.
+class _Source:
+    """The text being scanned, with searches that remember their last answer.
 
-    The scanner looks for the same needles again and again from positions that only move forward;
-    without the memory, e.g. 100k openers and no closer would rescan to the end 100k times.
+    The scanner and the guard look for the same needles again and again from positions that only
+    move forward; without the memory, e.g. 100k openers and no closer would rescan to the end 100k
+    times. The guard's text grows as the reply streams (`complete` is then False: more may come),
+    and a search that found nothing resumes where it stopped.
     """
 
-    def __init__(self, text: str) -> None:
-        self._text = text
-        self._last: dict[str, tuple[int, int]] = {}  # needle -> (searched from, hit or len(text))
+    def __init__(self, text: str, *, complete: bool) -> None:
+        self.text = text
+        self.complete = complete
+        self._last: dict[str, tuple[int, int, int]] = {}  # needle -> (searched from, hit or -1, text length)
+        self._spaces: dict[int, tuple[int, int]] = {}  # streaming: from -> (hit or -1, text length)
 
     def find(self, needle: str, start: int) -> int:
+        """Where `needle` first occurs at or after `start`; -1 when it does not (yet)."""
         last = self._last.get(needle)
-        if last is not None and last[0] <= start <= last[1]:
-            return last[1]
-        hit = self._text.find(needle, start)
-        if hit < 0:
-            hit = len(self._text)
-        self._last[needle] = (start, hit)
+        if last is not None and last[0] <= start:
+            searched_from, hit, length = last
+            if start <= hit:
+                return hit
+            if hit < 0 and start <= length:
+                # Nothing up to `length` then: only text that arrived since can hold a hit.
+                hit = self.text.find(needle, max(start, length - len(needle) + 1))
+                self._last[needle] = (searched_from, hit, len(self.text))
+                return hit
+        hit = self.text.find(needle, start)
+        self._last[needle] = (start, hit, len(self.text))
         return hit
+
+    def non_space(self, start: int, end: int) -> int:
+        """The first non-whitespace character in [start, end); -1 when there is none (yet).
+
+        A complete text is asked once per position; a streaming one again on every delta, from
+        the few positions of the markup being decided, so those answers resume where they stopped.
+        """
+        if self.complete:
+            hit = self._non_space_from(start)
+        else:
+            hit, length = self._spaces.get(start, (-1, start))
+            if hit < 0:
+                hit = self._non_space_from(length)
+                if len(self._spaces) >= 8:  # the markup decided earlier is done with
+                    self._spaces.clear()
+                self._spaces[start] = (hit, len(self.text))
+        return hit if 0 <= hit < end else -1
+
+    def _non_space_from(self, pos: int) -> int:
+        found = _NON_SPACE_RE.search(self.text, pos)
+        return found.start() if found is not None else -1
+
+
+# Verdicts on the markup at an opener. The parser and the streaming guard both decide through the
+# functions below, so what the guard shows while a reply streams is what the parser keeps as text.
+# On a complete text (the parser) the verdict is "call" or "text" (and for fences "code" or
+# "json_fence"); on a text still streaming it may also be "wait": more text decides.
+_CALL, _TEXT, _WAIT = "call", "text", "wait"
+
+
+class _Markup(NamedTuple):
+    """The verdict on a `<tool_call>`, `<tool_code>` or `<function=NAME>` at an opener."""
+
+    verdict: str  # call | text | wait
+    resume: int  # text: scanning goes on here, right after the opener (the opener alone is text)
+    name: str = ""  # <function=NAME>: the name
+    body_start: int = 0
+    body_end: int = 0  # its closing tag, the next opener of its kind, or the end of the text
+    closed: bool = False  # the body ends at its closing tag
+    body: str = ""  # call, complete text only: stripped, without a code fence around the JSON
+    lead: int | None = 0  # where `body` starts after body_start; None when a fence was taken off
+
+
+def _markup_verdict(src: _Source, start: int, opener: str) -> _Markup:
+    """Whether the tag opening at `start` is a call.
+
+    A body is a call when it starts like JSON (`{`, or `[` for the two tags, whose JSON may be a
+    list of calls), also inside a ```json fence (some models put one there); `<function=NAME>`
+    with an empty body (fence or not) is a call without arguments. Anything else is prose that
+    mentions the tag. While the text streams, each point where that rule would need characters
+    that have not arrived answers "wait".
+    """
+    text, streaming = src.text, not src.complete
+    function = opener == _FUNC_OPEN
+    name = ""
+    if function:
+        name_start = start + len(_FUNC_OPEN)
+        name_end = _match_end(_NAME_CHARS_RE, text, name_start, name_start + _MAX_FUNC_NAME + 1)
+        if name_end == len(text) and streaming and name_end - name_start <= _MAX_FUNC_NAME:
+            return _Markup(_WAIT, start)
+        if name_end in (name_start, len(text)) or name_end - name_start > _MAX_FUNC_NAME or text[name_end] != ">":
+            return _Markup(_TEXT, name_start)
+        name, body_start, closer = text[name_start:name_end], name_end + 1, _FUNC_CLOSE
+    else:
+        body_start, closer = start + len(opener), f"</{opener[1:-1]}>"
+    wait, prose = _Markup(_WAIT, start), _Markup(_TEXT, body_start)
+
+    # The body ends at its closing tag, or else at the next opener of the same kind. Neither can
+    # overlap the other ("<" starts both), so the first one found is the first one there will be.
+    close, following = src.find(closer, body_start), src.find(opener, body_start)
+    closed: bool | None
+    if close >= 0 and (following < 0 or close < following):
+        body_end, closed = close, True
+    elif following >= 0:
+        body_end, closed = following, False
+    else:
+        body_end, closed = len(text), (None if streaming else False)
+    streaming = closed is None  # from here: whether the body may still grow
+
+    def call(body: str, lead: int | None) -> _Markup:
+        return _Markup(_CALL, start, name, body_start, body_end, bool(closed), body, lead)
+
+    def may_become(word: str, at: int) -> bool:
+        """Whether the body, from `at` to the end of the text so far, may still grow into `word`."""
+        return streaming and len(text) - at < len(word) and word.startswith(text[at:])
+
+    first = src.non_space(body_start, body_end)
+    if first < 0:
+        if streaming:
+            return wait
+        return call("", 0) if function and closed else prose
+    c = text[first]
+    if c == "{" or (c == "[" and not function):
+        return call("" if streaming else text[first:body_end].rstrip(), first - body_start)
+    if c != "`":
+        # Prose, unless a function's body, so far, may be the start of its closing tag (an empty call).
+        return wait if function and may_become(_FUNC_CLOSE, first) else prose
+
+    # A ```json (or bare ```) fence around the JSON: the language line ends within _MAX_INFO.
+    if not text.startswith(_FENCE, first, body_end):
+        return wait if may_become(_FENCE, first) else prose
+    limit = first + len(_FENCE) + _MAX_INFO + 1
+    newline = text.find("\n", first + len(_FENCE), min(limit, body_end))
+    if newline < 0:
+        return wait if streaming and body_end < limit else prose
+    if text[first + len(_FENCE) : newline].strip().lower() not in _CALL_FENCE_LANGS:
+        return prose
+    inner = src.non_space(newline + 1, body_end)
+    if inner < 0:
+        return wait if streaming else prose
+    c = text[inner]
+    if c == "{" or (c == "[" and not function):
+        return call("" if streaming else text[inner:body_end].rstrip().removesuffix(_FENCE).strip(), None)
+    if not (function and c == "`"):
+        return prose
+    # `<function=NAME>` holding just "```json\n```" is an empty call, like an empty body.
+    if not streaming:
+        return call("", None) if closed and text[inner:body_end].rstrip() == _FENCE else prose
+    if not text.startswith(_FENCE, inner):
+        return wait if may_become(_FENCE, inner) else prose
+    after = src.non_space(inner + len(_FENCE), body_end)
+    return wait if after < 0 or may_become(_FUNC_CLOSE, after) else prose
+
+
+def _fence_verdict(src: _Source, start: int) -> tuple[str, int]:
+    """The ``` at `start`: ("text", end of the backticks) for inline backticks, else where the
+    content starts and whether it may hold calls ("json_fence", by its language) or not ("code").
+    While streaming also ("wait", start) while the language line is undecided, and ("ticks",
+    start) for a run of four or more backticks still growing at the end."""
+    text = src.text
+    if not src.complete:
+        window = text[start + len(_FENCE) : start + len(_FENCE) + _MAX_INFO + 1]
+        if not (any(c in window for c in "\n{[`") or len(window) > _MAX_INFO):
+            return _WAIT, start  # the info line is still streaming in
+    info = _fence_info(text, start)
+    if info is None:  # plain backticks
+        run_end = _after_backticks(text, start)
+        # A run still growing at the end has four or more backticks (three would have left an
+        # undecided window): text whatever comes, but where it ends is not known yet.
+        return ("ticks", start) if run_end == len(text) and not src.complete else (_TEXT, run_end)
+    lang, content_start = info
+    return ("json_fence" if lang in _CALL_FENCE_LANGS else "code"), content_start
 
 
 class _Scanner:
@@ -235,8 +392,8 @@ class _Scanner:
 
     def __init__(self, text: str, out: _Collector) -> None:
         self._text = text
+        self._src = _Source(text, complete=True)
         self._out = out
-        self._find = _Finder(text).find
         self._kept: list[str] = []
         self._removed = False
 
@@ -247,10 +404,13 @@ class _Scanner:
             self._kept.append(text[pos:start])
             if opener == _FENCE:
                 pos = self._fence(start)
-            elif opener == _FUNC_OPEN:
-                pos = self._function(start)
-            else:
-                pos = self._tag(start, opener)
+                continue
+            markup = _markup_verdict(self._src, start, opener)
+            if markup.verdict != _CALL:
+                pos = self._keep(start, markup.resume)
+                continue
+            self._removed = True
+            pos = self._function(markup) if opener == _FUNC_OPEN else self._tag(markup, opener)
         self._kept.append(text[pos:])
         kept = "".join(self._kept)
         if self._removed:
@@ -261,74 +421,47 @@ class _Scanner:
         self._kept.append(self._text[start:end])
         return end
 
-    def _body(self, body_start: int, opener: str, closer: str) -> tuple[int, bool]:
-        """Where a tag's body ends: its closing tag, or else the next opener of the same kind."""
-        close = self._find(closer, body_start)
-        following = self._find(opener, body_start)
-        if close < following:
-            return close, True
-        return following, False
-
-    def _tag(self, start: int, opener: str) -> int:
-        """`<tool_call>` / `<tool_code>`; returns where scanning continues."""
+    def _tag(self, m: _Markup, opener: str) -> int:
+        """A `<tool_call>` / `<tool_code>` call; returns where scanning continues."""
         tag = opener[1:-1]
-        closer = f"</{tag}>"
-        body_start = start + len(opener)
-        body_end, closed = self._body(body_start, opener, closer)
-        body, lead = _tag_body(self._text[body_start:body_end])
-        if not body.startswith(("{", "[")):
-            # Prose that mentions the tag ("wrap calls in <tool_call> tags") is not a call.
-            return self._keep(start, body_start)
-        self._removed = True
-        values, used, problem = _decode(body)
+        values, used, problem = _decode(m.body)
         for value in values:
             self._out.add(value, f"<{tag}>")
         if problem is not None:
             self._out.error(f"<{tag}>: {problem}")
-        if closed:
-            return body_end + len(closer)
-        if problem is not None or used is None or lead is None:
-            return body_end  # a call cut off (e.g. at max tokens): nothing after it is worth showing
-        return body_start + lead + used
+        if m.closed:
+            return m.body_end + len(f"</{tag}>")
+        if problem is not None or used is None or m.lead is None:
+            return m.body_end  # a call cut off (e.g. at max tokens): nothing after it is worth showing
+        return m.body_start + m.lead + used
 
-    def _function(self, start: int) -> int:
-        """Llama-style `<function=NAME>{...}</function>`; returns where scanning continues."""
-        name_start = start + len(_FUNC_OPEN)
-        gt = self._text.find(">", name_start, name_start + _MAX_FUNC_NAME + 1)
-        name = self._text[name_start:gt] if gt >= 0 else ""
-        if not _FUNC_NAME_RE.fullmatch(name):
-            return self._keep(start, name_start)
-        body_start = gt + 1
-        body_end, closed = self._body(body_start, _FUNC_OPEN, _FUNC_CLOSE)
-        body, lead = _tag_body(self._text[body_start:body_end])
-        empty_call = closed and not body
-        if not (empty_call or body.startswith("{")):
-            return self._keep(start, body_start)
-        self._removed = True
-        end = body_end + len(_FUNC_CLOSE) if closed else body_end
-        if empty_call:
-            self._out.add_call(name, {})
+    def _function(self, m: _Markup) -> int:
+        """A Llama-style `<function=NAME>{...}</function>` call; returns where scanning continues."""
+        end = m.body_end + len(_FUNC_CLOSE) if m.closed else m.body_end
+        if not m.body:  # checked by the verdict: closed and empty, an empty call
+            self._out.add_call(m.name, {})
             return end
-        values, used, problem = _decode(body)
+        values, used, problem = _decode(m.body)
         if problem is not None or len(values) != 1:
-            self._out.error(f"<function={_clip(name)}>: {problem or 'expected one JSON object of arguments'}")
+            self._out.error(f"<function={_clip(m.name)}>: {problem or 'expected one JSON object of arguments'}")
             return end
-        self._out.add_call(name, values[0])
-        if closed or used is None or lead is None:
+        self._out.add_call(m.name, values[0])
+        if m.closed or used is None or m.lead is None:
             return end
-        return body_start + lead + used
+        return m.body_start + m.lead + used
 
     def _fence(self, start: int) -> int:
         """A ``` fence; returns where scanning continues (after the fence, kept or removed)."""
-        info = _fence_info(self._text, start)
-        if info is None:
+        verdict, at = _fence_verdict(self._src, start)
+        if verdict == _TEXT:
             # Inline backticks or an over-long info string: not a code block, just characters.
-            return self._keep(start, _after_backticks(self._text, start))
-        lang, content_start = info
-        close = self._find(_FENCE, content_start)
+            return self._keep(start, at)
+        close = self._src.find(_FENCE, at)
+        if close < 0:
+            close = len(self._text)
         end = min(close + len(_FENCE), len(self._text))
-        if lang in _CALL_FENCE_LANGS:
-            values = _only_calls(self._text[content_start:close])
+        if verdict == "json_fence":
+            values = _only_calls(self._text[at:close])
             if values is not None:
                 for value in values:
                     self._out.add(value, "```json block")
@@ -346,16 +479,24 @@ def _bare_calls(text: str) -> list[Any] | None:
     return _only_calls(text)
 
 
-def _only_calls(block: str) -> list[Any] | None:
-    """The values of `block` when it holds unambiguous call objects and nothing else; else None."""
+def _only_calls(block: str, *, undouble: bool = True) -> list[Any] | None:
+    """The values of `block` when it holds unambiguous call objects and nothing else; else None.
+
+    Doubled braces are undone only in a block that starts doubled (`{{` or `[{{`), and then the
+    block undoubled must still be nothing but calls: `{{...}} and then prose` is text.
+    """
     body = block.strip()
     if not body.startswith(("{", "[")):
         return None
-    values, used, problem = _decode(body)
-    if problem is not None or not values or (used is not None and used != len(body)):
+    values, used, problem = _decode_as_written(body)
+    if problem is not None and undouble and _DOUBLED_RE.match(body):
+        body = _undouble(body)
+        values, used, problem = _decode_as_written(body)
+    if problem is not None or not values or used != len(body):
         return None
-    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
-    if not items or not all(_is_call_object(item) for item in items):
+    # Each value a call object or a list of them; an empty list is no call, so not only calls.
+    if not all(_is_call_object(item) for value in values
+               for item in (value if isinstance(value, list) and value else [value])):
         return None
     return values
 
@@ -393,11 +534,14 @@ def _decode(body: str) -> tuple[list[Any], int | None, str | None]:
     """
     values, used, problem = _decode_as_written(body)
     if problem is not None and "{{" in body:
-        undoubled = body.replace("{{", "{").replace("}}", "}")
-        values2, _, problem2 = _decode_as_written(undoubled)
+        values2, _, problem2 = _decode_as_written(_undouble(body))
         if problem2 is None:
             return values2, None, None
     return values, used, problem
+
+
+def _undouble(body: str) -> str:
+    return body.replace("{{", "{").replace("}}", "}")
 
 
 def _decode_as_written(body: str) -> tuple[list[Any], int, str | None]:
@@ -434,23 +578,6 @@ def _arguments(raw: Any) -> tuple[dict[str, Any] | None, str]:
     if isinstance(raw, dict):
         return raw, ""
     return None, f'"arguments" must be a JSON object, got {_kind(raw)}'
-
-
-def _tag_body(raw: str) -> tuple[str, int | None]:
-    """A tag's body, stripped, without the code fence some models put around the JSON.
-
-    Also returns where the stripped body starts in `raw`, or None when a fence was taken off (the
-    offsets of what follows no longer match).
-    """
-    first = _NON_SPACE_RE.search(raw)
-    if first is None:
-        return "", 0
-    body = raw[first.start() :].rstrip()
-    if body.startswith(_FENCE):
-        newline = body.find("\n", 0, _MAX_INFO + len(_FENCE) + 1)
-        if newline >= 0 and body[len(_FENCE) : newline].strip().lower() in _CALL_FENCE_LANGS:
-            return body[newline + 1 :].rstrip().removesuffix(_FENCE).strip(), None
-    return body, first.start()
 
 
 def _fence_info(text: str, start: int) -> tuple[str, int] | None:
@@ -515,8 +642,8 @@ def _clip(s: str) -> str:
 class StreamGuard:
     """How much of a reply that is still streaming is certainly text, never part of a call.
 
-    Mirrors `parse_text_tool_calls` on a growing text, so the user sees a reply as it streams while
-    call markup never reaches them: `feed` returns the text that became safe to show, `finish` what
+    Runs the verdicts of `parse_text_tool_calls` on a growing text, so the user sees a reply as it
+    streams while call markup never reaches them: `feed` returns the text that became safe to show, `finish` what
     remains once the whole reply is parsed. Text is held only while it may still become a call, and
     released as soon as it cannot: a ```sql fence, a ``` fence whose content is not JSON, JSON that
     turns out not to be a call object, a tag mentioned in prose. It errs on holding: what it
@@ -525,7 +652,7 @@ class StreamGuard:
     """
 
     def __init__(self) -> None:
-        self._buf = ""
+        self._src = _Source("", complete=False)  # the reply so far, searched as the parser does
         self._shown = 0  # released up to here
         self._lead = 0  # leading whitespace is never shown (the parser strips it)
         self._safe = 0  # certainly text up to here
@@ -538,21 +665,21 @@ class StreamGuard:
     def feed(self, text: str) -> str:
         """Add a delta; returns the text that is now certainly not call markup (maybe "")."""
         # Detached while appending: a str with no other reference grows in place in CPython,
-        # where `self._buf += text` would copy the whole reply on every delta.
-        buf, self._buf = self._buf, ""
+        # where `self._src.text += text` would copy the whole reply on every delta.
+        buf, self._src.text = self._src.text, ""
         buf += text
-        self._buf = buf
+        self._src.text = buf
         del buf
         self._advance()
         if self._safe <= self._shown:
             return ""
-        out = self._buf[self._shown : self._safe]
+        out = self._src.text[self._shown : self._safe]
         self._shown = self._safe
         return out
 
     def finish(self, visible: str) -> str:
         """What is left to show of `visible` (the reply's final text) after what `feed` released."""
-        shown = self._buf[self._lead : self._shown]
+        shown = self._src.text[self._lead : self._shown]
         target = visible.lstrip()
         # The parser strips the text and, when it removed markup, closes up the blank lines left.
         for candidate in (shown, _BLANK_LINES_RE.sub("\n\n", shown)):
@@ -561,7 +688,7 @@ class StreamGuard:
         return "" if shown else target
 
     def _advance(self) -> None:
-        buf = self._buf
+        buf = self._src.text
         while True:
             state = self._state
             if state == "start":
@@ -607,12 +734,13 @@ class StreamGuard:
     def _bare_ruled_out(self, buf: str) -> bool:
         """Format 4: whether the reply can no longer be nothing but call objects."""
         assert self._json is not None
-        while True:
+        while not self._json.doubled:
             kind, start, end = self._json.step(buf)
-            if kind == "more":
+            if kind == "more" or self._json.starts_doubled(buf):
                 return False
-            if kind != "value" or _only_calls(buf[start:end]) is None:
+            if kind != "value" or _only_calls(buf[start:end], undouble=False) is None:
                 return True
+        return False  # only the whole reply decides
 
     def _text(self, buf: str) -> bool:
         """Scan prose for openers; False when more text is needed or a call began."""
@@ -623,18 +751,18 @@ class StreamGuard:
             return False
         start, opener = found.start(), found.group()
         self._safe = self._pos = start
+        # The parser's own verdicts, on the text so far: what they call text stays text.
         if opener == _FENCE:
-            verdict, at = _fence_verdict(buf, start)
-        elif opener == _FUNC_OPEN:
-            verdict, at = _function_verdict(buf, start)
+            verdict, at = _fence_verdict(self._src, start)
         else:
-            verdict, at = _tag_verdict(buf, start, opener)
-        if verdict == "wait":
+            markup = _markup_verdict(self._src, start, opener)
+            verdict, at = markup.verdict, markup.resume
+        if verdict == _WAIT:
             return False
-        if verdict == "call":
+        if verdict == _CALL:
             self._state = "held"
             return False
-        if verdict == "text":
+        if verdict == _TEXT:
             self._safe = self._pos = at
         elif verdict == "ticks":
             self._state = "ticks"
@@ -655,17 +783,18 @@ class StreamGuard:
             return True
         self._close_from = max(self._content, len(buf) - len(_FENCE) + 1)
         assert self._json is not None
-        while True:
+        while not self._json.doubled:
             kind, start, end = self._json.step(buf)
-            if kind == "more":
+            if kind == "more" or self._json.starts_doubled(buf):
                 return False
-            if kind == "value" and _only_calls(buf[start:end]) is not None:
+            if kind == "value" and _only_calls(buf[start:end], undouble=False) is not None:
                 continue
             if kind == "other" and _FENCE.startswith(buf[start:]):
                 return False  # may be the closing fence, still arriving
             # Content that is not call objects only: the fence is text, whole.
             self._state = "code"
             return True
+        return False  # only the whole content, at the closing fence, decides
 
 
 class _JsonScan:
@@ -673,9 +802,15 @@ class _JsonScan:
 
     Only brackets, strings and escapes are tracked; nothing is validated (the parser does that
     on each complete value). Resumes where it stopped, so a long value costs linear time.
+
+    Values as written are only where the parser's values are when it takes the block as written;
+    a block that starts with doubled braces may be undoubled whole (see `_only_calls`), and then
+    only the whole block decides.
     """
 
     def __init__(self, pos: int) -> None:
+        self.first = -1  # where the first value starts
+        self.doubled = False  # the block starts with doubled braces
         self.pos = pos
         self.depth = 0
         self.in_string = False
@@ -708,6 +843,8 @@ class _JsonScan:
                 if c not in "{[":
                     return "other", i, i
                 self.start, self.depth, self.list_opened = i, 1, c == "["
+                if self.first < 0:
+                    self.first = i
                 self.pos += 1
                 continue
             if self.list_opened:
@@ -729,6 +866,13 @@ class _JsonScan:
             self.pos += 1
         return "more", end, end
 
+    def starts_doubled(self, buf: str) -> bool:
+        """Whether the block starts with doubled braces; asked once `step` has decided something,
+        when the block's first characters are all there."""
+        if self.first >= 0 and _DOUBLED_RE.match(buf, self.first):
+            self.doubled = True
+        return self.doubled
+
 
 def _match_end(regex: re.Pattern[str], buf: str, pos: int, endpos: int | None = None) -> int:
     """Where a match of `regex` at `pos` ends (`pos` when there is none)."""
@@ -745,72 +889,6 @@ def _opener_prefix_len(buf: str, floor: int) -> int:
                 best = k
                 break
     return best
-
-
-def _fence_verdict(buf: str, start: int) -> tuple[str, int]:
-    """A ``` at `start`, as `_Scanner._fence` will see it: text / code / json_fence / wait."""
-    window = buf[start + len(_FENCE) : start + len(_FENCE) + _MAX_INFO + 1]
-    decided = any(c in window for c in "\n{[`") or len(window) > _MAX_INFO
-    if not decided:
-        return "wait", start  # the info line is still streaming in
-    info = _fence_info(buf, start)
-    if info is None:  # plain backticks
-        run_end = _after_backticks(buf, start)
-        # A run still growing at the end has four or more backticks (three would have left a
-        # decided window): text whatever comes, but where it ends is not known yet.
-        return ("ticks", start) if run_end == len(buf) else ("text", run_end)
-    lang, content_start = info
-    return ("json_fence" if lang in _CALL_FENCE_LANGS else "code"), content_start
-
-
-def _tag_verdict(buf: str, start: int, opener: str) -> tuple[str, int]:
-    """`<tool_call>` / `<tool_code>` at `start`, as `_Scanner._tag` will see it."""
-    body_start = start + len(opener)
-    first = _NON_SPACE_RE.search(buf, body_start)
-    if first is None:
-        return "wait", start
-    c, at = first.group(), first.start()
-    if c in "{[":
-        return "call", start
-    if c != "`":
-        return "text", body_start  # prose that mentions the tag
-    # A fence around the JSON inside the tag (see _tag_body).
-    head = buf[at : at + len(_FENCE)]
-    if head != _FENCE:
-        return ("wait", start) if _FENCE.startswith(head) else ("text", body_start)
-    newline = buf.find("\n", at, at + _MAX_INFO + len(_FENCE) + 1)
-    if newline < 0:
-        return ("text", body_start) if len(buf) >= at + _MAX_INFO + len(_FENCE) + 1 else ("wait", start)
-    if buf[at + len(_FENCE) : newline].strip().lower() not in _CALL_FENCE_LANGS:
-        return "text", body_start
-    inner = _NON_SPACE_RE.search(buf, newline + 1)
-    if inner is None:
-        return "wait", start
-    return ("call", start) if inner.group() in "{[" else ("text", body_start)
-
-
-def _function_verdict(buf: str, start: int) -> tuple[str, int]:
-    """`<function=NAME>` at `start`, as `_Scanner._function` will see it."""
-    name_start = start + len(_FUNC_OPEN)
-    name_end = _match_end(_NAME_CHARS_RE, buf, name_start, name_start + _MAX_FUNC_NAME + 1)
-    if name_end - name_start > _MAX_FUNC_NAME:
-        return "text", name_start
-    if name_end == len(buf):
-        return "wait", start
-    if buf[name_end] != ">" or name_end == name_start:
-        return "text", name_start
-    body_start = name_end + 1
-    first = _NON_SPACE_RE.search(buf, body_start)
-    if first is None:
-        return "wait", start
-    if first.group() == "{":
-        return "call", start
-    rest = buf[first.start() : first.start() + len(_FUNC_CLOSE)]
-    if rest == _FUNC_CLOSE:
-        return "call", start  # an empty call
-    if _FUNC_CLOSE.startswith(rest):
-        return "wait", start
-    return "text", body_start
 
 
 # ---- prompt -------------------------------------------------------------------------------------

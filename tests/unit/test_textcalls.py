@@ -117,6 +117,10 @@ FORMATS = {
     "function-tag": Case('<function=get_weather>{"city": "Oslo"}</function>', [WEATHER], ""),
     "function-tag-empty-body": Case("<function=search></function>", [("search", {})], ""),
     "function-tag-unclosed-at-end": Case('Checking <function=get_weather>{"city": "Oslo"}', [WEATHER], "Checking"),
+    "function-tag-fenced-json": Case(
+        f'Checking.\n<function=get_weather>\n{FENCE}json\n{{"city": "Oslo"}}\n{FENCE}\n</function>', [WEATHER], "Checking.",
+    ),
+    "function-tag-fenced-empty": Case(f"<function=search>{FENCE}json\n{FENCE}</function>", [("search", {})], ""),
     "function-tags-several": Case(
         '<function=search>{"q": "disk full"}</function>\n<function=get_weather>{"city": "Oslo"}</function>',
         [SEARCH, WEATHER], "",
@@ -169,6 +173,13 @@ STAYS_TEXT = {
     "function-tag-bad-name": Case('<function=rm -rf />{"a": 1}</function>'),
     "stray-closing-tags": Case("</tool_call></function></tool_code>"),
     "inline-backticks": Case("Type ``` to start a code block; then ```json on the next line is fine."),
+    "function-tag-sql-fence": Case(f"<function=run_sql>\n{FENCE}sql\nSELECT 1\n{FENCE}\n</function>"),
+    # Formats 3 and 4 are calls only when nothing else is there, doubled braces or not.
+    "doubled-braces-bare-then-prose": Case('{{"name": "search", "arguments": {{}}}} is what I would send.'),
+    "doubled-braces-fence-then-prose": Case(
+        f'{FENCE}json\n{{{{"name": "search", "arguments": {{{{}}}}}}}}\nand so on\n{FENCE}'
+    ),
+    "json-fence-empty-list-then-call": Case(f"{FENCE}json\n[]\n{tc(*SEARCH)}\n{FENCE}"),
 }
 
 UNKNOWN = {
@@ -185,6 +196,9 @@ UNKNOWN = {
     "function-unknown": Case('<function=shell>{"cmd": "id"}</function>', [], "", ["shell"]),
     "unknown-with-bad-arguments": Case('<tool_call>{"name": "shell", "arguments": 5}</tool_call>', [], "", ["shell"]),
     "unknown-long-name-clipped": Case(f"<tool_call>{tc('x' * 500)}</tool_call>", [], "", ["x" * 79 + "…"]),
+    "function-unknown-fenced": Case(
+        'Checking.\n<function=echo>\n```json\n{"text":"hi"}\n```\n</function>', [], "Checking.", ["echo"],
+    ),
 }
 
 MALFORMED = {
@@ -280,6 +294,10 @@ HOSTILE = {
     "many-json-fences": f"{FENCE}json\n" * (MB // 8),
     "fence-then-spaces": FENCE + " " * MB,
     "spaces-then-brace": " " * MB + "{",
+    # Markup whose body is still all whitespace: undecided on every delta, decided in linear time.
+    "tag-then-spaces": "<tool_call>" + " " * MB,
+    "function-then-spaces": "<function=search>" + " " * MB,
+    "function-fence-then-spaces": f"<function=search>{FENCE}json\n" + " " * MB,
     "many-doubled-braces": "<tool_call>" + "{{" * (MB // 4) + "}}" * (MB // 4) + "</tool_call>",
     "interleaved-tags": "<tool_call><tool_code><function=x>```" * (MB // 40),
     "unbalanced-closers": "</tool_call></function></tool_code>```" * (MB // 40),
@@ -394,15 +412,40 @@ def _visible(text: str) -> str:
 
 
 def _stream(text: str, pieces: list[str]) -> tuple[str, str]:
-    """(shown before the reply ended, shown in all) when `text` arrives as `pieces`."""
+    """(shown before the reply ended, shown in all) when `text` arrives as `pieces`.
+
+    After every delta, what was shown so far must be the start of the final text: text shown is
+    never taken back, so no call markup (which the final text has removed) ever reaches the user.
+    """
+    final = _visible(text)
     guard = StreamGuard()
-    early = "".join(guard.feed(p) for p in pieces)
-    return early, early + guard.finish(_visible(text))
+    early = ""
+    for piece in pieces:
+        early += guard.feed(piece)
+        assert _starts_with(final, early), (pieces, early, final)
+    return early, early + guard.finish(final)
+
+
+def _blank_lines_closed(s: str) -> str:
+    # The parser strips the text and closes up blank lines left by removed markup.
+    return re.sub(r"\n{3,}", "\n\n", s)
 
 
 def _same_text(a: str, b: str) -> bool:
-    # The parser strips the text and closes up blank lines left by removed markup.
-    return re.sub(r"\n{3,}", "\n\n", a).strip() == re.sub(r"\n{3,}", "\n\n", b).strip()
+    return _blank_lines_closed(a).strip() == _blank_lines_closed(b).strip()
+
+
+def _starts_with(final: str, shown: str) -> bool:
+    return _blank_lines_closed(final).lstrip().startswith(_blank_lines_closed(shown).strip())
+
+
+def _pieces(text: str, sizes: list[int]) -> list[str]:
+    pieces, pos = [], 0
+    while pos < len(text):
+        size = sizes[len(pieces) % len(sizes)]
+        pieces.append(text[pos : pos + size])
+        pos += size
+    return pieces
 
 
 ALL_CASES = {**FORMATS, **STAYS_TEXT, **UNKNOWN, **MALFORMED}
@@ -450,6 +493,11 @@ SHOWN_EARLY = {
     "function-in-prose": ("Llama writes <function=name> then", "Llama writes <function=name> then"),
     "function-empty-call-may-close": ("<function=search></func", ""),
     "function-bad-name": ("<function=rm -rf />", "<function=rm -rf />"),
+    "function-fenced-call": ('Checking.\n<function=echo>\n```json\n{"text":"hi"}\n```\n</function>', "Checking.\n"),
+    "function-fenced-call-streaming": (f"Checking.\n<function=echo>\n{FENCE}json\n", "Checking.\n"),
+    "function-fence-may-be-empty-call": (f"<function=search>{FENCE}json\n``", ""),
+    "function-sql-fence": (f"<function=search>\n{FENCE}sql\nSELECT 1", f"<function=search>\n{FENCE}sql\nSELECT 1"),
+    "doubled-braces-fence": (f'{FENCE}json\n{{{{"name": "search", "arguments": {{{{}}}}}}}}\nand', ""),
     "four-backticks": ("````\nnot a fence", "````\nnot a fence"),
     "inline-triple-backticks": ("Type ``` to open a block, then write your code",
                                 "Type ``` to open a block, then write your code"),
@@ -484,13 +532,48 @@ def test_streaming_holds_only_what_may_still_be_a_call(text: str, expected: str)
     st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=40),
 )
 def test_any_reply_in_any_deltas_streams_to_its_final_text(text: str, sizes: list[int]) -> None:
-    pieces, pos = [], 0
-    while pos < len(text):
-        size = sizes[len(pieces) % len(sizes)]
-        pieces.append(text[pos : pos + size])
-        pos += size
+    pieces = _pieces(text, sizes)
     early, total = _stream(text, pieces)
     assert _same_text(total, _visible(text)), (pieces, early)
+
+
+# Replies as models write them: prose, code fences, tags mentioned and used, calls well and badly
+# formed, in any order. Each part is small; the mix is what finds the parser and the guard apart.
+_WS = st.sampled_from(["", " ", "\n", "\n\n", "  \n"])
+_ARGS = st.sampled_from(['{"q": "x"}', "{}", '{"q": "```"}', '{"q": "</function>"}', '{{"q": 1}}', '{"q": ', "[1]"])
+_OBJECT = st.one_of(
+    st.builds(lambda name, args: f'{{"name": "{name}", "arguments": {args}}}',
+              st.sampled_from(["search", "echo", ""]), _ARGS),
+    st.sampled_from(['{{"name": "search", "arguments": {{}}}}', '{"disk": 1}', "[1, 2]", "[]", '"x"']),
+)
+_FENCED = st.builds(
+    lambda lang, lead, body, trail, closed: f"{FENCE}{lang}\n{lead}{body}{trail}" + (FENCE if closed else ""),
+    st.sampled_from(["json", "", "JSON", " json", "sql", "python"]), _WS,
+    st.one_of(_OBJECT, _ARGS, st.sampled_from(["SELECT 1", "x", ""])), _WS, st.booleans(),
+)
+_BODY = st.one_of(_OBJECT, _ARGS, _FENCED, st.sampled_from(["print(1)", "", FENCE, f"{FENCE}json", "`", "<", "</func"]))
+_TAGGED = st.builds(
+    lambda tag, lead, body, trail, closed: f"<{tag}>{lead}{body}{trail}" + (f"</{tag}>" if closed else ""),
+    st.sampled_from(["tool_call", "tool_code"]), _WS, _BODY, _WS, st.booleans(),
+)
+_FUNCTION = st.builds(
+    lambda name, lead, body, trail, closed: f"<function={name}>{lead}{body}{trail}" + ("</function>" if closed else ""),
+    st.sampled_from(["search", "echo", "", "a b"]), _WS, _BODY, _WS, st.booleans(),
+)
+_PROSE = st.sampled_from(["Checking.", "The disk is full", "see `df -h`", "Type ``` here", "a < b", "[docs](u)",
+                          "{x}", "I use <tool_call> tags", "Llama writes <function=name> then"])
+_REPLIES = st.lists(
+    st.one_of(_PROSE, _TAGGED, _FUNCTION, _FENCED, _OBJECT, _WS, st.text(alphabet=" \n<>/{}[]`\"", max_size=3)),
+    max_size=6,
+).map("".join)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_REPLIES, st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10))
+def test_mixed_replies_show_only_the_parsers_text_while_streaming(text: str, sizes: list[int]) -> None:
+    # _stream checks, after every delta, that what was shown is the start of the parser's text.
+    early, total = _stream(text, _pieces(text, sizes))
+    assert _same_text(total, _visible(text)), early
 
 
 @pytest.mark.parametrize("text", list(HOSTILE.values()), ids=list(HOSTILE))
