@@ -313,9 +313,13 @@ class TurnRunner:
             try:
                 await asyncio.gather(*running)
             finally:
-                # A call that failed must not leave its siblings running on after the turn ends.
+                # A call that failed (or a stop) must not leave its siblings running on after the
+                # turn ends. Cancelled, they still clean up (a result being written, a tool rolling
+                # back): the turn waits for that, so nothing of theirs lands after the turn's own
+                # record and its `done`. A second stop cuts the wait short (gather passes it on).
                 for task in running:
                     task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
 
     async def _stream(self, backend: Any, context: list[Message], specs: list[Any],
                       system: str | None) -> Completion:
@@ -373,6 +377,10 @@ class TurnRunner:
                                        turn_id=self.turn.id, meta=meta, status=status))
         except asyncio.CancelledError:
             self._pub(ev.TOOL_RESULT, data)  # committed all the same (see _commit)
+            raise
+        except Exception:
+            # Not recorded (the store refused it): still open, so the failure path answers it.
+            self._open_calls[call.id] = call
             raise
         self._pub(ev.TOOL_RESULT, data)
 

@@ -6,6 +6,7 @@ The real engine and the real openai SDK against the fake server: nothing of ours
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 from typing import ClassVar
@@ -16,7 +17,7 @@ from aiops.engine.context import CANCELLED_RESULT, INCOMPLETE_REPLY
 from aiops.engine.engine import Engine
 from aiops.engine.events import DONE, ERROR, GATE, GATE_RESOLVED, NOTICE, TOK, TOOL_CALL, TOOL_RESULT, Event
 from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
-from aiops.engine.tools import Tool, ToolContext
+from aiops.engine.tools import Tool, ToolContext, ToolOutput
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, split_text
 from tests.support.engine import next_event
@@ -51,6 +52,41 @@ class SlowPlugin(Plugin):
 
         api.register_tool(Tool("slow", "takes forever", TextArgs, "test", slow))
         api.register_tool(Tool("echo", "echo text back", TextArgs, "test", echo))
+
+
+class RollbackPlugin(Plugin):
+    """`slow` runs until cancelled, then rolls back before it ends (a transaction would), and says
+    so; `bad` returns data the store cannot keep, so recording its result fails the turn."""
+
+    name = "rollbacktools"
+    settings_model: ClassVar[type[PluginSettings]] = PluginSettings
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow_started = asyncio.Event()
+        self.turn_done = asyncio.Event()  # set by the test when the turn publishes `done`
+        self.rolled_back = asyncio.Event()
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def slow(args: TextArgs, ctx: ToolContext) -> str:
+            self.slow_started.set()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                # The rollback lasts until the turn reports done, or half a second: a turn that
+                # does not wait for its cancelled calls reports done first, and this notice follows.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.turn_done.wait(), 0.5)
+                ctx.notice("slow: rolled back")
+                self.rolled_back.set()
+            return "never"
+
+        async def bad(args: TextArgs, ctx: ToolContext) -> ToolOutput:
+            await self.slow_started.wait()
+            return ToolOutput("done", data=object())  # not JSON: the store refuses the result
+
+        api.register_tool(Tool("slow", "takes forever", TextArgs, "test", slow))
+        api.register_tool(Tool("bad", "returns what cannot be stored", TextArgs, "test", bad))
 
 
 def rows(history: list) -> list[tuple[str, str, str]]:
@@ -234,3 +270,40 @@ async def test_a_stream_dropped_inside_a_text_call_never_keeps_its_markup(engine
     assert "".join(e.data["text"] for e in events if e.name == TOK) == "Checking now.\n"
     partial = (await engine.history("api-drop-call"))[1]
     assert partial.role == "assistant" and partial.status == "error" and partial.content == "Checking now."
+
+
+async def test_a_failing_call_ends_the_turn_only_once_its_siblings_have_stopped(engine_factory, fake_openai):
+    plugin = RollbackPlugin()
+    engine: Engine = await engine_factory(extra_files={"plugins.toml": "[rollbacktools]\nenabled = true\n"},
+                                          plugins=[plugin])
+    fake_openai.script(Reply.tool_calls(("slow", {"text": "x"}), ("bad", {"text": "y"})))
+    events: list[Event] = []
+
+    def watch(e: Event) -> None:
+        events.append(e)
+        if e.name == DONE:
+            plugin.turn_done.set()
+
+    engine.bus.add_listener(watch)
+    result = await engine.run("api-sibling-fails", "run both", kind="api", timeout=20)
+    assert result.status == "error" and result.error is not None
+    assert result.error["code"] == "internal_error"
+    await asyncio.wait_for(plugin.rolled_back.wait(), 10)
+
+    # `done` is the turn's last word: the cancelled call's rollback came before it.
+    turn = [e for e in events if e.turn_id == result.turn_id]
+    assert turn[-1].name == DONE, [e.name for e in turn]
+    assert "slow: rolled back" in [e.data["text"] for e in turn if e.name == NOTICE]
+    # Each call has one result, the failed one too, none left running.
+    calls = {e.data["id"]: e.data["name"] for e in turn if e.name == TOOL_CALL}
+    results = [(calls[e.data["id"]], e.data["is_error"]) for e in turn if e.name == TOOL_RESULT]
+    assert sorted(results) == [("bad", True), ("slow", True)]
+    history = [m for m in await engine.history("api-sibling-fails") if m.role != "notice"]
+    assert [(m.role, m.name, m.status) for m in history] == [
+        ("user", None, "complete"), ("assistant", None, "complete"), ("tool", "slow", "error"),
+        ("tool", "bad", "error"), ("error", None, "complete")]
+    assert history[2].content.startswith("error: the turn failed before slow finished")
+
+    # The session goes on.
+    fake_openai.script(Reply.text("sorry"))
+    assert (await engine.run("api-sibling-fails", "again?", kind="api", timeout=10)).text == "sorry"
