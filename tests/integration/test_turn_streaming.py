@@ -136,6 +136,18 @@ async def test_a_native_model_writing_a_json_fence_call_never_shows_its_markup(e
     assert streamed.replace("\n\n\n", "\n\n") == final
 
 
+async def test_a_llama_call_with_a_fenced_body_never_shows_its_markup(engine_factory, fake_openai):
+    # The parser takes the ```json fence off a <function=NAME> body; what streams must agree.
+    plugin = EchoPlugin()
+    engine = await engine_factory(extra_files={"plugins.toml": PLUGINS_ON}, plugins=[plugin])
+    text = 'Checking.\n<function=echo>\n```json\n{"text": "ping"}\n```\n</function>'
+    fake_openai.script(Reply.text(text, chunks=len(text)), Reply.text("pong came back"))
+    streamed, final = await run_collecting(engine, "api-call-function-fence", "ping it")
+    assert plugin.calls == ["ping"]
+    assert final == "Checking.\n\npong came back"
+    assert streamed.replace("\n\n\n", "\n\n") == final
+
+
 async def test_bare_call_json_never_shows(engine_factory, fake_openai):
     plugin = EchoPlugin()
     engine = await engine_factory(extra_files={"plugins.toml": PLUGINS_ON}, plugins=[plugin])
