@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 MAX_RESULT_CHARS = 20_000
 PREVIEW_CHARS = 2_000
 REPEAT_LIMIT = 3
+# How long a stopped turn waits for its cancelled tool calls to clean up (a rollback, a result
+# being written) before it ends without them.
+CANCEL_GRACE_SECONDS = 5.0
 # The result a call cut short gets, for the user now and for the model next turn: (stopped while
 # the tool ran, stopped while it waited for approval, stopped before it ran).
 CANCELLED_CALL = (
@@ -86,6 +89,24 @@ class Turn:
     @property
     def done(self) -> bool:
         return self.future.done()
+
+
+async def _wait_cancelled(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait for cancelled calls to clean up, at most CANCEL_GRACE_SECONDS: a tool that ignores its
+    cancellation must not hold the turn (and the operator's stop) open. A second stop cuts the wait
+    short and passes the cancellation on to them again."""
+    for t in tasks:
+        # Retrieved whenever it ends, so a late failure is not reported as never retrieved.
+        t.add_done_callback(lambda t: t.cancelled() or t.exception())
+    try:
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_GRACE_SECONDS)
+    except asyncio.CancelledError:
+        for t in tasks:
+            t.cancel()
+        raise
+    if pending:
+        log.warning("%d tool call(s) still running %g s after they were cancelled; the turn ends "
+                    "without them", len(pending), CANCEL_GRACE_SECONDS)
 
 
 class TurnRunner:
@@ -311,7 +332,12 @@ class TurnRunner:
             iterations += 1
             running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
             try:
-                await asyncio.gather(*running)
+                # Not gather: cancelled, gather waits for every child to finish, so one tool that
+                # ignores its cancellation would hold the stop; the cleanup below is bounded.
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
+                failed = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
+                if failed is not None:
+                    raise failed
             finally:
                 # A call that failed (or a stop) must not leave its siblings running on after the
                 # turn ends. Cancelled, they still clean up (a result being written, a tool rolling
@@ -319,7 +345,7 @@ class TurnRunner:
                 # record and its `done`. A second stop cuts the wait short (gather passes it on).
                 for task in running:
                     task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+                await _wait_cancelled(running)
 
     async def _stream(self, backend: Any, context: list[Message], specs: list[Any],
                       system: str | None) -> Completion:
@@ -354,7 +380,12 @@ class TurnRunner:
     async def _record_result(self, call: ToolCall, out: ToolOutput, duration_ms: float,
                              decision: str | None = None, status: str = "complete") -> None:
         # Answered from here on, even if a stop lands during the write (the write still finishes).
-        self._open_calls.pop(call.id, None)
+        if self._open_calls.pop(call.id, None) is None:
+            # Already answered: a tool that ignored its cancellation past the grace period and
+            # ended after its turn did. The record says it was cancelled; nothing more is written.
+            log.warning("tool %s ended after its turn had recorded it as cut short; result dropped",
+                        call.name)
+            return
         text = out.text
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(out.text) - MAX_RESULT_CHARS} more characters]"
@@ -422,10 +453,10 @@ class TurnRunner:
         self._executing.add(call.id)
         try:
             raw = await tool.execute(args, ctx)
+            out = raw if isinstance(raw, ToolOutput) else ToolOutput(str(raw))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the model sees the failure and the turn goes on
             log.info("tool %s raised: %s", tool.name, e)
             return ToolOutput(f"error: {tool.name} failed: {e}", is_error=True), outcome.decision
-        out = raw if isinstance(raw, ToolOutput) else ToolOutput(str(raw))
         return out, outcome.decision

@@ -307,3 +307,68 @@ async def test_a_failing_call_ends_the_turn_only_once_its_siblings_have_stopped(
     # The session goes on.
     fake_openai.script(Reply.text("sorry"))
     assert (await engine.run("api-sibling-fails", "again?", kind="api", timeout=10)).text == "sorry"
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this")
+
+
+class StubbornPlugin(Plugin):
+    """`stubborn` ignores its cancellation until the test releases it (a driver stuck in C code
+    would); `unprintable` returns a value that cannot be turned into text."""
+
+    name = "stubborntools"
+    settings_model: ClassVar[type[PluginSettings]] = PluginSettings
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ended = asyncio.Event()
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def stubborn(args: TextArgs, ctx: ToolContext) -> str:
+            self.started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await self.release.wait()  # swallows the stop and goes on
+            self.ended.set()
+            return "late result"
+
+        async def unprintable(args: TextArgs, ctx: ToolContext) -> Unprintable:
+            return Unprintable()
+
+        api.register_tool(Tool("stubborn", "ignores stops", TextArgs, "test", stubborn))
+        api.register_tool(Tool("unprintable", "returns no text", TextArgs, "test", unprintable))
+
+
+async def test_a_tool_that_ignores_its_stop_does_not_hold_the_turn_and_its_late_result_is_dropped(
+        engine_factory, fake_openai):
+    plugin = StubbornPlugin()
+    engine: Engine = await engine_factory(extra_files={"plugins.toml": "[stubborntools]\nenabled = true\n"},
+                                          plugins=[plugin])
+    fake_openai.script(Reply.tool_calls(("stubborn", {"text": "x"})))
+    turn = await engine.submit("api-stubborn", "go", kind="api")
+    await asyncio.wait_for(plugin.started.wait(), 10)
+    engine.stop_turn("api-stubborn")
+    # The turn ends after the grace period, although the tool is still running.
+    result = await turn.wait(15)
+    assert result.status == "cancelled" and not plugin.ended.is_set()
+    plugin.release.set()
+    await asyncio.wait_for(plugin.ended.wait(), 10)
+    fake_openai.script(Reply.text("next"))
+    assert (await engine.run("api-stubborn", "still there?", kind="api", timeout=10)).text == "next"
+    tools = [m for m in await engine.history("api-stubborn") if m.role == "tool"]
+    assert [(m.name, m.status) for m in tools] == [("stubborn", "cancelled")]  # no late second result
+
+
+async def test_a_tool_result_that_cannot_become_text_is_an_error_the_model_sees(engine_factory, fake_openai):
+    engine: Engine = await engine_factory(extra_files={"plugins.toml": "[stubborntools]\nenabled = true\n"},
+                                          plugins=[StubbornPlugin()])
+    fake_openai.script(Reply.tool_calls(("unprintable", {"text": "x"})), Reply.text("that tool broke"))
+    result = await engine.run("api-unprintable", "go", kind="api", timeout=10)
+    assert (result.status, result.text) == ("complete", "that tool broke")
+    sent = [m for m in fake_openai.last_request.json["messages"] if m["role"] == "tool"]
+    assert [m["content"] for m in sent] == ["error: unprintable failed: no text for this"]
