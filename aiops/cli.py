@@ -379,6 +379,18 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rule_hint(gate: dict[str, Any]) -> str:
+    """The gates.toml rule that decided `gate`, phrased as the setting that would allow it."""
+    op = gate["operation"]
+    if gate.get("tool_type") == "db":
+        tables = gate.get("tables") or []
+        if not tables:  # the statement names no table: the unknown rule decides
+            return f'[db.unknown] {op} = "allow"'
+        rules = " and ".join(f'[db.tables."{t}"] {op} = "allow"' for t in tables)
+        return f"{rules} (and [db.unknown] {op}, if the statement does more than touch its tables)"
+    return f'[tools."{gate["tool"]}"] {op} = "allow"'
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     cfg = _load(args)
     _setup_file_logging(cfg, args.verbose)
@@ -478,7 +490,7 @@ async def _chat(cfg: Any, args: argparse.Namespace) -> int:
         if asker is None:
             gates_toml = cfg.paths.config_dir / "gates.toml"
             say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
-                      f"{gate['tool']} {gate['operation']}, set its rule to \"allow\" in {gates_toml} "
+                      f"{gate['tool']} {gate['operation']}, set {_rule_hint(gate)} in {gates_toml} "
                       f"(`aiops config init` copies the defaults there), or send the message through "
                       f"a running aiops (the console, or `aiops serve` and its API) and approve it "
                       f"there]\n")

@@ -63,3 +63,31 @@ def test_config_paths_takes_the_dirs_after_the_sub_command(tmp_path, capsys):
     assert main(["config", "paths", "--config-dir", str(tmp_path / "c"), "--data-dir", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert f"config dir       {tmp_path / 'c'}" in out and f"data dir         {tmp_path / 'd'}" in out
+
+
+@pytest.mark.parametrize(("tool", "tool_type", "operation", "tables", "unknown"), [
+    ("db_query", "db", "read", [], True),                       # SHOW TABLES: no table named
+    ("db_query", "db", "write", ["shop.orders"], False),
+    ("db_query", "db", "write", ["shop.orders", "shop.users"], False),
+    ("db_query", "db", "read", ["shop.orders"], True),          # SELECT ... INTO OUTFILE
+    ("update_system_prompt", "system", "write", [], False),
+    ("mcp:fs:write_file", "mcp", "write", [], False),
+])
+def test_the_rule_aiops_chat_suggests_after_a_denial_does_allow_the_call(tool, tool_type, operation, tables,
+                                                                          unknown):
+    # The hint is advice to paste into gates.toml: following it must turn the shipped "ask" into allow.
+    import re
+    import tomllib
+
+    from aiops.cli import _rule_hint
+    from aiops.gates.rules import GatesConfig
+
+    shipped = GatesConfig()
+    assert shipped.decide(tool, tool_type, operation, tables, unknown_tables=unknown) == "ask"
+    hint = _rule_hint({"tool": tool, "tool_type": tool_type, "operation": operation, "tables": tables})
+    settings = re.findall(r'(\[[^\]]+\]) (read|write) = "allow"', hint)
+    if unknown and tables:
+        settings.append(("[db.unknown]", operation))  # the hint's "(and [db.unknown] …)" part
+    toml = "\n".join(f'{section}\n{op} = "allow"' for section, op in settings)
+    followed = GatesConfig.model_validate(tomllib.loads(toml))
+    assert followed.decide(tool, tool_type, operation, tables, unknown_tables=unknown) == "allow", hint
