@@ -185,9 +185,8 @@ class TurnRunner:
         done = {"text": result.text, "status": result.status, "model": self.model_key}
         if result.error:
             done["error"] = result.error
-        if self.usage.total_tokens:
-            done["usage"] = {"prompt_tokens": self.usage.prompt_tokens,
-                             "completion_tokens": self.usage.completion_tokens}
+        if (usage := self.usage.counts()) is not None:
+            done["usage"] = usage
         self._pub(ev.DONE, done)
         self.live.state = "idle"
         self.engine._session_changed(self.live)
@@ -335,17 +334,23 @@ class TurnRunner:
                 # Not gather: cancelled, gather waits for every child to finish, so one tool that
                 # ignores its cancellation would hold the stop; the cleanup below is bounded.
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
-                failed = next((t.exception() for t in done if not t.cancelled() and t.exception()), None)
+                errors = [t.exception() for t in done if not t.cancelled()]  # every one retrieved
+                if any(t.cancelled() for t in done):
+                    # A call cancelled from inside (a library raising CancelledError in a tool)
+                    # ends the turn as a stop would, and is recorded as one.
+                    raise asyncio.CancelledError
+                failed = next((e for e in errors if e is not None), None)
                 if failed is not None:
                     raise failed
             finally:
                 # A call that failed (or a stop) must not leave its siblings running on after the
                 # turn ends. Cancelled, they still clean up (a result being written, a tool rolling
-                # back): the turn waits for that, so nothing of theirs lands after the turn's own
-                # record and its `done`. A second stop cuts the wait short (gather passes it on).
-                for task in running:
-                    task.cancel()
-                await _wait_cancelled(running)
+                # back): the turn waits for that, boundedly, so nothing of theirs lands after the
+                # turn's own record and its `done`.
+                if unfinished := [task for task in running if not task.done()]:
+                    for task in unfinished:
+                        task.cancel()
+                    await _wait_cancelled(unfinished)
 
     async def _stream(self, backend: Any, context: list[Message], specs: list[Any],
                       system: str | None) -> Completion:

@@ -340,8 +340,12 @@ class StubbornPlugin(Plugin):
         async def unprintable(args: TextArgs, ctx: ToolContext) -> Unprintable:
             return Unprintable()
 
+        async def self_cancelling(args: TextArgs, ctx: ToolContext) -> str:
+            raise asyncio.CancelledError  # as a library might, from inside a tool
+
         api.register_tool(Tool("stubborn", "ignores stops", TextArgs, "test", stubborn))
         api.register_tool(Tool("unprintable", "returns no text", TextArgs, "test", unprintable))
+        api.register_tool(Tool("self_cancelling", "cancels itself", TextArgs, "test", self_cancelling))
 
 
 async def test_a_tool_that_ignores_its_stop_does_not_hold_the_turn_and_its_late_result_is_dropped(
@@ -372,3 +376,19 @@ async def test_a_tool_result_that_cannot_become_text_is_an_error_the_model_sees(
     assert (result.status, result.text) == ("complete", "that tool broke")
     sent = [m for m in fake_openai.last_request.json["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in sent] == ["error: unprintable failed: no text for this"]
+
+
+async def test_a_call_cancelled_from_inside_ends_the_turn_as_a_stop_and_is_recorded(engine_factory, fake_openai):
+    engine: Engine = await engine_factory(extra_files={"plugins.toml": "[stubborntools]\nenabled = true\n"},
+                                          plugins=[StubbornPlugin()])
+    fake_openai.script(Reply.tool_calls(("self_cancelling", {"text": "x"}), ("unprintable", {"text": "y"})))
+    sub = engine.bus.subscribe(session_id=None)
+    result = await engine.run("api-selfcancel", "go", kind="api", timeout=10)
+    assert result.status == "cancelled"
+    events = await collect_until(sub, DONE)
+    calls = {e.data["id"] for e in events if e.name == TOOL_CALL}
+    assert {e.data["id"] for e in events if e.name == TOOL_RESULT} == calls  # none left running
+    tools = {m.name: m.status for m in await engine.history("api-selfcancel") if m.role == "tool"}
+    assert tools["self_cancelling"] == "cancelled"
+    fake_openai.script(Reply.text("fine"))
+    assert (await engine.run("api-selfcancel", "again", kind="api", timeout=10)).text == "fine"
