@@ -272,7 +272,11 @@ def replace_tree(src: Path, dest: Path) -> None:
     staged = dest.parent / f".{dest.name}.new-{os.getpid()}"
     old = dest.parent / f".{dest.name}.old-{os.getpid()}"
     shutil.rmtree(staged, ignore_errors=True)
-    shutil.copytree(src, staged)
+    try:
+        shutil.copytree(src, staged)
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)  # no half copy left beside the user's tree
+        raise
     os.rename(dest, old)
     try:
         os.rename(staged, dest)

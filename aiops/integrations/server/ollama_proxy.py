@@ -377,7 +377,7 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
         raise HttpError(500, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
                         headers={SESSION_HEADER: started.session_id})
     shape.first = shape.first or time.monotonic_ns()
-    resp = web.json_response(shape.final(result.text, result.to_dict().get("usage")))
+    resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -324,7 +324,7 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
         err = result.error or {}
         raise HttpError(502, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
                         headers={SESSION_HEADER: started.session_id})
-    resp = web.json_response(completion_object(cid, created, req.model, result.text, result.to_dict().get("usage")))
+    resp = web.json_response(completion_object(cid, created, req.model, result.text, result.usage.counts() if result.usage else None))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -33,8 +33,7 @@ def caller(request: web.Request) -> Caller:
 
 
 def owner_of(live: LiveSession) -> str | None:
-    owner = live.row.meta.get(OWNER_KEY)
-    return owner if isinstance(owner, str) else None
+    return live.row.owner
 
 
 def forbidden(session_id: str) -> HttpError:
