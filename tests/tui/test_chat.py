@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.geometry import Region
 
 from aiops.tui.widgets.chat import AssistantMessage, CommandOutput, EarlierButton, UserMessage
@@ -224,6 +225,23 @@ async def test_picking_a_session_with_enter_puts_what_is_typed_next_in_the_input
         await type_text(pilot, " again")
         assert app.chat_input.text == "nx hello again" and isinstance(app.focused, ChatInput)
         assert len(app.sessions_list.sessions) == count
+
+
+async def test_a_burst_typed_in_the_sessions_list_goes_to_the_input_and_opens_nothing(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        selected, count = app.selected, len(app.sessions_list.sessions)
+        await pilot.press("shift+f6")  # the input -> the sessions pane
+        await wait_for(pilot, lambda: app.focused is app.sessions_list, "the sessions list")
+        # Both keys from one terminal read: `n` (new session) is queued for the list before the App
+        # has moved the focus for `h`.
+        app.post_message(events.Key("h", "h"))
+        app.post_message(events.Key("n", "n"))
+        await wait_for(pilot, lambda: app.chat_input.text == "hn", "both letters in the input")
+        await pilot.pause()
+        assert isinstance(app.focused, ChatInput)
+        assert app.selected == selected and len(app.sessions_list.sessions) == count
 
 
 async def test_a_running_turn_of_another_session_is_shown_live_when_selected(make_app, fake_openai):

@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from textual import events
 from textual.widgets import Markdown
 
 from aiops.engine.engine import Engine
@@ -243,6 +244,23 @@ async def test_typing_in_the_inbox_moves_the_text_and_the_focus_to_the_input(mak
         await type_text(pilot, "hello, as said")
         assert app.chat_input.text == "hello, as said"  # `h` is no inbox key: the rest follows it
         assert isinstance(app.focused, ChatInput) and app.inbox.gates
+
+
+async def test_a_burst_typed_in_the_inbox_goes_to_the_input_answer_letters_included(make_app, fake_openai, notes):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await _ask(pilot, app, fake_openai)
+        app.main.show_pane("gates")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        # One terminal read (common over SSH) delivers both keys before the App has moved the
+        # focus for the first: `a` (approve) is already queued for the inbox when `h` leaves it.
+        app.post_message(events.Key("h", "h"))
+        app.post_message(events.Key("a", "a"))
+        await wait_for(pilot, lambda: app.chat_input.text == "ha", "both letters in the input")
+        await pilot.pause()
+        assert isinstance(app.focused, ChatInput)
+        assert app.inbox.gates and notes.notes == []  # still pending: nothing approved it
 
 
 async def test_a_finite_wait_counts_down_in_the_row_and_the_details_then_times_out(make_app, fake_openai, notes):

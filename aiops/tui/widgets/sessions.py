@@ -154,12 +154,6 @@ to the message input.
             self.typing_away = True
             self.post_message(self.Picked(event.option.id))
 
-    def on_focus(self) -> None:
-        self.typing_away = False
-
-    def on_blur(self) -> None:
-        self.typing_away = False
-
     def action_new(self) -> None:
         self.post_message(self.NewRequested())
 

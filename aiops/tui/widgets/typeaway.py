@@ -30,7 +30,9 @@ class TypesAway:
     bindings become `TypedAway`.
 
     `typing_away` True sends every printable key (bindings included) to the input, for a pane that
-    has just handed the operator over to the input and may still get the first keys typed there.
+    has handed the operator over to the input and may still get the next keys typed there: one
+    terminal read (common over SSH) delivers several keys, all queued for this pane before the App
+    has moved the focus for the first. It holds until the pane is focused or blurred again.
     """
 
     typing_away = False
@@ -43,4 +45,14 @@ class TypesAway:
             return
         event.stop()
         event.prevent_default()  # no binding of this pane runs for it
+        # The keys already queued behind this one are text too, letters of this pane's bindings
+        # included (`a` approving a gate, `n` opening a session in the middle of a word).
+        self.typing_away = True
         widget.post_message(TypedAway(event.character))
+
+    def on_focus(self) -> None:
+        # Focused again, the operator is back in this pane: its letter keys act again.
+        self.typing_away = False
+
+    def on_blur(self) -> None:
+        self.typing_away = False
