@@ -6,6 +6,8 @@ with a tab bar (or F6), so nothing is lost on a small terminal.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from textual import on
@@ -51,8 +53,9 @@ class MainScreen(Screen[None]):
     view: reactive[str] = reactive("chat")
     """On a narrow terminal: the one pane shown."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
+        self.clock = clock
         self.sessions_width = 28
         self.side_width = 42
         self.narrow = False
@@ -75,7 +78,7 @@ class MainScreen(Screen[None]):
                 yield ChatInput(id="input")
             with SidePane(id="side", initial="tab-gates"):
                 with TabPane("Gates", id="tab-gates"):
-                    yield GatesInbox(sessions.short_id, id="gates")
+                    yield GatesInbox(sessions.short_id, clock=self.clock, id="gates")
                 with TabPane("Prompt", id="tab-prompt"):
                     yield PromptPane(id="prompt")
                 with TabPane("Limits", id="tab-limits"):

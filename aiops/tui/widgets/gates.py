@@ -73,13 +73,17 @@ goes to the message input.
             super().__init__()
             self.gate_id = gate_id
 
-    def __init__(self, short_id: Callable[[str | None], str] | None = None, **kw: Any) -> None:
+    def __init__(self, short_id: Callable[[str | None], str] | None = None, *,
+                 clock: Callable[[], float] = time.monotonic, **kw: Any) -> None:
+        """`clock` (seconds, monotonic) times the ARM_SECONDS pause; a test passes one it advances."""
         super().__init__(**kw)
         self.gates: dict[str, dict[str, Any]] = {}
         self._short_id = short_id or (lambda sid: sid or "?")
+        self._clock = clock
         # When a gate last moved under the cursor by itself (arrived, or slid up after an answer)
-        # while the inbox had focus: its answer keys wait ARM_SECONDS from then.
-        self._moved_at = 0.0
+        # while the inbox had focus: its answer keys wait ARM_SECONDS from then. None: not since
+        # the operator last chose the gate under the cursor.
+        self._moved_at: float | None = None
         self._rebuilding = False
 
     def on_mount(self) -> None:
@@ -146,7 +150,7 @@ goes to the message input.
             self._rebuilding = False
         now = self.highlighted_option.id if gates and self.highlighted_option is not None else None
         if now is not None and now != current and self.has_focus:
-            self._moved_at = time.monotonic()
+            self._moved_at = self._clock()
         self.border_title = f"Gates ({len(gates)})" if gates else "Gates"
 
     def _set_gate_options(self, gates: list[dict[str, Any]], current: str | None, index: int) -> None:
@@ -171,7 +175,7 @@ goes to the message input.
     def highlight_oldest(self) -> None:
         if self.option_count:
             self.highlighted = 0
-        self._moved_at = 0.0  # the operator asked for this gate: it is theirs to answer
+        self._moved_at = None  # the operator asked for this gate: it is theirs to answer
 
     # -- actions --
 
@@ -184,7 +188,7 @@ goes to the message input.
         if gid is None:
             self.notify("no gate is pending", timeout=2)
             return
-        if time.monotonic() - self._moved_at < ARM_SECONDS:
+        if self._moved_at is not None and self._clock() - self._moved_at < ARM_SECONDS:
             # A keystroke meant for something else must not answer a gate nobody has looked at.
             self.notify("a gate just moved under the cursor: look, then press again", severity="warning",
                         timeout=3)
@@ -195,7 +199,7 @@ goes to the message input.
         super().watch_highlighted(highlighted)
         # The operator moved the cursor (keys, mouse): the gate under it is one they chose.
         if self.has_focus and not self._rebuilding:
-            self._moved_at = 0.0
+            self._moved_at = None
 
     def action_approve(self) -> None:
         self._decide("approve")
