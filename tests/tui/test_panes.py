@@ -378,6 +378,22 @@ async def test_a_dialog_shows_its_own_keys_in_the_footer(make_app, fake_openai):
         await wait_for(pilot, lambda: "Send" in footer(), "the main screen's keys again")
 
 
+async def test_a_dialog_names_the_keys_the_keymap_gives_quit_and_the_palette(make_app):
+    keymap = '[console.keymap]\n"app.quit" = "ctrl+x"\n"app.palette" = "ctrl+o"\n'
+    app = make_app(extra_files={"aiops.toml": keymap})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+
+        def footer() -> list[str]:
+            return screen_text(app).splitlines()[-1].split()
+
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+        await wait_for(pilot, lambda: footer() == ["esc", "Close", "^x", "Quit", "▏^o", "Palette"], "help's keys")
+        await pilot.press("ctrl+o")  # the key the bar names works from the dialog
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+
+
 async def test_every_pane_is_framed_and_the_side_pane_names_itself_when_alone(make_app):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

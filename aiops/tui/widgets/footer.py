@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from textual import events
-from textual.binding import ActiveBinding
+from textual.actions import parse
+from textual.binding import ActiveBinding, Binding
 from textual.widgets import Footer
+
+# Private: Textual has no public module for the key widget its Footer draws and styles (checked
+# against Textual 8.2.8); drawing our own would lose the Footer's look and click handling.
 from textual.widgets._footer import FooterKey
 
-from aiops.tui.keys import KEYS
+from aiops.tui.keys import KEYS, keys_of
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
+    from textual.screen import Screen
 
 # Global keys in the order the bar offers them (keys.py lists the essentials first).
 _RANK = {spec.id: i for i, spec in enumerate(KEYS)}
@@ -34,14 +40,20 @@ class ConsoleFooter(Footer):
     def __init__(self, **kw: Any) -> None:
         super().__init__(compact=True, **kw)
         self._laid_out_for = 0
+        # The screen has told us its bindings once: before that there is nothing true to show.
+        self._bindings_known = False
 
     @staticmethod
     def _width(display: str, description: str) -> int:
         # Compact style: "key description" and one cell of margin.
         return cell_len(display) + (1 + cell_len(description) if description else 0) + 1
 
+    def bindings_changed(self, screen: Screen) -> None:
+        self._bindings_known = True
+        super().bindings_changed(screen)
+
     def compose(self) -> ComposeResult:
-        if not self._bindings_ready:
+        if not self._bindings_known:
             return
         active = self._active()
         palette: ActiveBinding | None = next(
@@ -79,27 +91,34 @@ class ConsoleFooter(Footer):
         """The bindings that work on this footer's screen.
 
         On a modal screen Textual's `active_bindings` stops at the modal, yet the App's priority
-        bindings above it (quit, the palette: the ones the App's `check_action` leaves enabled
-        there) still fire; they are listed too, so the bar shows every key that works and no other.
+        bindings (quit, the palette: the ones the App's `check_action` leaves enabled there) still
+        fire; they are listed too, from the key registry under the user's keymap, so the bar shows
+        every key that works and no other.
         """
         screen = self.screen
         found = screen.active_bindings
         active = list(found.values())
         if not screen.is_modal:
             return active
+        app = self.app
+        keymap: Mapping[str, str] = getattr(app, "keymap_overrides", {})
         keys = set(found)
-        for node, bindings in screen._binding_chain:
-            if node is screen or screen in node.ancestors_with_self:
-                continue  # the modal's own part of the chain: already in active_bindings
-            for key, binding in bindings:
-                if not binding.priority or key in keys:
-                    continue
-                state = self.app._check_action_state(binding.action, node)
-                if state is not False:
+        for spec in KEYS:
+            if spec.pane != "global" or not spec.priority:
+                continue
+            _, name, params = parse(spec.action)
+            state = app.check_action(name, params)
+            if state is False:
+                continue
+            base = spec.binding()
+            for key in (k.strip() for k in keys_of(spec, keymap).split(",")):
+                if key and key not in keys:
                     keys.add(key)
-                    active.append(ActiveBinding(node, binding, bool(state), binding.tooltip))
+                    binding = Binding(key, base.action, base.description, show=base.show,
+                                      priority=True, tooltip=base.tooltip, id=base.id)
+                    active.append(ActiveBinding(app, binding, bool(state), binding.tooltip))
         return active
 
     def on_resize(self, event: events.Resize) -> None:
-        if event.size.width != self._laid_out_for and self._bindings_ready:
+        if event.size.width != self._laid_out_for and self._bindings_known:
             self.call_after_refresh(self.recompose)
