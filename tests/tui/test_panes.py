@@ -33,6 +33,11 @@ from tests.tui.conftest import (
 )
 
 
+def footer_words(app) -> list[str]:
+    """The key bar (the screen's last line), word by word."""
+    return screen_text(app).splitlines()[-1].split()
+
+
 async def test_the_prompt_tree_shows_sections_and_errors_and_edits_save_through_the_engine(
         make_app, fake_openai, tmp_path):
     folder = prompt_copy(tmp_path)
@@ -358,7 +363,7 @@ async def test_a_dialog_shows_its_own_keys_in_the_footer(make_app, fake_openai):
         await ready(pilot)
 
         def footer() -> list[str]:
-            return screen_text(app).splitlines()[-1].split()
+            return footer_words(app)
 
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
@@ -385,7 +390,7 @@ async def test_a_dialog_names_the_keys_the_keymap_gives_quit_and_the_palette(mak
         await ready(pilot)
 
         def footer() -> list[str]:
-            return screen_text(app).splitlines()[-1].split()
+            return footer_words(app)
 
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
