@@ -172,6 +172,9 @@ class ConsoleConfig(_Strict):
 
 class EngineConfig(_Strict):
     queue_size: int = Field(1000, gt=0)
+    # Idle sessions kept in memory with their history; beyond this the least recently used are
+    # dropped from memory (never from the store) and reloaded on their next use.
+    cached_sessions: int = Field(256, ge=1)
 
 
 class AppConfig(_Strict):

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import Mapping
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,19 +58,30 @@ class EngineError(Exception):
 
 @dataclass
 class LiveSession:
-    """A session in memory: its row, its (lazily loaded) history, its turn queue."""
+    """A session in memory: its row, its (lazily loaded) history, its turn queue.
+
+    The store is the truth; this is a cache the engine may drop while the session is idle (see
+    Engine._evict_idle). Code that holds one across an await and then changes it pins it first
+    (Engine._pinned), so a message is never queued on a copy the engine has already dropped."""
 
     row: SessionRow
     state: str = "idle"  # idle | running | waiting
     queue: deque[Turn] = field(default_factory=deque)
     current: Turn | None = None
     worker: asyncio.Task[None] | None = None
+    pins: int = 0
     _history: list[Message] | None = None
     _history_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def id(self) -> str:
         return self.row.id
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running, queued or in hand: dropping it from memory loses nothing."""
+        return (self.current is None and not self.queue and self.pins == 0 and self.state == "idle"
+                and (self.worker is None or self.worker.done()) and not self._history_lock.locked())
 
     def model_key(self, engine: Engine) -> str:
         key = self.row.model
@@ -105,7 +117,9 @@ class Engine:
         self._extra_plugins = plugins or []
         self._discover = discover_plugins
         self._plugins: list[Plugin] = []
-        self._sessions: dict[str, LiveSession] = {}
+        # Live sessions, least recently used first (see _admit).
+        self._sessions: OrderedDict[str, LiveSession] = OrderedDict()
+        self._cached_sessions = config.app.engine.cached_sessions
         self._backends: dict[str, Backend] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._prompts: Any = None
@@ -266,6 +280,7 @@ class Engine:
         with `meta`, written in the same transaction: an existing session's is left alone)."""
         live = self._sessions.get(ref)
         if live is not None:
+            self._sessions.move_to_end(ref)
             return live
         if create and model is not None and (why := self.check_model(model)):
             raise EngineError(why)
@@ -274,8 +289,8 @@ class Engine:
             # known to be empty, so it is not loaded either.
             row, created = await self.store.get_or_create_session(ref, kind, model, meta)
             if not created:
-                return self._sessions.setdefault(row.id, LiveSession(row))
-            live = self._sessions.setdefault(row.id, LiveSession(row, _history=[]))
+                return self._admit(LiveSession(row))
+            live = self._admit(LiveSession(row, _history=[]))
             self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
             return live
         row = await self.store.get_session(ref)
@@ -287,10 +302,47 @@ class Engine:
             if ref.isdigit():
                 raise EngineError(f"no session {ref}: all-digit ids are shorthand ids of existing sessions")
             row = await self.store.create_session(ref, kind, model, meta)
-            live = self._sessions.setdefault(row.id, LiveSession(row))
+            live = self._admit(LiveSession(row))
             self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
             return live
-        return self._sessions.setdefault(row.id, LiveSession(row))
+        return self._admit(LiveSession(row))
+
+    def _admit(self, live: LiveSession) -> LiveSession:
+        """`live` as the session's one copy in memory (or the copy another caller admitted while
+        the store was read), then drop idle sessions beyond the cache size."""
+        known = self._sessions.setdefault(live.id, live)
+        self._sessions.move_to_end(live.id)
+        if len(self._sessions) > self._cached_sessions:
+            self._evict_idle(keep=live.id)
+        return known
+
+    def _evict_idle(self, keep: str) -> None:
+        """Drop the least recently used idle sessions until the cache is back to its size. A
+        long-running server sees a new session per API script run or chat conversation: kept
+        forever, they grow memory without bound and make every full garbage collection slower
+        (docs/PERFORMANCE.md). Busy sessions stay, however many there are, and so does `keep`,
+        the one being handed to a caller (it pins the session only once it has it)."""
+        excess = len(self._sessions) - self._cached_sessions
+        victims: list[str] = []
+        for sid, live in self._sessions.items():
+            if len(victims) >= excess:
+                break
+            if live.idle and sid != keep:
+                victims.append(sid)
+        for sid in victims:
+            del self._sessions[sid]
+
+    @contextmanager
+    def _pinned(self, live: LiveSession | None) -> Iterator[None]:
+        """Keep `live` in memory while a caller that awaits in between still has to change it."""
+        if live is None:
+            yield
+            return
+        live.pins += 1
+        try:
+            yield
+        finally:
+            live.pins -= 1
 
     async def open_session(self, client_id: str | None = None, *, kind: str = "console",
                            model: str | None = None) -> LiveSession:
@@ -342,7 +394,8 @@ class Engine:
         live = await self.session(ref)
         if live is None:
             raise EngineError(f"no session {ref!r}")
-        await self.store.reset_session(live.id)
+        with self._pinned(live):
+            await self.store.reset_session(live.id)
         live.row.title = ""
         live._history = None
         self._session_changed(live)
@@ -353,7 +406,8 @@ class Engine:
             raise EngineError(f"no session {ref!r}")
         if why := self.check_model(model):
             raise EngineError(why)
-        await self.store.update_session(live.id, model=model)
+        with self._pinned(live):
+            await self.store.update_session(live.id, model=model)
         live.row.model = model
         self._session_changed(live)
 
@@ -418,6 +472,14 @@ class Engine:
         if model is not None and (why := self.check_model(model)):
             # Before anything runs: a new session would store this model, an existing one run on it.
             raise EngineError(why)
+        with ExitStack() as pins:
+            return await self._submit(pins, client_id, text, kind=kind, model=model,
+                                      is_operator=is_operator, depth=depth, tools=tools)
+
+    async def _submit(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
+                      model: str | None, is_operator: bool, depth: int, tools: bool) -> Turn:
+        """submit's body. The session is pinned from the moment it is known until its turn is
+        queued: the commands and the writes in between must not see it dropped from memory."""
         cid = client_id or f"{kind}-{new_id()[:8]}"
         parsed = parse_input(text, self.commands.raw_names())
         live: LiveSession | None
@@ -431,6 +493,7 @@ class Engine:
                 raise EngineError(f"no session {cid}: all-digit ids are shorthand ids of existing sessions")
             if live is None and kind not in SESSION_KINDS:
                 raise EngineError(f"unknown session kind {kind!r}")
+        pins.enter_context(self._pinned(live))
         sid = live.id if live is not None else cid
         turn_id = new_id("turn_")
         outputs: list[str] = []
@@ -456,6 +519,7 @@ class Engine:
                 outputs.append(out)
                 if live is None:
                     live = self._sessions.get(sid)  # a plugin's command may have created it
+                    pins.enter_context(self._pinned(live))
                 if live is not None:
                     if not echoed:
                         await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
