@@ -23,6 +23,7 @@ from textual.css.query import NoMatches
 from textual.widget import Widget
 
 from aiops.engine import events as ev
+from aiops.engine import gc_policy
 from aiops.tui.adapter import (
     EngineAdapter,
     EngineEvent,
@@ -109,6 +110,8 @@ class AiopsApp(App[int]):
         self.port = port
         self.want_server = server
         self.lock = lock
+        # Only the console process tunes the collector (run_console): never a test's process.
+        self.settle_gc = False
         console = cfg.app.console
         self.keymap_overrides: dict[str, str] = dict(console.keymap)
         self.ring_bell = console.bell
@@ -220,6 +223,8 @@ class AiopsApp(App[int]):
     @on(ServicesStarted)
     async def _services_started(self, msg: ServicesStarted) -> None:
         self.services_ready = True
+        if self.settle_gc:
+            gc_policy.settle()  # start-up is over: see gc_policy
         self.server_urls = msg.server_urls
         if msg.server_urls:
             extra = [u.rsplit(":", 1)[-1] for u in msg.server_urls[1:]]
@@ -774,6 +779,7 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     try:
         with _terminal_quiet(cfg):
             app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
+            app.settle_gc = True
             code = app.run()
         log.info("console closed after %.0f s", time.monotonic() - started)
         return code or 0

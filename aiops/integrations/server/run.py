@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from aiops.config import Config
+from aiops.engine import gc_policy
 from aiops.engine.engine import Engine
 from aiops.integrations.server.app import AUTH_KEY, STATE_KEY, create_app
 from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
@@ -160,6 +161,7 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
         loop.add_signal_handler(sig, stopping.set)
     if lock is not None and handle.urls:
         lock.update(url=handle.urls[0])
+    gc_policy.settle()  # start-up is over: see gc_policy
     print(_banner(handle, unset), flush=True)
     try:
         await stopping.wait()
