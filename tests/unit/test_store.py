@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import pytest
@@ -160,3 +161,49 @@ async def test_a_version_1_database_upgrades_and_lists_by_owner(tmp_path):
                         ("bot",)).fetchall()
     assert "sessions_by_owner" in str(plan)
     conn.close()
+
+
+# ---- group commit: writes issued together share a transaction ------------------------------------
+
+
+def committed(path) -> list[tuple[str, str]]:
+    """(session, content) of every message another connection can read: what is on disk."""
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT session_id, content FROM messages ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+async def test_writes_issued_together_are_all_committed_in_order_when_awaited(store, tmp_path):
+    await store.create_session("a", "api", None)
+    await store.create_session("b", "api", None)
+    sent = [(sid, f"{sid}{n}") for n in range(20) for sid in ("a", "b")]
+    done = await asyncio.gather(*(store.add_message(sid, Message("user", text)) for sid, text in sent))
+    assert committed(tmp_path / "db.sqlite3") == sent  # durable once awaited, in the order issued
+    assert [m.id for m in done] == sorted(m.id for m in done)
+    assert [m.content for m in await store.history("a")] == [t for s, t in sent if s == "a"]
+    assert (await store.get_session("a")).message_count == 20
+
+
+async def test_a_failing_write_fails_alone(store, tmp_path):
+    await store.create_session("a", "api", None)
+    results = await asyncio.gather(
+        store.add_message("a", Message("user", "before")),
+        store.add_message("nope", Message("user", "to nobody")),
+        store.create_session("c", "api", None),
+        store.add_message("a", Message("user", "after")),
+        return_exceptions=True)
+    assert isinstance(results[1], StoreError) and "no session 'nope'" in str(results[1])
+    assert committed(tmp_path / "db.sqlite3") == [("a", "before"), ("a", "after")]
+    assert results[2].short_id == 102 and (await store.get_session("c")) is not None
+
+
+async def test_a_read_sees_every_write_issued_before_it(store):
+    await store.create_session("a", "api", None)
+    writes = [asyncio.ensure_future(store.add_message("a", Message("user", str(n)))) for n in range(5)]
+    await asyncio.sleep(0)  # one loop turn: each write is issued; all but the first wait for their batch
+    assert not all(w.done() for w in writes)
+    history = await store.history("a")  # issued after the writes, before their batch is committed
+    assert [m.content for m in history] == ["0", "1", "2", "3", "4"]
+    await asyncio.gather(*writes)
