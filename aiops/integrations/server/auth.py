@@ -8,6 +8,7 @@ loopback callers act as operators.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -77,7 +78,10 @@ def is_loopback_host(host: str) -> bool:
         return False  # "", "0.0.0.0"-like names and host names: assume reachable from outside
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback_peer(addr: str | None) -> bool:
+    """Whether a caller's address is loopback (cached: every request of a tokenless server asks,
+    and parsing the address is a measurable share of a proxied request)."""
     if not addr:
         return False
     try:

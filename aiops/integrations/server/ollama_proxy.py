@@ -34,6 +34,7 @@ from aiops.integrations.server.app import (
 from aiops.integrations.server.owners import caller
 from aiops.integrations.server.proxy_sessions import (
     SESSION_HEADER,
+    TURN_OUTPUT_EVENTS,
     BufferedStreamResponse,
     Channel,
     ClientMessage,
@@ -303,7 +304,7 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
         await resp.write_eof()
         return resp
     started = await state.sessions.start(conversation_id(request, messages), messages, model, caller(request),
-                                         events=None if stream else (ev.DONE,))
+                                         events=TURN_OUTPUT_EVENTS if stream else (ev.DONE,))
     if stream:
         return await _stream(request, shape, started)
     return await _complete(request, shape, started)

@@ -29,6 +29,7 @@ from aiops.integrations.server.app import (
 from aiops.integrations.server.owners import caller
 from aiops.integrations.server.proxy_sessions import (
     SESSION_HEADER,
+    TURN_OUTPUT_EVENTS,
     BufferedStreamResponse,
     Channel,
     ClientMessage,
@@ -226,7 +227,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await _stream_text(request, cid, created, req, text, usage)
         return web.json_response(completion_object(cid, created, req.model, text, usage))
     started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
-                                         caller(request), events=None if req.stream else (ev.DONE,))
+                                         caller(request), events=TURN_OUTPUT_EVENTS if req.stream else (ev.DONE,))
     cid = "chatcmpl-" + started.turn.id.removeprefix("turn_")
     if req.stream:
         return await _stream(request, started, cid, created, req)

@@ -96,12 +96,18 @@ def strip_tag(name: str) -> str:
 
 
 def find_model(engine: Engine, requested: str) -> PublishedModel | None:
-    """The published model a request names (with or without `:latest`), or None."""
+    """The published model a request names (with or without `:latest`), or None: the entry
+    `published_models` lists under that name, looked up without listing them all (every chat
+    request asks)."""
     name = strip_tag(requested.strip())
-    for m in published_models(engine):
-        if m.name == name:
-            return m
-    return None
+    models = engine.config.models
+    if name == PUBLIC_MODEL:
+        return PublishedModel(PUBLIC_MODEL, models.default_model, models.models[models.default_model], True)
+    key = name.removeprefix(PUBLIC_MODEL + "/")
+    m = models.models.get(key) if key != name else None
+    if m is None or not m.enabled:
+        return None
+    return PublishedModel(name, key, m, False)
 
 
 def turn_model(model: PublishedModel) -> str | None:
@@ -117,6 +123,11 @@ def model_not_found(requested: str) -> HttpError:
 
 
 # ---- client messages -------------------------------------------------------------------------------
+
+
+# The events `turn_output` turns into chat text; a streaming proxy request subscribes to these
+# only, so the engine's other events (user, turn, session changes) do not wake it for nothing.
+TURN_OUTPUT_EVENTS = frozenset({ev.TOK, ev.GATE, ev.GATE_RESOLVED, ev.TOOL_CALL, ev.ERROR, ev.DONE})
 
 
 @dataclass(frozen=True, slots=True)
