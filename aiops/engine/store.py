@@ -270,14 +270,23 @@ class Store:
         batch, self._batch = self._batch, []
         if not batch:
             return
+        # Every way this can fail ends in the batch's futures: a writer that is never answered
+        # would hold its turn open for good (turns wait for their commits even when cancelled).
         if self._queued == 0 and self._conn_lock.acquire(blocking=False):
             try:
-                if self._queued == 0:  # nothing issued earlier is still waiting: run it now, in order
-                    _deliver(self._use(lambda conn: self._commit_batch(conn, batch)))
+                if self._queued == 0:  # nothing issued earlier is still waiting: now, in order
+                    try:
+                        results = self._use(lambda conn: self._commit_batch(conn, batch))
+                    except Exception as e:  # noqa: BLE001 - "store is closed": every writer hears it
+                        results = [(fut, None, e) for _, fut in batch]
+                    _deliver(results)
                     self._maybe_checkpoint()
                     return
             finally:
                 self._conn_lock.release()
+        if self._conn is None:  # closed, and its executor with it: nothing can take the batch
+            _deliver([(fut, None, StoreError("store is closed")) for _, fut in batch])
+            return
         done = asyncio.get_running_loop().run_in_executor(
             self._executor, self._call, lambda conn: self._commit_batch(conn, batch), self._enqueue())
 
@@ -297,13 +306,17 @@ class Store:
         """Run every write of a batch in one transaction, each in its own savepoint so that one
         that fails is undone alone; a failed COMMIT fails them all."""
         out: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")  # may time out on a lock another process holds
             for fn, fut in batch:
                 conn.execute("SAVEPOINT w")
                 try:
                     value = fn(conn)
                 except Exception as e:  # noqa: BLE001 - the caller gets it
+                    if not conn.in_transaction:
+                        # SQLite undid the whole transaction itself (a full disk, an I/O error):
+                        # nothing of the batch is committed, and each writer hears the real cause.
+                        return [(f, None, e) for _, f in batch]
                     conn.execute("ROLLBACK TO w")
                     conn.execute("RELEASE w")
                     out.append((fut, None, e))

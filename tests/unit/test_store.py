@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import pytest
 
@@ -207,3 +208,72 @@ async def test_a_read_sees_every_write_issued_before_it(store):
     history = await store.history("a")  # issued after the writes, before their batch is committed
     assert [m.content for m in history] == ["0", "1", "2", "3", "4"]
     await asyncio.gather(*writes)
+
+
+async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_them_waiting(store, tmp_path):
+    """Another process (`aiops audit`, a backup) holding the write lock past the busy timeout."""
+    await store.create_session("a", "api", None)
+    store._conn.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
+    other = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    try:
+        first = asyncio.ensure_future(store.add_message("a", Message("user", "first")))
+        second = asyncio.ensure_future(store.add_message("a", Message("user", "second")))
+        await asyncio.sleep(0)  # the first commits inline; the second waits for its batch
+        other.execute("BEGIN IMMEDIATE")  # ...which now finds the database locked
+        assert (await first).content == "first"
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            await asyncio.wait_for(second, 5)
+    finally:
+        other.close()
+    await store.add_message("a", Message("user", "third"))  # the store still works
+    assert committed(tmp_path / "db.sqlite3") == [("a", "first"), ("a", "third")]
+
+
+async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause(store, tmp_path):
+    await store.create_session("a", "api", None)
+    await store.add_message("a", Message("user", "kept"))
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
+    results = await asyncio.gather(
+        store.add_message("a", Message("user", "small")),
+        store.add_message("a", Message("user", "x" * 100_000)),
+        store.add_message("a", Message("user", "small too")),
+        return_exceptions=True)
+    # "small" committed inline on its own; SQLite undoes the whole batch of the other two
+    assert results[0].content == "small"
+    assert all(isinstance(r, sqlite3.OperationalError) and "full" in str(r) for r in results[1:])
+    assert committed(tmp_path / "db.sqlite3") == [("a", "kept"), ("a", "small")]
+
+
+async def test_writes_issued_while_the_store_closes_end_either_committed_or_refused(tmp_path):
+    """A handler still running at shutdown writes while the connection closes: each write ends, as
+    committed (on disk) or refused with "store is closed", never left waiting."""
+    store = Store(tmp_path / "db.sqlite3")
+    await store.open()
+    await store.create_session("a", "api", None)
+    closing = asyncio.ensure_future(store.close())
+    writes: list[tuple[str, asyncio.Future[Message]]] = []
+
+    def write() -> None:
+        text = f"late {len(writes)}"
+        writes.append((text, asyncio.ensure_future(store.add_message("a", Message("user", text)))))
+
+    for _ in range(1000):  # some writes in each loop iteration until the close is done
+        if closing.done():
+            break
+        for _ in range(3):
+            write()
+        time.sleep(0.001)  # noqa: ASYNC251 - a busy loop: the close may end before the next iteration
+        await asyncio.sleep(0)
+    await closing
+    for _ in range(3):
+        write()
+    results = await asyncio.wait_for(
+        asyncio.gather(*(w for _, w in writes), return_exceptions=True), 5)
+    on_disk = [text for _, text in committed(tmp_path / "db.sqlite3")]
+    for (text, _), r in zip(writes, results, strict=True):
+        if isinstance(r, BaseException):
+            assert isinstance(r, StoreError) and "closed" in str(r) and text not in on_disk
+        else:
+            assert text in on_disk
+    assert isinstance(results[-1], StoreError)  # the last ones came after the close
