@@ -590,6 +590,19 @@ class Engine:
                 turn.future.set_result(result)
             live.current = None
 
+    def drop_queued_turn(self, live: LiveSession, turn: Turn) -> bool:
+        """Take a turn that has not started out of its session's queue, as cancelled. Its `done`
+        is published all the same: readers waiting for that turn (a proxy request, an SSE client)
+        would otherwise wait for good."""
+        if turn not in live.queue:
+            return False
+        live.queue.remove(turn)
+        if not turn.future.done():
+            turn.future.set_result(TurnResult(turn.id, "cancelled", ""))
+        self.bus.publish(ev.DONE, live.id, {"text": "", "status": "cancelled",
+                                            "model": turn.model or live.model_key(self)}, turn.id)
+        return True
+
     def stop_turn(self, ref: str, *, clear_queue: bool = False) -> bool:
         """Cancel the running turn of a session (its pending gates are cancelled too)."""
         live = self._sessions.get(ref) or next(
@@ -597,10 +610,8 @@ class Engine:
         if live is None:
             return False
         if clear_queue:
-            for t in live.queue:
-                if not t.future.done():
-                    t.future.set_result(TurnResult(t.id, "cancelled", ""))
-            live.queue.clear()
+            for t in list(live.queue):
+                self.drop_queued_turn(live, t)
         if live.current and live.current.task and not live.current.task.done():
             # Gates first, as a stop (not as a side effect of the cancelled wait), so they are
             # attributed to the stop and the turn can say how many it cancelled.

@@ -283,6 +283,24 @@ async def test_stop_cancels_a_hanging_turn(api_server: ApiServer) -> None:
         assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in history)
 
 
+
+async def test_deleting_a_session_ends_its_running_and_queued_turns_for_every_reader(
+        api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.hang())
+    async with api_server.client() as agent, agent.stream("api-del") as stream:
+        running = await agent.submit("this will hang", client_id="api-del")
+        await api_server.fake.wait_for_requests_async(1)
+        queued = await agent.submit("and this waits behind it", client_id="api-del")
+        waiting = asyncio.ensure_future(events_until_done(stream, queued["turn_id"]))
+        await asyncio.sleep(0.05)
+        assert await agent.delete_session("api-del") == {"client_id": "api-del", "deleted": True}
+        events = await waiting  # a reader waiting for the queued turn hears that it ended
+        if not any(e["event"] == "done" and e["data"]["turn_id"] == running["turn_id"] for e in events):
+            events += await events_until_done(stream, running["turn_id"])
+        ends = {e["data"]["turn_id"]: e["data"]["status"] for e in events if e["event"] == "done"}
+        assert ends == {running["turn_id"]: "cancelled", queued["turn_id"]: "cancelled"}
+
+
 # ---- gates -----------------------------------------------------------------------------------------------
 
 

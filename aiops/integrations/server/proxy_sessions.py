@@ -543,10 +543,7 @@ async def cancel_turn(engine: Engine, session_id: str, turn: Turn, why: str) -> 
         return
     if live.current is turn:
         engine.stop_turn(session_id)
-    elif turn in live.queue:
-        live.queue.remove(turn)
-        if not turn.future.done():
-            turn.future.set_result(TurnResult(turn.id, "cancelled", ""))
+    elif engine.drop_queued_turn(live, turn):
         await engine.record(session_id, Message("notice", f"turn cancelled before it started: {why}",
                                                 turn_id=turn.id, meta={"kind": "cancelled"}))
 
