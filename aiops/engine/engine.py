@@ -148,12 +148,23 @@ class Engine:
         """Cancel running turns cleanly (recorded as cancelled), stop plugins, close the store."""
         turns = [live.current.task for live in self._sessions.values()
                  if live.current is not None and live.current.task is not None]
+        dropped: list[tuple[str, Turn]] = []
         for live in self._sessions.values():
-            live.queue.clear()
+            # Queued turns end too, as cancelled (their waiters and readers are answered); their
+            # user messages are already stored, and a notice says why no answer follows.
+            for t in list(live.queue):
+                if self.drop_queued_turn(live, t):
+                    dropped.append((live.id, t))
             if live.current and live.current.task:
                 live.current.task.cancel()
         if turns:
             await asyncio.wait(turns, timeout=10)
+        for sid, t in dropped:
+            try:
+                await self.record(sid, Message("notice", "turn cancelled before it started: aiops was "
+                                               "shutting down", turn_id=t.id, meta={"kind": "cancelled"}))
+            except Exception:  # noqa: BLE001 - shutting down: the store may already be failing
+                log.warning("could not record the cancelled turn %s of %s", t.id, sid, exc_info=True)
         for live in self._sessions.values():
             if live.worker:
                 live.worker.cancel()

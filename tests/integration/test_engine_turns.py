@@ -178,6 +178,23 @@ async def test_messages_queue_in_order_one_turn_at_a_time(engine_factory, fake_o
         "one", "first answer", "two"]
 
 
+
+async def test_shutdown_ends_running_and_queued_turns_and_says_so_after_a_restart(
+        engine_factory, fake_openai):
+    engine = await engine_factory()
+    fake_openai.script(Reply.hang())
+    running = await engine.submit("api-q", "long one", kind="api")
+    await fake_openai.wait_for_requests_async(1)
+    queued = await engine.submit("api-q", "waiting behind it", kind="api")
+    await engine.stop()
+    assert (await running.wait(5)).status == "cancelled"
+    assert (await queued.wait(5)).status == "cancelled"  # a wait=true submit is answered at once
+    again = await engine_factory()
+    history = await again.history("api-q")
+    waiting = [m for m in history if m.turn_id == queued.id]
+    assert [m.role for m in waiting] == ["user", "notice"]
+    assert waiting[0].content == "waiting behind it" and "shutting down" in waiting[1].content
+
 async def test_stop_cancels_cleanly_and_the_session_stays_usable(engine_factory, fake_openai):
     engine = await engine_factory()
     fake_openai.script(Reply.hang(after_chunks=2))
