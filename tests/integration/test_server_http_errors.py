@@ -50,6 +50,7 @@ def our_error(body: Any) -> tuple[str, str]:
 @pytest.mark.parametrize(("raw", "expect"), [
     (b'{"text": "hi"', "malformed JSON body"),
     (b"{bad json}", "malformed JSON body: Expecting property name"),
+    (b'{"text": "hi', "malformed JSON body: Unterminated string starting at line 1 column 10"),
     (b"", "body is empty"),
     (b"\xff\xfe{}", "malformed JSON body"),
     (b'["text"]', "must be a JSON object"),
@@ -63,6 +64,32 @@ async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: 
     assert expect in message
     await still_serving(api_server)
 
+
+
+async def test_an_unpaired_surrogate_escape_is_a_400_on_every_surface_and_leaves_no_session(
+        api_server: ApiServer) -> None:
+    """`"\\ud800"` is valid JSON but not valid Unicode: nothing can store or hash it."""
+    lone = r"lone \ud800 x"
+    cases = [
+        ("/api/v1/submit", f'{{"text": "{lone}", "client_id": "api-sur"}}', {}),
+        ("/v1/chat/completions", f'{{"model": "aiops", "messages": [{{"role": "user", "content": "{lone}"}}]}}',
+         {"X-Aiops-Session": "sur-v1"}),
+        ("/api/chat", f'{{"model": "aiops", "stream": false, "messages": [{{"role": "user", "content": "{lone}"}}]}}',
+         {"X-Aiops-Session": "sur-ollama"}),
+    ]
+    for path, raw, headers in cases:
+        status, body, _ = await call(api_server, "POST", path, data=raw.encode(),
+                                     headers={"Content-Type": "application/json", **headers})
+        err = body["error"]
+        message = err if isinstance(err, str) else err["message"]
+        assert status == 400 and "unpaired UTF-16 surrogate" in message, (path, body)
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions")
+    assert status == 200 and body["sessions"] == []
+    # A pair is one character (U+1F600), as JSON means it.
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit",
+                                 data=rb'{"text": "smile \ud83d\ude00", "wait": true}',
+                                 headers={"Content-Type": "application/json"})
+    assert (status, body["text"]) == (200, "echo: smile \U0001f600")
 
 @pytest.mark.parametrize(("payload", "field", "why"), [
     ({"text": 5}, "text", "valid string"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -203,18 +204,42 @@ async def read_body(request: web.Request) -> bytes:
                         f"the request body did not arrive within {timeout:g} s") from None
 
 
+# A `\uD800`-`\uDFFF` escape: json.loads turns a pair of them into one character, but leaves a
+# lone one as a surrogate, which no UTF-8 encoder (SQLite's, hashlib's, a socket's) accepts.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
+
+
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON; 400 `invalid_json` with the position when it is not."""
     raw = await read_body(request)
     if not raw.strip():
         raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise HttpError(400, "invalid_json",
-                        f"malformed JSON body: {e.msg} at line {e.lineno} column {e.colno}") from None
+        # Some messages end in "at" themselves ("Unterminated string starting at").
+        raise HttpError(400, "invalid_json", f"malformed JSON body: {e.msg.removesuffix(' at')} at line "
+                                             f"{e.lineno} column {e.colno}") from None
     except UnicodeDecodeError:
         raise HttpError(400, "invalid_json", "malformed JSON body: not valid UTF-8") from None
+    if _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(data):
+        raise HttpError(400, "invalid_json", "malformed JSON body: a string holds an unpaired UTF-16 "
+                                             "surrogate escape (\\uD800-\\uDFFF), which is not valid Unicode")
+    return data
 
 
 def validation_message(err: ValidationError) -> tuple[str, str | None]:
