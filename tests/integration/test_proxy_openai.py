@@ -279,6 +279,8 @@ def test_openai_style_validation_refuses_what_openai_refuses(served: ServeProces
         ({"functions": []}, "functions", "tools_not_supported"),
         ({"function_call": "none"}, "function_call", "tools_not_supported"),
         ({"user": 42}, "user", "invalid_request"),
+        ({"n": 2}, "n", "invalid_value"),  # one answer per request: not silently one of two
+        ({"n": "2"}, "n", "invalid_request"),
     ]
     for extra, param, code in cases:
         r = httpx.post(url, json={"model": "aiops", "messages": msgs, **extra})
@@ -292,7 +294,8 @@ def test_openai_style_validation_refuses_what_openai_refuses(served: ServeProces
     assert e.value.param == "stream_options" and "stream is true" in e.value.message
     assert len(fake.requests) == before  # nothing reached the model
     # null is OpenAI's "not given": accepted.
-    r = httpx.post(url, json={"model": "aiops", "messages": msgs, "tools": None, "stream": None}, timeout=10)
+    r = httpx.post(url, json={"model": "aiops", "messages": msgs, "tools": None, "stream": None, "n": 1},
+                   timeout=10)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: hi"
 
 

@@ -260,7 +260,7 @@ async def _live(engine: Engine, ref: str, who: Caller) -> LiveSession:
     live = await engine.session(ref)
     if live is None:
         raise HttpError(404, "not_found", f"no session {ref!r}")
-    check_access(who, live)
+    check_access(who, live, ref)
     return live
 
 
@@ -308,7 +308,7 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
     """Submit to a session the caller may use; a session it creates is recorded as its own."""
     live = await engine.session(client_id)
     if live is not None:
-        check_access(who, live)
+        check_access(who, live, client_id)
     elif parse_input(body.text, engine.commands.raw_names()).text:
         # A message that starts a turn: its new session is created owned before anything runs, so
         # even the first event on a stream that subscribed early is known to be its own. (A
@@ -330,7 +330,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
         raise HttpError(404, "not_found", f"no session {ref!r} (all-digit ids are shorthand ids of "
                                           f"existing sessions)")
     if live is not None:
-        check_access(who, live)
+        check_access(who, live, ref)
     session_id = live.id if live is not None else ref  # a session that does not exist yet: its id
     # A session that does not exist yet is checked when its first event comes: by then whoever
     # created it is recorded as its owner. Operators may read every session.

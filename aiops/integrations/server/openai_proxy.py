@@ -88,6 +88,7 @@ class ChatRequest(BaseModel):
     stream: bool | None = False
     stream_options: _StreamOptions | None = None
     user: str | None = None
+    n: int | None = None  # one answer per request: anything but 1 is refused, not silently cut
     # Any type: whatever their value, these are refused as unsupported (see client_messages).
     tools: Any = None
     tool_choice: Any = None
@@ -114,6 +115,9 @@ def client_messages(req: ChatRequest) -> list[ClientMessage]:
     for name in ("tools", "functions", "tool_choice", "function_call"):
         if getattr(req, name) is not None:
             raise tools_refused(name)
+    if req.n is not None and req.n != 1:
+        raise HttpError(400, "invalid_value", f"n: aiops gives one answer per request (n must be 1, got {req.n})",
+                        param="n")
     if req.stream_options is not None and not req.stream:
         raise HttpError(400, "invalid_value", "stream_options is only allowed when stream is true",
                         param="stream_options")

@@ -36,15 +36,17 @@ def owner_of(live: LiveSession) -> str | None:
     return live.row.owner
 
 
-def forbidden(session_id: str) -> HttpError:
-    return HttpError(403, "forbidden", f"session {session_id!r} belongs to another caller: a client token may "
+def forbidden(ref: str) -> HttpError:
+    """403 naming the session as the caller named it: a shorthand id must not reveal the full id
+    (and so the owner's name or conversation) of a session the caller may not use."""
+    return HttpError(403, "forbidden", f"session {ref!r} belongs to another caller: a client token may "
                                        f"use only the sessions it created")
 
 
-def check_access(who: Caller, live: LiveSession) -> None:
-    """403 unless `who` may use the session."""
+def check_access(who: Caller, live: LiveSession, ref: str) -> None:
+    """403 unless `who` may use the session (`ref`: the id the caller gave)."""
     if not who.may_use(owner_of(live)):
-        raise forbidden(live.id)
+        raise forbidden(ref)
 
 
 async def claim(engine: Engine, ref: str, who: Caller, *, kind: str, model: str | None) -> LiveSession:
@@ -55,5 +57,5 @@ async def claim(engine: Engine, ref: str, who: Caller, *, kind: str, model: str 
     of two callers racing to create one id the store's transaction lets exactly one be the owner."""
     live = await engine.session(ref, kind=kind, create=True, model=model, meta={OWNER_KEY: who.principal})
     assert live is not None
-    check_access(who, live)
+    check_access(who, live, ref)
     return live
