@@ -148,6 +148,28 @@ async def test_x_aiops_session_wins_and_may_send_only_the_new_message(api_server
     await client.close()
 
 
+async def test_overlapping_requests_of_one_conversation_keep_it_one_session(api_server: ApiServer) -> None:
+    """Messages sent while a turn runs are stored before its answer; the conversation the client
+    then sends (each question followed by its answer) still matches the session."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-Aiops-Session": "overlap"})
+    api_server.fake.script(Reply.slow(1.0))  # the first answer takes a while; the others queue
+    asks = []
+    for i in range(3):
+        asks.append(asyncio.ensure_future(ask(client, [("user", f"question {i}")])))
+        await asyncio.sleep(0.2)  # arrives while the first is still being answered
+    answers = [a for _, a in await asyncio.gather(*asks)]
+    assert answers == [f"echo: question {i}" for i in range(3)]
+    stored = [c for _, c in convo(await history(api_server, "overlap"))]
+    assert stored[:3] == ["question 0", "question 1", "question 2"]  # committed as they came
+
+    as_client_has_it = [m for i in range(3) for m in (("user", f"question {i}"), ("assistant", answers[i]))]
+    sid, _ = await ask(client, [*as_client_has_it, ("user", "and then?")])
+    assert sid == "overlap" and set(await sessions(api_server)) == {"overlap"}  # no fork
+    assert [m["content"] for m in api_server.fake.requests[-1].json["messages"][1:]] == [
+        t for _, t in as_client_has_it] + ["and then?"]
+    await client.close()
+
 async def test_a_fork_id_can_be_sent_back_as_the_session(api_server: ApiServer) -> None:
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-Aiops-Session": "runbook"})

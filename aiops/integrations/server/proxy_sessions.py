@@ -262,20 +262,31 @@ class _TurnText:
 
 
 def session_view(history: Iterable[Message]) -> list[Entry]:
-    """A session's conversation as the client saw it: per turn, the user text and the answer."""
+    """A session's conversation as the client saw it: per turn, the user text and the answer.
+
+    Grouped by turn, not by commit order: a message sent while a turn runs is stored before that
+    turn's answer, but the client shows each question followed by its answer (as `by_turn` gives
+    the model)."""
     turns: list[_TurnText] = []
+    by_id: dict[str, _TurnText] = {}
     for m in history:
+        turn = by_id.get(m.turn_id) if m.turn_id else None
         if m.role == "user":
-            if turns and m.turn_id and turns[-1].turn_id == m.turn_id:
-                turns[-1].user.append(m.content)
-            else:
-                turns.append(_TurnText(m.turn_id, [m.content]))
-        elif not turns:
+            if turn is None:
+                turn = _TurnText(m.turn_id)
+                turns.append(turn)
+                if m.turn_id:
+                    by_id[m.turn_id] = turn
+            turn.user.append(m.content)
             continue
-        elif m.role == "assistant" and m.content:
-            turns[-1].answer.append(m.content)
-        elif m.role == "notice" and m.meta.get("kind") == "command" and turns[-1].turn_id == m.turn_id:
-            turns[-1].outputs.append(m.content)
+        if turn is None:  # no turn of its own (older histories): it belongs to the latest one
+            if not turns:
+                continue
+            turn = turns[-1]
+        if m.role == "assistant" and m.content:
+            turn.answer.append(m.content)
+        elif m.role == "notice" and m.meta.get("kind") == "command" and turn.turn_id == m.turn_id:
+            turn.outputs.append(m.content)
     out: list[Entry] = []
     for t in turns:
         out.append(("user", normalize("\n".join(t.user))))
