@@ -135,7 +135,9 @@ class ServerConfig(_Strict):
     extra_ports: list[int] = Field(default_factory=list)
     enabled: bool = True
     max_body_bytes: int = Field(1_048_576, gt=0)
-    # Seconds to receive a request body; a slower sender gets 408.
+    # Seconds to receive a request: a body slower than that gets 408; headers that do not finish
+    # within it (from the connection, or the previous response) get the connection closed, as
+    # does a keep-alive connection idle for that long.
     request_timeout: float = Field(60, gt=0)
     # Seconds between keep-alive comments (or empty chunks) on an idle stream.
     keepalive_seconds: float = Field(15, gt=0)

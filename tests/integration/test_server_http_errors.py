@@ -213,6 +213,21 @@ async def test_a_body_that_never_arrives_is_408(api_server_factory: ApiServerFac
     await still_serving(srv)
 
 
+
+async def test_headers_that_never_finish_get_the_connection_closed(api_server_factory: ApiServerFactory) -> None:
+    """No handler runs before the headers are complete; without a limit, a client sending half a
+    request (one per connection, unauthenticated) would hold its connection open for good."""
+    srv = await api_server_factory(server={"request_timeout": 0.5})
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
+    try:
+        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        await writer.drain()
+        async with asyncio.timeout(10):
+            assert await reader.read(4096) == b""  # closed by the server
+    finally:
+        writer.close()
+    await still_serving(srv)
+
 # ---- tokens -----------------------------------------------------------------------------------------------
 
 

@@ -97,8 +97,12 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
     app = create_app(engine, cfg, tokens=tokens)
     # handler_cancellation: a client that hangs up cancels its handler (streams end, subscriptions
     # close). Access logging is off: requests are logged by our own code when it matters.
+    # keepalive_timeout: aiohttp's timer for a connection waiting for its next request, from the
+    # connection or the last response; it is the only limit on headers that never finish (no
+    # handler runs before they do), so it gets request_timeout instead of aiohttp's hour.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                           shutdown_timeout=server.shutdown_timeout)
+                           shutdown_timeout=server.shutdown_timeout,
+                           keepalive_timeout=server.request_timeout)
     await runner.setup()
     handle = ServerHandle(runner, app, host)
     for p in [port, *server.extra_ports]:
