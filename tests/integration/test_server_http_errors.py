@@ -162,6 +162,14 @@ async def test_unknown_routes_answer_404_in_the_shape_of_their_surface(api_serve
     await still_serving(api_server)
 
 
+
+async def test_a_stream_for_an_id_no_session_can_have_is_a_400_not_a_wait(api_server: ApiServer) -> None:
+    for bad in ("-bad", "a%20b", "x" * 300):
+        status, body, _ = await call(api_server, "GET", f"/api/v1/stream/{bad}")
+        assert status == 400 and our_error(body)[0] == "invalid_request", (bad, body)
+        assert "not a valid session id" in our_error(body)[1]
+    await still_serving(api_server)
+
 async def test_a_wrong_method_is_405_with_allow(api_server: ApiServer) -> None:
     status, body, resp = await call(api_server, "DELETE", "/api/v1/health")
     assert (status, our_error(body)[0]) == (405, "method_not_allowed")
@@ -227,6 +235,7 @@ async def test_headers_that_never_finish_get_the_connection_closed(api_server_fa
     finally:
         writer.close()
     await still_serving(srv)
+
 
 # ---- tokens -----------------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import logging
+import re
 from typing import Any, Literal
 
 from aiohttp import web
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$"
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN)
 
 # ---- request models --------------------------------------------------------------------------------
 
@@ -329,6 +331,11 @@ async def stream(request: web.Request) -> web.StreamResponse:
     if live is None and ref.isdigit():
         raise HttpError(404, "not_found", f"no session {ref!r} (all-digit ids are shorthand ids of "
                                           f"existing sessions)")
+    if live is None and (len(ref) > 128 or not _CLIENT_ID.match(ref)):
+        # Waiting for a session submit would never create.
+        raise HttpError(400, "invalid_request", f"client_id {ref[:40]!r}: not a valid session id (letters, "
+                                                f"digits and ._:@+-, starting with a letter or digit; at "
+                                                f"most 128 characters)", param="client_id")
     if live is not None:
         check_access(who, live, ref)
     session_id = live.id if live is not None else ref  # a session that does not exist yet: its id

@@ -138,7 +138,7 @@ class ClientMessage:
 
 def tools_refused(field_name: str = "tools") -> HttpError:
     return HttpError(400, "tools_not_supported",
-                     f"client-supplied {field_name} are not supported: the aiops agent runs its own tools "
+                     f"client-supplied {field_name!r} is not supported: the aiops agent runs its own tools "
                      f"server-side (behind operator gates) and answers with text; send the request "
                      f"without {field_name!r}", param=field_name)
 
