@@ -165,7 +165,8 @@ async def test_unknown_routes_answer_404_in_the_shape_of_their_surface(api_serve
 
 async def test_a_stream_for_an_id_no_session_can_have_is_a_400_not_a_wait(api_server: ApiServer) -> None:
     for bad in ("-bad", "a%20b", "x" * 300):
-        status, body, _ = await call(api_server, "GET", f"/api/v1/stream/{bad}")
+        async with asyncio.timeout(5):  # not a stream that waits for good
+            status, body, _ = await call(api_server, "GET", f"/api/v1/stream/{bad}")
         assert status == 400 and our_error(body)[0] == "invalid_request", (bad, body)
         assert "not a valid session id" in our_error(body)[1]
     await still_serving(api_server)
