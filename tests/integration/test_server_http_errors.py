@@ -174,7 +174,7 @@ async def test_a_stream_for_an_id_no_session_can_have_is_a_400_not_a_wait(api_se
 async def test_a_wrong_method_is_405_with_allow(api_server: ApiServer) -> None:
     status, body, resp = await call(api_server, "DELETE", "/api/v1/health")
     assert (status, our_error(body)[0]) == (405, "method_not_allowed")
-    assert resp.headers["Allow"] == "GET"
+    assert resp.headers["Allow"] == "GET,HEAD"
     status, body, _ = await call(api_server, "GET", "/api/v1/submit")
     assert status == 405 and "POST" in our_error(body)[1]
     await still_serving(api_server)
@@ -267,8 +267,18 @@ async def test_missing_or_wrong_tokens_are_401_and_health_stays_public(
 
     status, body, _ = await call(srv, "GET", "/api/v1/health")
     assert status == 200 and body["role"] is None
-    async with aiohttp.ClientSession() as http, http.get(srv.url + "/") as r:
-        assert r.status != 401  # Ollama's probe is public
+    async with aiohttp.ClientSession() as http:
+        async with http.get(srv.url + "/") as r:
+            assert r.status != 401  # Ollama's probe is public
+        async with http.head(srv.url + "/api/v1/health") as r:  # an uptime probe's HEAD is public too
+            assert (r.status, await r.read()) == (200, b"")
+            assert r.headers["Content-Type"].startswith("application/json")
+        async with http.head(srv.url + "/api/v1/sessions") as r:  # ...and the rest still need a token
+            assert r.status == 401
+        async with http.head(srv.url + "/api/v1/sessions", headers=tokens.header("bot")) as r:
+            assert r.status == 200
+        async with http.head(srv.url + "/api/v1/stream/s1", headers=tokens.header("bot")) as r:
+            assert r.status == 405  # a stream has no end for HEAD to stop at
 
     await still_serving(srv, tokens.header("bot"))
     await still_serving(srv, {"Authorization": "bearer " + tokens.secrets["ops"]})  # scheme is case-blind

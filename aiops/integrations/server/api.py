@@ -537,8 +537,14 @@ def _guarded(route: ApiRoute) -> Any:
 def setup(app: web.Application) -> None:
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _guarded(route), name=route.operation_id)
+        methods = [route.method]
+        if route.answers_head:
+            # aiohttp answers HEAD with the GET handler's headers and drops the body.
+            app.router.add_route("HEAD", route.path, _guarded(route), name=route.operation_id + "Head")
+            methods.append("HEAD")
         if route.public:
-            mark_public(app, route.method, route.path)
+            for method in methods:
+                mark_public(app, method, route.path)
 
 
 __all__ = ["ROUTES", "openapi_spec", "setup"]

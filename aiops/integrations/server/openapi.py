@@ -58,6 +58,12 @@ class ApiRoute:
     # Server-sent events: the media type is text/event-stream and each event's data is this model.
     event_model: type[BaseModel] | None = None
 
+    @property
+    def answers_head(self) -> bool:
+        """HEAD is served for every GET but a stream (RFC 9110 asks it of GET resources; uptime
+        probes use it). A stream has no end for HEAD to stop at."""
+        return self.method == "GET" and self.event_model is None
+
 
 def _parameters(route: ApiRoute, query_schemas: dict[str, Any]) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = []
@@ -74,6 +80,15 @@ def _parameters(route: ApiRoute, query_schemas: dict[str, Any]) -> list[dict[str
             params.append({"name": name, "in": "query", "required": name in required, "schema": prop,
                            "description": desc})
     return params
+
+
+def _head_operation(get: dict[str, Any]) -> dict[str, Any]:
+    """HEAD of a GET operation: the same statuses and headers, no body."""
+    op = {k: v for k, v in get.items() if k not in ("responses", "description")}
+    op["operationId"] = get["operationId"] + "Head"
+    op["summary"] = get["summary"] + " (headers only)"
+    op["responses"] = {code: {"description": resp["description"]} for code, resp in get["responses"].items()}
+    return op
 
 
 def build_openapi(routes: Sequence[ApiRoute], error_model: type[BaseModel]) -> dict[str, Any]:
@@ -145,6 +160,8 @@ def build_openapi(routes: Sequence[ApiRoute], error_model: type[BaseModel]) -> d
             }
         op["responses"] = responses
         paths.setdefault(r.path, {})[r.method.lower()] = op
+        if r.answers_head:
+            paths[r.path]["head"] = _head_operation(op)
 
     return {
         "openapi": "3.1.0",
