@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,6 +33,16 @@ class Result:
     errors: int = 0
     first_error: str = ""
     wall_s: float = 0.0
+    cpu_s: float | None = None  # CPU time of the serving process over the measured requests
+
+    @property
+    def cpu_ms_per_request(self) -> float | None:
+        """CPU per request of the process that served them: comparable across machines of different
+        speed and load where req/s is not (an upstream, relay or aiops process on a slower core
+        costs more of it, and the ratio shows by how much)."""
+        if self.cpu_s is None or not self.count:
+            return None
+        return self.cpu_s * 1000 / self.count
 
     @property
     def count(self) -> int:
@@ -51,7 +63,19 @@ class Result:
         return {"target": self.target, "stream": self.stream, "concurrency": self.concurrency,
                 "requests": self.count, "errors": self.errors, "p50_ms": round(self.pct(50), 3),
                 "p99_ms": round(self.pct(99), 3), "mean_ms": round(statistics.fmean(self.latencies_ms), 3)
-                if self.latencies_ms else None, "rps": round(self.rps, 1), "wall_s": round(self.wall_s, 3)}
+                if self.latencies_ms else None, "rps": round(self.rps, 1), "wall_s": round(self.wall_s, 3),
+                "cpu_ms_per_request": None if (c := self.cpu_ms_per_request) is None else round(c, 3)}
+
+
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; None elsewhere)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _check(stream: bool, body: bytes) -> str | None:
@@ -75,8 +99,9 @@ def _check(stream: bool, body: bytes) -> str | None:
 
 async def run_load(url: str, model: str, *, target: str, stream: bool, concurrency: int, requests: int,
                    warmup: int, session_header: bool, timeout: float = 30.0,
-                   deadline_s: float = 300.0) -> Result:
-    """Send `warmup` unmeasured requests, then `requests` measured ones, `concurrency` at a time."""
+                   deadline_s: float = 300.0, server_pid: int | None = None) -> Result:
+    """Send `warmup` unmeasured requests, then `requests` measured ones, `concurrency` at a time.
+    With `server_pid`, also the CPU that process spent on the measured ones."""
     result = Result(target, stream, concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
     client_timeout = aiohttp.ClientTimeout(total=timeout)
@@ -120,8 +145,12 @@ async def run_load(url: str, model: str, *, target: str, stream: bool, concurren
 
         ids = itertools.count()
         await asyncio.wait_for(phase(warmup, False, ids), deadline_s)
+        cpu0 = process_cpu_seconds(server_pid)
         start = time.perf_counter()
         measured = itertools.count(warmup)
         await asyncio.wait_for(phase(warmup + requests, True, measured), deadline_s)
         result.wall_s = time.perf_counter() - start
+        cpu1 = process_cpu_seconds(server_pid)
+        if cpu0 is not None and cpu1 is not None:
+            result.cpu_s = cpu1 - cpu0
     return result

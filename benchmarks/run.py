@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,18 @@ def _wait_line(proc: subprocess.Popen[str], pattern: str, what: str, timeout: fl
     raise SystemExit(f"benchmark: {what} did not start; its output:\n{''.join(seen)}")
 
 
+@dataclass(frozen=True)
+class Child:
+    url: str  # what the ready line gave
+    pid: int
+
+
 @contextmanager
 def child(cmd: list[str], pattern: str, what: str, env: dict[str, str] | None = None,
-          cwd: Path | None = None) -> Iterator[str]:
+          cwd: Path | None = None) -> Iterator[Child]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     try:
-        yield _wait_line(proc, pattern, what).group(1)
+        yield Child(_wait_line(proc, pattern, what).group(1), proc.pid)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -97,15 +104,18 @@ def _aiops_config(root: Path, upstream: str) -> Path:
 
 
 def _row(r: Result) -> str:
+    cpu = "" if (c := r.cpu_ms_per_request) is None else f"{c:.2f}"
     return (f"| {r.target:<6} | {'yes' if r.stream else 'no':<6} | {r.concurrency:>3} | {r.count:>5} | "
-            f"{r.pct(50):8.2f} | {r.pct(99):8.2f} | {r.rps:8.0f} | {r.errors:>3} |")
+            f"{r.pct(50):8.2f} | {r.pct(99):8.2f} | {r.rps:8.0f} | {cpu:>10} | {r.errors:>3} |")
 
 
 def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
     """The results table and the overhead table (aiops and the bare relay, each against direct)."""
-    lines = ["| target | stream | conc | reqs  | p50 ms   | p99 ms   | req/s    | err |",
-             "|--------|--------|-----:|------:|---------:|---------:|---------:|----:|"]
+    lines = ["| target | stream | conc | reqs  | p50 ms   | p99 ms   | req/s    | cpu ms/req | err |",
+             "|--------|--------|-----:|------:|---------:|---------:|---------:|-----------:|----:|"]
     lines += [_row(r) for r in results]
+    lines += ["", "cpu ms/req: CPU time (user + system) of the process that served the measured requests "
+                  "(the upstream for direct), per request."]
     lines += ["", "| via   | stream | conc | added p50 ms | added p99 ms | throughput vs direct | target | met |",
               "|-------|--------|-----:|-------------:|-------------:|---------------------:|--------|-----|"]
     overhead: list[dict[str, Any]] = []
@@ -152,17 +162,19 @@ def machine() -> dict[str, Any]:
 # ---- main --------------------------------------------------------------------------------------------------
 
 
-async def _scenarios(upstream: str, relay: str | None, aiops: str, args: argparse.Namespace) -> list[Result]:
+async def _scenarios(upstream: Child, relay: Child | None, aiops: Child,
+                     args: argparse.Namespace) -> list[Result]:
     results: list[Result] = []
+    # Each target's CPU is read from the process that serves it: the upstream for direct.
     targets = [("direct", upstream, UPSTREAM_MODEL), ("aiops", aiops, "aiops")]
     if relay:
         targets.insert(1, ("relay", relay, UPSTREAM_MODEL))
     for conc in args.concurrency:
         for stream in (False, True):
-            for target, url, model in targets:
-                r = await run_load(url, model, target=target, stream=stream, concurrency=conc,
+            for target, proc, model in targets:
+                r = await run_load(proc.url, model, target=target, stream=stream, concurrency=conc,
                                    requests=args.requests, warmup=args.warmup,
-                                   session_header=target == "aiops")
+                                   session_header=target == "aiops", server_pid=proc.pid)
                 print(_row(r), flush=True)
                 if r.errors:
                     print(f"    first error: {r.first_error}", flush=True)
@@ -186,17 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with child([sys.executable, "-m", "benchmarks.upstream"], r"upstream on (http://\S+)",
                    "the upstream", env=env) as upstream:
-            cfg = _aiops_config(root, upstream)
+            cfg = _aiops_config(root, upstream.url)
             cmd = [sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir",
                    str(root / "data"), "serve"]
-            relay_cmd = [sys.executable, "-m", "benchmarks.relay", "--upstream", upstream]
+            relay_cmd = [sys.executable, "-m", "benchmarks.relay", "--upstream", upstream.url]
             with child(cmd, r"aiops serving on (http://\S+)", "aiops serve", env=env, cwd=root) as aiops, \
                     child(relay_cmd if not args.no_relay else [sys.executable, "-c", "print('relay on none')"],
                           r"relay on (\S+)", "the relay", env=env) as relay:
-                relay_url = None if args.no_relay else relay
-                print(f"upstream {upstream}, relay {relay_url}, aiops {aiops}; {args.requests} requests per "
+                relay_child = None if args.no_relay else relay
+                print(f"upstream {upstream.url}, relay {relay_child and relay_child.url}, aiops {aiops.url}; "
+                      f"{args.requests} requests per "
                       f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
-                results = asyncio.run(_scenarios(upstream, relay_url, aiops, args))
+                results = asyncio.run(_scenarios(upstream, relay_child, aiops, args))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     table, overhead, ok = report(results)

@@ -1,0 +1,43 @@
+"""`make bench` keeps working: a tiny run of the benchmark harness end to end (its processes, every
+scenario, the report and the JSON). It measures nothing here: the numbers of so short a run are
+noise, and speed targets are judged by `make bench` itself, not by tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--requests", "40", "--warmup", "5",
+                           "--concurrency", "1,3", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a target missed, as expected here
+    doc = json.loads(out.read_text())
+
+    rows = {(r["target"], r["stream"], r["concurrency"]): r for r in doc["results"]}
+    assert set(rows) == {(t, s, c) for t in ("direct", "relay", "aiops") for s in (False, True) for c in (1, 3)}
+    for key, r in rows.items():
+        assert (r["requests"], r["errors"]) == (40, 0), key  # every answer was checked and right
+        assert r["p99_ms"] >= r["p50_ms"] > 0, key
+        if sys.platform == "linux":
+            assert r["cpu_ms_per_request"] is not None and r["cpu_ms_per_request"] >= 0, key
+
+    judged = [o for o in doc["overhead"] if o["met"] is not None]
+    assert {(o["stream"], o["concurrency"]) for o in judged} == {(False, 1), (True, 1)}  # c=32 not run
+    assert proc.returncode == (0 if all(o["met"] for o in judged) else 1)
+    assert "| aiops  | yes    |   3 |" in proc.stdout and "cpu ms/req" in proc.stdout
+
+
+@pytest.mark.parametrize("bad", [["--concurrency", "x"], ["--requests", "many"]])
+def test_bad_arguments_are_refused_with_usage(bad: list[str]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", *bad], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
