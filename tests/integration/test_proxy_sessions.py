@@ -424,3 +424,83 @@ async def test_hanging_up_while_a_gate_waits_cancels_the_turn_and_the_gate(
     assert [(g["meta"]["tool"], g["meta"]["decision"]) for g in gates] == [("update_system_prompt", "cancelled")]
     assert [m["content"] for m in msgs if m["role"] == "notice"][-1].startswith("turn cancelled")
     assert (prompt_copy / ".system_prompt_memory").read_text() == before  # the write never ran
+
+
+# ---- what chat users are told of a failure ---------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
+        api_server_factory: ApiServerFactory, fake_openai: FakeOpenAI) -> None:
+    tokens = Tokens.make(ops="operator", chat="client")
+    down = f"http://127.0.0.1:{_closed_port()}/v1"
+    srv = await api_server_factory(tokens=tokens, models={
+        "local": openai_model_entry(fake_openai),
+        "down": {"type": "openai", "model_id": "m", "base_url": down, "timeout": 5}})
+
+    async def failures(token: str) -> list[str]:
+        """What each chat surface tells this token's user of a failing model."""
+        said: list[str] = []
+        async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=tokens.secrets[token],
+                                      max_retries=0) as client:
+            fake_openai.script(Reply.error(500, "upstream exploded"))
+            with pytest.raises(openai.InternalServerError) as e:  # not streamed: a 502
+                await client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "a"}])
+            said.append(e.value.message)
+            with pytest.raises(openai.APIError) as e2:  # streamed: the error chunk
+                async for _ in await client.chat.completions.create(
+                        model="aiops/down", stream=True, messages=[{"role": "user", "content": "b"}]):
+                    pass
+            said.append(e2.value.message)
+            with pytest.raises(openai.InternalServerError) as e:  # a chat UI's background task
+                await client.chat.completions.create(model="aiops/down", messages=[
+                    {"role": "user", "content": "### Task:\nGenerate a title"}])
+            said.append(e.value.message)
+        ollama_client = ollama.AsyncClient(host=srv.url, headers=tokens.header(token))
+        with pytest.raises(ollama.ResponseError) as e3:
+            async for _ in await ollama_client.chat(model="aiops/down", stream=True,
+                                                    messages=[{"role": "user", "content": "c"}]):
+                pass
+        said.append(e3.value.error)
+        return said
+
+    chat = await failures("chat")
+    assert len(chat) == 4
+    assert "HTTP 500" in chat[0] and "upstream exploded" in chat[0]  # what failed is still said
+    for message in chat:
+        assert "model '" in message and "[address hidden]" in message, message
+        assert "127.0.0.1" not in message and "http://" not in message, message
+
+    ops = await failures("ops")  # the operator reads it word for word, as the console shows it
+    assert fake_openai.url in ops[0] and all(down in m for m in ops[1:]), ops
+    async with aiohttp.ClientSession(headers=tokens.header("chat")) as http:  # the server goes on
+        async with http.post(srv.url + "/v1/chat/completions", json={
+                "model": "aiops", "messages": [{"role": "user", "content": "still there?"}]}) as r:
+            assert r.status == 200
+
+
+@pytest.mark.parametrize(("message", "client_sees"), [
+    ("model 'x' at https://llm.corp.example/v1: HTTP 429: slow down",
+     "model 'x' at [address hidden]: HTTP 429: slow down"),
+    ("connection failed (ClientConnectorError: Cannot connect to host llm.internal:8080 ssl:default "
+     "[Connect call failed ('10.0.0.5', 8080)])",
+     "connection failed (ClientConnectorError: Cannot connect to host [address hidden] ssl:default "
+     "[Connect call failed ('[address hidden]', 8080)])"),
+    ("no answer from [fd00::5]:11434 or localhost:8000", "no answer from [address hidden] or [address hidden]"),
+    # Not addresses: left as they are.
+    ("model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30",
+     "model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30"),
+])
+def test_addresses_are_hidden_from_client_tokens_only(message: str, client_sees: str) -> None:
+    from aiops.integrations.server.owners import Caller
+    from aiops.integrations.server.proxy_sessions import shown_to
+
+    assert shown_to(Caller("chat", operator=False), message) == client_sees
+    assert shown_to(Caller("ops", operator=True), message) == message

@@ -50,6 +50,7 @@ from aiops.integrations.server.proxy_sessions import (
     proxy_state,
     published_models,
     tools_refused,
+    turn_error,
     turn_output,
     wait_done,
 )
@@ -293,7 +294,7 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
     state = proxy_state(request)
     engine = get_engine(request)
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages)
+        text, usage = await answer_background_task(engine, model, messages, caller(request))
         if not stream:
             return web.json_response(shape.final(text, usage))
         resp = web.StreamResponse(headers={"Content-Type": NDJSON})
@@ -342,8 +343,7 @@ async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> 
                         await channel.write(frames)
                     continue
                 if done.status == "error":
-                    err = done.error or {}
-                    frames += _ndjson({"error": str(err.get("message", "the turn failed"))})
+                    frames += _ndjson({"error": turn_error(request, done.error, "model_error")[1]})
                 else:
                     frames += _ndjson(shape.final("", done.usage))
                 await channel.finish(frames)
@@ -374,9 +374,8 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
             started.sub.close()
         await channel.close()
     if result.status == "error":
-        err = result.error or {}
-        raise HttpError(500, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
-                        headers={SESSION_HEADER: started.session_id})
+        code, message = turn_error(request, result.error, "model_error")
+        raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
     shape.first = shape.first or time.monotonic_ns()
     resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None))
     resp.headers[SESSION_HEADER] = started.session_id

@@ -46,6 +46,7 @@ from aiops.integrations.server.proxy_sessions import (
     proxy_state,
     published_models,
     tools_refused,
+    turn_error,
     turn_output,
     wait_done,
 )
@@ -225,7 +226,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise model_not_found(req.model)
     created = int(time.time())
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages)
+        text, usage = await answer_background_task(engine, model, messages, caller(request))
         cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
         if req.stream:
             return await _stream_text(request, cid, created, req, text, usage)
@@ -291,8 +292,7 @@ async def _stream(request: web.Request, started: StartedTurn, cid: str, created:
                         await channel.write(frames)
                     continue
                 if done.status == "error":
-                    err = done.error or {}
-                    frames += error_frame(str(err.get("code", "error")), str(err.get("message", "the turn failed")))
+                    frames += error_frame(*turn_error(request, done.error, "error"))
                 else:
                     frames += chunks.delta({}, "stop")
                     if chunks.include_usage:
@@ -326,9 +326,8 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
             started.sub.close()
         await channel.close()
     if result.status == "error":
-        err = result.error or {}
-        raise HttpError(502, str(err.get("code", "model_error")), str(err.get("message", "the turn failed")),
-                        headers={SESSION_HEADER: started.session_id})
+        code, message = turn_error(request, result.error, "model_error")
+        raise HttpError(502, code, message, headers={SESSION_HEADER: started.session_id})
     resp = web.json_response(completion_object(cid, created, req.model, result.text, result.usage.counts() if result.usage else None))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp

@@ -161,8 +161,8 @@ def is_background_task(messages: Sequence[ClientMessage]) -> bool:
     return bool(messages) and messages[-1].role == "user" and messages[-1].text.lstrip().startswith(TASK_PREFIX)
 
 
-async def answer_background_task(engine: Engine, model: PublishedModel,
-                                 messages: Sequence[ClientMessage]) -> tuple[str, dict[str, int] | None]:
+async def answer_background_task(engine: Engine, model: PublishedModel, messages: Sequence[ClientMessage],
+                                 who: Caller) -> tuple[str, dict[str, int] | None]:
     """A plain model call: no tools, no gates, no session, nothing recorded. The answer and the
     model's token counts (None when it reported none)."""
     from aiops.engine.backends import ModelError
@@ -173,8 +173,33 @@ async def answer_background_task(engine: Engine, model: PublishedModel,
     try:
         completion = await engine.complete_plain(model.key, convo, system=system)
     except ModelError as e:
-        raise HttpError(502, "model_error", str(e)) from None
+        raise HttpError(502, "model_error", shown_to(who, str(e))) from None
     return completion.text, completion.usage.counts() if completion.usage is not None else None
+
+
+# ---- what chat users are told of a failure -------------------------------------------------------------
+
+# Where the servers behind aiops live: URLs, host:port pairs, IPv4 and bracketed IPv6 addresses.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()]*[^\s'\"<>().,:;]"  # a URL, not the punctuation after it
+    r"|\[[0-9a-f:.]+\](?::\d+)?"  # [::1]:8080
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # 10.0.0.5:8080
+    r"|\b(?:localhost|[a-z0-9-]+(?:\.[a-z0-9-]+)+):\d{1,5}\b",  # llm.internal:8080
+    re.IGNORECASE)
+HIDDEN = "[address hidden]"
+
+
+def shown_to(who: Caller, message: str) -> str:
+    """A failure's message as `who` may read it: word for word for an operator; for a client
+    token (a chat UI, whose end users read it) without the addresses of the model servers and
+    other services behind aiops, which the operator's console and log still show."""
+    return message if who.operator else _ADDRESS.sub(HIDDEN, message)
+
+
+def turn_error(request: web.Request, error: dict[str, Any] | None, default_code: str) -> tuple[str, str]:
+    """The code and message a chat client gets for a turn that ended in error."""
+    err = error or {}
+    return str(err.get("code", default_code)), shown_to(caller(request), str(err.get("message", "the turn failed")))
 
 
 # ---- status lines and text normalisation ---------------------------------------------------------------
