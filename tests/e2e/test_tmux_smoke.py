@@ -82,8 +82,9 @@ def test_aiops_runs_in_a_real_terminal_and_quits_cleanly(tmux, tmp_path):
         subprocess.run([tmux.exe, "-L", tmux.socket, "new-session", "-d", "-s", "aiops", "-x", "100",
                         "-y", "30", "sh", "-c", command], check=True, env=env, timeout=20)
 
-        screen = tmux.wait_for(lambda s: "http://127.0.0.1:" in s and "console (1)" in s,
-                               "the console with its server address")
+        # The key bar is drawn last: on a slow machine a capture can come before it.
+        screen = tmux.wait_for(lambda s: "http://127.0.0.1:" in s and "console (1)" in s and "Palette" in s,
+                               "the console with its server address and key bar")
         assert "Sessions" in screen and "Chat" in screen and "Gates" in screen
         assert "Traceback" not in screen
         # The key bar: whole labels, the palette key once, at the right edge.
