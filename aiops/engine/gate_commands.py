@@ -7,6 +7,7 @@ sessions they answer "not permitted". No tool the model can call reaches any of 
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -160,7 +161,7 @@ async def _limits(ctx: CommandContext, argv: list[str], raw: str) -> str:
             raise CommandError("expected: !limits set TYPE CALLS WINDOW [--save]")
         try:
             calls, window = int(args[1]), float(args[2])
-            if calls < 1 or window <= 0:
+            if calls < 1 or not 0 < window < math.inf:  # not "nan" or "inf": a window no clock ends
                 raise ValueError
         except ValueError:
             raise CommandError("CALLS must be a positive integer and WINDOW positive seconds") from None
