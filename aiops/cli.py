@@ -142,7 +142,8 @@ def parse_since(text: str) -> float:
     from datetime import datetime
 
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+    digits = text[:-1].replace(".", "", 1)
+    if text and text[-1] in units and digits.isascii() and digits.isdigit():  # not "³m": float() refuses it
         return time.time() - float(text[:-1]) * units[text[-1]]
     try:
         dt = datetime.fromisoformat(text)

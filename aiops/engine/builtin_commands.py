@@ -75,7 +75,7 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     if not argv or argv[0] in ("all", "page"):
         page = 1
         if argv and argv[0] == "page":
-            if len(argv) != 2 or not argv[1].isdigit() or int(argv[1]) < 1:
+            if len(argv) != 2 or not (argv[1].isascii() and argv[1].isdigit()) or int(argv[1]) < 1:
                 raise CommandError("expected: !session page N (N = 1, 2, ...)")
             page = int(argv[1])
         elif len(argv) > 1:

@@ -35,7 +35,7 @@ from aiops.engine.plugins import (
 from aiops.engine.store import SessionRow, Store
 from aiops.engine.tools import ToolRegistry
 from aiops.engine.turn import Turn, TurnResult, TurnRunner
-from aiops.engine.types import Completion, Message, ToolSpec, new_id
+from aiops.engine.types import Completion, Message, ToolSpec, is_short_id, new_id
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class Engine:
             return live
         if create and model is not None and (why := self.check_model(model)):
             raise EngineError(why)
-        if create and not ref.isdigit() and kind in SESSION_KINDS:
+        if create and not is_short_id(ref) and kind in SESSION_KINDS:
             # One store round trip instead of a lookup and a create; a new session's history is
             # known to be empty, so it is not loaded either.
             row, created = await self.store.get_or_create_session(ref, kind, model, meta)
@@ -310,7 +310,7 @@ class Engine:
                 return None
             if kind not in SESSION_KINDS:
                 raise EngineError(f"unknown session kind {kind!r}")
-            if ref.isdigit():
+            if is_short_id(ref):
                 raise EngineError(f"no session {ref}: all-digit ids are shorthand ids of existing sessions")
             row = await self.store.create_session(ref, kind, model, meta)
             live = self._admit(LiveSession(row))
@@ -500,7 +500,7 @@ class Engine:
             # Only commands: they run without creating a session, so `!help` from a new client
             # leaves nothing behind (a command that needs a session says so, or creates it).
             live = await self.session(cid)
-            if live is None and cid.isdigit():
+            if live is None and is_short_id(cid):
                 raise EngineError(f"no session {cid}: all-digit ids are shorthand ids of existing sessions")
             if live is None and kind not in SESSION_KINDS:
                 raise EngineError(f"unknown session kind {kind!r}")

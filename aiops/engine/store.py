@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiops.engine.types import Message, ToolCall
+from aiops.engine.types import Message, ToolCall, is_short_id
 
 T = TypeVar("T")
 
@@ -451,7 +451,7 @@ class Store:
             sql = ("SELECT s.*, (SELECT COUNT(*) FROM messages m WHERE m.session_id=s.id "
                    "AND m.epoch=s.epoch) AS message_count FROM sessions s WHERE ")
             row = conn.execute(sql + "s.id=?", (ref,)).fetchone()
-            if row is None and ref.isdigit():
+            if row is None and is_short_id(ref):
                 row = conn.execute(sql + "s.short_id=?", (int(ref),)).fetchone()
             return _row_to_session(row) if row else None
 

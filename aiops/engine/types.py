@@ -17,6 +17,12 @@ Role = Literal["system", "user", "assistant", "tool", "notice", "gate", "error"]
 MODEL_ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
 
 
+def is_short_id(ref: str) -> bool:
+    """Whether `ref` is a session's shorthand number: ASCII digits only. `str.isdigit()` alone
+    also takes "³" and other Unicode digits, which `int()` refuses or reads as another number."""
+    return ref.isascii() and ref.isdigit()
+
+
 def new_id(prefix: str = "") -> str:
     return f"{prefix}{uuid.uuid4().hex[:12]}"
 

@@ -147,6 +147,13 @@ async def test_session_list_shows_the_most_recent_page_and_says_how_to_see_more(
     assert len(everything.splitlines()) == 36 and "more" not in everything
     assert "no page 3" in (await engine.run("console-op", "!session page 3", kind="console",
                                             is_operator=True, timeout=10)).text
+    for odd in ("³", "٣"):  # Unicode digits are not page numbers (int() refuses "³", reads "٣" as 3)
+        out = (await engine.run("console-op", f"!session page {odd}", kind="console", is_operator=True,
+                                timeout=10)).text
+        assert "expected: !session page N" in out, out
+    # ...nor shorthand session ids: "٣" would have named session 3, and "³" failed with a ValueError.
+    assert await engine.session("³") is None and await engine.session("١٠١") is None
+    assert (await engine.session("101")) is not None
 
 
 async def test_a_client_lists_only_its_own_session(engine_factory, fake_openai):
@@ -194,3 +201,13 @@ async def test_when_the_users_copy_cannot_be_made_turns_read_the_shipped_tree_an
                               is_operator=True, timeout=10)
     assert "cannot edit the shipped system prompt" in result.text and "writable" in result.text
     assert {p.name: p.read_bytes() for p in (SHIPPED_PROMPT_DIR / "default").iterdir()} == shipped
+
+
+@pytest.mark.parametrize("window", ["nan", "inf", "0", "-5", "soon"])
+async def test_a_rate_limit_window_must_be_a_positive_number_of_seconds(engine_factory, window):
+    engine = await engine_factory()
+    out = (await engine.run("console-op", f"!limits set web 3 {window}", kind="console", is_operator=True,
+                            timeout=10)).text
+    assert "WINDOW positive seconds" in out, out
+    assert "3 calls" in (await engine.run("console-op", "!limits set web 3 60", kind="console",
+                                          is_operator=True, timeout=10)).text

@@ -328,3 +328,14 @@ def test_a_non_loopback_bind_with_a_token_serves_and_needs_it(aiops_serve_factor
     assert proc.stop() == 0
     logs = (proc.data_dir / "aiops.log").read_text()
     assert tokens.secrets["ops"] not in logs + proc.stderr + proc.stdout
+
+
+async def test_unicode_digits_are_not_shorthand_ids(api_server: ApiServer) -> None:
+    # "³".isdigit() is True but int("³") fails: these were 500s.
+    for method, path in (("GET", "/api/v1/sessions/%C2%B3"), ("DELETE", "/api/v1/sessions/%C2%B3"),
+                         ("POST", "/api/v1/sessions/%C2%B3/stop"), ("GET", "/api/v1/sessions/%D9%A3")):
+        status, body, _ = await call(api_server, method, path)
+        assert (status, our_error(body)[0]) == (404, "not_found"), (method, path, body)
+    status, body, _ = await call(api_server, "GET", "/api/v1/stream/%C2%B3")
+    assert (status, our_error(body)[0]) == (400, "invalid_request"), body
+    await still_serving(api_server)

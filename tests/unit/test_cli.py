@@ -91,3 +91,21 @@ def test_the_rule_aiops_chat_suggests_after_a_denial_does_allow_the_call(tool, t
     toml = "\n".join(f'{section}\n{op} = "allow"' for section, op in settings)
     followed = GatesConfig.model_validate(tomllib.loads(toml))
     assert followed.decide(tool, tool_type, operation, tables, unknown_tables=unknown) == "allow", hint
+
+
+@pytest.mark.parametrize("text", ["³m", "1.5x", "h", "-1h", "٣h"])
+def test_a_bad_since_is_a_clear_error(text):
+    from aiops.cli import CliError, parse_since
+
+    with pytest.raises(CliError, match="expected an ISO time"):
+        parse_since(text)
+
+
+def test_since_takes_an_age_or_an_iso_time():
+    import time
+    from datetime import datetime
+
+    from aiops.cli import parse_since
+
+    assert abs(parse_since("1.5h") - (time.time() - 5400)) < 5
+    assert parse_since("2026-01-31T12:00") == datetime.fromisoformat("2026-01-31T12:00").timestamp()

@@ -22,7 +22,7 @@ from aiops.engine import events as ev
 from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.turn import Turn
-from aiops.engine.types import new_id
+from aiops.engine.types import is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
 from aiops.integrations.server.app import (
     AUTHENTICATED_KEY,
@@ -285,7 +285,7 @@ async def submit(request: web.Request) -> web.Response:
         code = "unknown_model" if body.model not in engine.config.models.models else "model_disabled"
         raise HttpError(400, code, why, param="model")
     who = caller(request)
-    if body.client_id is not None and body.client_id.isdigit():
+    if body.client_id is not None and is_short_id(body.client_id):
         client_id = (await _live(engine, body.client_id, who)).id  # a shorthand id names an existing session
     else:
         client_id = body.client_id or f"api-{new_id()[:8]}"
@@ -328,7 +328,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     who = caller(request)
     ref = request.match_info["client_id"]
     live = await engine.session(ref)
-    if live is None and ref.isdigit():
+    if live is None and is_short_id(ref):
         raise HttpError(404, "not_found", f"no session {ref!r} (all-digit ids are shorthand ids of "
                                           f"existing sessions)")
     if live is None and (len(ref) > 128 or not _CLIENT_ID.match(ref)):
