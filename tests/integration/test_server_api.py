@@ -23,7 +23,7 @@ from aiops.client import AgentClient, AgentError, EventStream
 from aiops.engine.events import CONTRACT_EVENTS
 from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext
-from aiops.integrations.server.api import ROUTES
+from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import Reply
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
@@ -386,6 +386,9 @@ async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) ->
     gets = [r for r in ROUTES if r.method == "GET"]
     assert len(registered) == len(ROUTES) + len(gets) - 1  # HEAD with every GET but the stream
     assert "head" not in doc["paths"]["/api/v1/stream/{client_id}"]
+    stream_op = doc["paths"]["/api/v1/stream/{client_id}"]["get"]
+    assert "400" in stream_op["responses"]  # an id no session can have
+    assert stream_op["parameters"][0]["schema"] == {"type": "string", "pattern": CLIENT_ID_PATTERN, "maxLength": 128}
     assert doc["paths"]["/api/v1/health"]["head"]["security"] == []
 
     def refs(node: Any) -> list[str]:

@@ -128,6 +128,7 @@ async def test_a_bad_gate_decision_is_a_400_naming_the_field(api_server: ApiServ
 
 @pytest.mark.parametrize(("query", "field"), [
     ("limit=0", "limit"), ("limit=abc", "limit"), ("before=-3", "before"), ("page=2", "page"),
+    ("before=9223372036854775808", "before"),  # past SQLite's integers: was a 500
 ])
 async def test_bad_query_parameters_are_a_400_naming_them(api_server: ApiServer, query: str, field: str) -> None:
     await still_serving(api_server)
@@ -137,6 +138,10 @@ async def test_bad_query_parameters_are_a_400_naming_them(api_server: ApiServer,
     assert (status, code) == (400, "invalid_request") and f"{field}: " in message
     status, body, _ = await call(api_server, "GET", "/api/v1/sessions?kind=robot")
     assert status == 400 and "kind: " in our_error(body)[1]
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions?offset=640395213450840615835777630208")
+    assert status == 400 and "offset: " in our_error(body)[1]
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions?offset=9223372036854775807")
+    assert (status, body) == (200, {"sessions": []})  # the largest offset SQLite takes
 
 
 async def test_submitting_to_an_unknown_shorthand_id_is_404(api_server: ApiServer) -> None:

@@ -88,16 +88,20 @@ class GateDecisionRequest(_Body):
                             "of the session (denials are always `once`).")
 
 
+# Store ids and offsets are SQLite integers: a larger number is a 400, not an overflow (a 500).
+MAX_INT = 2**63 - 1
+
+
 class SessionsQuery(_Query):
     kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
-    offset: int = Field(0, ge=0, description="Skip this many first (the next page starts at `offset + limit`).")
+    offset: int = Field(0, ge=0, le=MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
 
 
 class HistoryQuery(_Query):
     limit: int = Field(50, ge=1, le=1000, description="At most this many messages: the latest ones.")
-    before: int | None = Field(None, ge=1, description="Only messages with an id below this (the "
+    before: int | None = Field(None, ge=1, le=MAX_INT, description="Only messages with an id below this (the "
                                                        "`next_before` of the previous page).")
 
 
@@ -491,7 +495,8 @@ ROUTES: tuple[ApiRoute, ...] = (
                          "code `slow_consumer` and the stream ends. The id may name a session that does "
                          "not exist yet (subscribe, then submit); if another caller creates it, a client "
                          "token's stream ends with an `error` event of code `forbidden`." + _OWN,
-             event_model=StreamEvent, errors=(403, 404), path_params={"client_id": _SESSION_ID},
+             event_model=StreamEvent, errors=(400, 403, 404), path_params={"client_id": _SESSION_ID},
+             path_schemas={"client_id": {"pattern": CLIENT_ID_PATTERN, "maxLength": 128}},
              content_description="text/event-stream"),
     ApiRoute("GET", f"{PREFIX}/sessions", list_sessions, "listSessions", "List sessions", "sessions",
              description="Most recently updated first. A client token sees only the sessions it created; "

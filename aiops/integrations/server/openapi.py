@@ -52,6 +52,7 @@ class ApiRoute:
     also: dict[int, type[BaseModel]] = field(default_factory=dict)  # other success statuses
     errors: tuple[int, ...] = ()
     path_params: dict[str, str] = field(default_factory=dict)
+    path_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # beyond {"type": "string"}
     public: bool = False
     operator_only: bool = False
     content_description: str = ""
@@ -68,7 +69,8 @@ class ApiRoute:
 def _parameters(route: ApiRoute, query_schemas: dict[str, Any]) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = []
     for name in _PARAM.findall(route.path):
-        params.append({"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+        params.append({"name": name, "in": "path", "required": True,
+                       "schema": {"type": "string", **route.path_schemas.get(name, {})},
                        "description": route.path_params.get(name, "")})
     if route.query is not None:
         schema = query_schemas[route.query.__name__]
