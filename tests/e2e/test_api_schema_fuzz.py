@@ -38,7 +38,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         proc = start_serve(server_config_dir(root, fake, tokens=TOKENS), root / "data", fake=fake, tokens=TOKENS)
         yield proc
         assert proc.stop() == 0
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        log = (root / "data" / "aiops.log").read_text()
+        assert "Traceback" not in log and "Traceback" not in proc.stderr, log[-3000:] + proc.stderr[-3000:]
 
 
 @schema.parametrize()
