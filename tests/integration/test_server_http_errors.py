@@ -344,3 +344,32 @@ async def test_unicode_digits_are_not_shorthand_ids(api_server: ApiServer) -> No
     status, body, _ = await call(api_server, "GET", "/api/v1/stream/%C2%B3")
     assert (status, our_error(body)[0]) == (400, "invalid_request"), body
     await still_serving(api_server)
+
+
+async def test_a_malformed_request_is_a_400_and_one_log_line_without_its_bytes(
+        api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp logs a request it cannot parse as an ERROR with a traceback and the offending line:
+    anyone who can connect could fill the log, and the line may hold a token."""
+    tokens = Tokens.make(ops="operator")
+    srv = await api_server_factory(tokens=tokens)
+    caplog.set_level(logging.DEBUG)
+    secret = tokens.secrets["ops"]
+    for raw in (f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x00\r\n\r\n",
+                "GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+                # aiohttp's message quotes the first 100 bytes of a header line that is too long
+                f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
+        try:
+            writer.write(raw.encode())
+            await writer.drain()
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"\r\n\r\n")).split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        finally:
+            writer.close()
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert len(records) == 3, [r.getMessage() for r in records]
+    for r in records:
+        assert r.levelno == logging.INFO and r.exc_info is None and "\n" not in r.getMessage(), r.getMessage()
+        assert r.getMessage().startswith("malformed HTTP request from 127.0.0.1 (400):"), r.getMessage()
+    assert secret not in caplog.text and "Traceback" not in caplog.text
+    await still_serving(srv, tokens.header("ops"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from aiops.config import Config
 from aiops.engine import gc_policy
@@ -26,6 +28,34 @@ from aiops.integrations.server.app import AUTH_KEY, STATE_KEY, create_app
 from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
 
 log = logging.getLogger(__name__)
+
+
+_QUOTED_BYTES = re.compile(r":?\s*b['\"]")
+
+
+class MalformedRequestFilter(logging.Filter):
+    """aiohttp logs a request it cannot parse (a NUL in a header, a space in a header name) as an
+    ERROR with a traceback and the offending line. The client already got its 400; the line may
+    hold its token, and anyone who can connect could fill the log with them. Such a record becomes
+    one INFO line that names the address and the kind of fault, never the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            fault = next((line.strip() for line in exc.message.splitlines() if line.strip()), "unparsable")
+            fault = _QUOTED_BYTES.split(fault, 1)[0]  # "Got more than 8190 bytes when reading: b'…'"
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.msg, record.args = "malformed HTTP request from %s (%d): %s", (remote, exc.code,
+                                                                                   fault.rstrip(":"))
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _install_log_filters() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedRequestFilter())
 
 
 class ServerStartError(Exception):
@@ -95,6 +125,7 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
         tokens = load_tokens(cfg.app.auth, env)
     check_bind(host, tokens, cfg.app.auth, env)
     app = create_app(engine, cfg, tokens=tokens)
+    _install_log_filters()
     # handler_cancellation: a client that hangs up cancels its handler (streams end, subscriptions
     # close). Access logging is off: requests are logged by our own code when it matters.
     # keepalive_timeout: aiohttp's timer for a connection waiting for its next request, from the
