@@ -41,6 +41,8 @@ CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thr
 
 log = logging.getLogger(__name__)
 
+SQLITE_MAX_INT = 2**63 - 1
+
 # Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
 # session's metadata. Listings filter on it, so a client's sessions are found by the index below.
 OWNER_KEY = "owner"
@@ -451,7 +453,9 @@ class Store:
             sql = ("SELECT s.*, (SELECT COUNT(*) FROM messages m WHERE m.session_id=s.id "
                    "AND m.epoch=s.epoch) AS message_count FROM sessions s WHERE ")
             row = conn.execute(sql + "s.id=?", (ref,)).fetchone()
-            if row is None and is_short_id(ref):
+            # A shorthand id past SQLite's integers names no session (and int() of thousands of
+            # digits raises): checked by length before it is read as a number.
+            if row is None and is_short_id(ref) and len(ref) <= 19 and int(ref) <= SQLITE_MAX_INT:
                 row = conn.execute(sql + "s.short_id=?", (int(ref),)).fetchone()
             return _row_to_session(row) if row else None
 
