@@ -361,7 +361,11 @@ async def test_a_malformed_request_is_a_400_and_one_log_line_without_its_bytes(
     for raw in (f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x00\r\n\r\n",
                 "GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
                 # aiohttp's message quotes the first 100 bytes of a header line that is too long
-                f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n"):
+                f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n",
+                # ...and the whole request target of a URL it cannot parse
+                f"GET http://[bad/?api_key={secret} HTTP/1.1\r\nHost: x\r\n\r\n",
+                # a scanner's first bytes: aiohttp logs those at DEBUG, and so do we
+                f"\x16\x03\x01{secret}\r\n\r\n"):
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
         try:
             writer.write(raw.encode())
@@ -371,9 +375,10 @@ async def test_a_malformed_request_is_a_400_and_one_log_line_without_its_bytes(
         finally:
             writer.close()
     records = [r for r in caplog.records if r.name == "aiohttp.server"]
-    assert len(records) == 3, [r.getMessage() for r in records]
+    assert len(records) == 5, [r.getMessage() for r in records]
+    assert [r.levelno for r in records] == [logging.INFO] * 4 + [logging.DEBUG]
     for r in records:
-        assert r.levelno == logging.INFO and r.exc_info is None and "\n" not in r.getMessage(), r.getMessage()
+        assert r.exc_info is None and "\n" not in r.getMessage(), r.getMessage()
         assert r.getMessage().startswith("malformed HTTP request from 127.0.0.1 (400):"), r.getMessage()
     assert secret not in caplog.text and "Traceback" not in caplog.text
     await still_serving(srv, tokens.header("ops"))

@@ -30,24 +30,28 @@ from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_
 log = logging.getLogger(__name__)
 
 
-_QUOTED_BYTES = re.compile(r":?\s*b['\"]")
+# aiohttp's descriptions of a fault ("Invalid header value char", "Bad status line"); anything
+# else (a quoted line, the raw request target of InvalidURLError) may hold the request's bytes.
+_FAULT = re.compile(r"[A-Za-z][A-Za-z ,-]{2,60}")
 
 
 class MalformedRequestFilter(logging.Filter):
     """aiohttp logs a request it cannot parse (a NUL in a header, a space in a header name) as an
     ERROR with a traceback and the offending line. The client already got its 400; the line may
     hold its token, and anyone who can connect could fill the log with them. Such a record becomes
-    one INFO line that names the address and the kind of fault, never the bytes."""
+    one line (INFO, or lower when aiohttp chose lower) naming the address and the kind of fault,
+    never the bytes."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
-            fault = next((line.strip() for line in exc.message.splitlines() if line.strip()), "unparsable")
-            fault = _QUOTED_BYTES.split(fault, 1)[0]  # "Got more than 8190 bytes when reading: b'…'"
+            first = next((line.strip() for line in exc.message.splitlines() if line.strip()), "")
+            first = first.rstrip(":").strip()
+            fault = first if _FAULT.fullmatch(first) else type(exc).__name__
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-            record.msg, record.args = "malformed HTTP request from %s (%d): %s", (remote, exc.code,
-                                                                                   fault.rstrip(":"))
+            level = min(record.levelno, logging.INFO)
+            record.levelno, record.levelname = level, logging.getLevelName(level)
+            record.msg, record.args = "malformed HTTP request from %s (%d): %s", (remote, exc.code, fault)
             record.exc_info = record.exc_text = None
         return True
 
