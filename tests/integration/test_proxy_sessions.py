@@ -494,13 +494,21 @@ async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
      "connection failed (ClientConnectorError: Cannot connect to host [address hidden] ssl:default "
      "[Connect call failed ('[address hidden]', 8080)])"),
     ("no answer from [fd00::5]:11434 or localhost:8000", "no answer from [address hidden] or [address hidden]"),
+    # A compose service name, IPv6 as aiohttp prints a peer, a configured host named without a port.
+    ("Cannot connect to host ollama:11434 ssl:default [Connect call failed ('::1', 11434, 0, 0)]",
+     "Cannot connect to host [address hidden] ssl:default [Connect call failed ('[address hidden]', 11434, 0, 0)]"),
+    ("no route to fd00:1::5 or 2001:db8:0:0:0:0:0:1", "no route to [address hidden] or [address hidden]"),
+    ("Cannot connect to host gpu-box.internal ssl:default", "Cannot connect to host [address hidden] ssl:default"),
     # Not addresses: left as they are.
-    ("model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30",
-     "model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30"),
+    ("model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30:45",
+     "model 'llama3.1:8b' at [address hidden]: context length 8192 exceeded at 12:30:45"),
+    ("HTTP 400: Invalid 'messages[2].tool_calls[0].id'", "HTTP 400: Invalid 'messages[2].tool_calls[0].id'"),
+    ("model 'gpu-box-2' failed on gpu-box.internals", "model 'gpu-box-2' failed on gpu-box.internals"),
 ])
 def test_addresses_are_hidden_from_client_tokens_only(message: str, client_sees: str) -> None:
     from aiops.integrations.server.owners import Caller
     from aiops.integrations.server.proxy_sessions import shown_to
 
-    assert shown_to(Caller("chat", operator=False), message) == client_sees
-    assert shown_to(Caller("ops", operator=True), message) == message
+    hosts = ["gpu-box.internal"]  # configured model servers' hosts
+    assert shown_to(Caller("chat", operator=False), message, hosts) == client_sees
+    assert shown_to(Caller("ops", operator=True), message, hosts) == message
