@@ -21,6 +21,7 @@ import aiops
 from aiops.engine import events as ev
 from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
+from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
 from aiops.engine.types import is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
@@ -89,19 +90,16 @@ class GateDecisionRequest(_Body):
 
 
 # Store ids and offsets are SQLite integers: a larger number is a 400, not an overflow (a 500).
-MAX_INT = 2**63 - 1
-
-
 class SessionsQuery(_Query):
     kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
-    offset: int = Field(0, ge=0, le=MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
+    offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
 
 
 class HistoryQuery(_Query):
     limit: int = Field(50, ge=1, le=1000, description="At most this many messages: the latest ones.")
-    before: int | None = Field(None, ge=1, le=MAX_INT, description="Only messages with an id below this (the "
+    before: int | None = Field(None, ge=1, le=SQLITE_MAX_INT, description="Only messages with an id below this (the "
                                                        "`next_before` of the previous page).")
 
 
