@@ -55,6 +55,10 @@ def our_error(body: Any) -> tuple[str, str]:
     (b"\xff\xfe{}", "malformed JSON body"),
     (b'["text"]', "must be a JSON object"),
     (b'"hi"', "must be a JSON object"),
+    # Valid JSON that Python's parser refuses: each was a 500.
+    pytest.param(b'{"text": "hi", "timeout": ' + b"9" * 5000 + b"}", "a number has more than 4300 digits",
+                 id="5000-digit-number"),
+    pytest.param(b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply", id="deep-nesting"),
 ])
 async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: bytes, expect: str) -> None:
     status, body, _ = await call(api_server, "POST", "/api/v1/submit", data=raw,

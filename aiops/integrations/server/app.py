@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -236,6 +237,12 @@ async def read_json(request: web.Request) -> Any:
                                              f"{e.lineno} column {e.colno}") from None
     except UnicodeDecodeError:
         raise HttpError(400, "invalid_json", "malformed JSON body: not valid UTF-8") from None
+    except ValueError:
+        # The only other ValueError of json.loads: an integer past Python's conversion limit.
+        raise HttpError(400, "invalid_json", f"malformed JSON body: a number has more than "
+                                             f"{sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:
+        raise HttpError(400, "invalid_json", "malformed JSON body: arrays or objects nested too deeply") from None
     if _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(data):
         raise HttpError(400, "invalid_json", "malformed JSON body: a string holds an unpaired UTF-16 "
                                              "surrogate escape (\\uD800-\\uDFFF), which is not valid Unicode")
