@@ -71,7 +71,8 @@ class EventStream:
 
     Use as an async context manager to be sure the server has subscribed before you submit, or
     iterate it directly (it connects on the first item). It ends when the server ends the stream
-    (shutdown, or an `error` event with code `slow_consumer` for a reader that fell behind).
+    (shutdown; the session deleted, after an `error` event with code `session_deleted`; or an
+    `error` event with code `slow_consumer` for a reader that fell behind).
     """
 
     def __init__(self, client: AgentClient, client_id: str) -> None:

@@ -4,6 +4,7 @@ operators see and manage every session. Through the API (AgentClient, raw HTTP) 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -91,6 +92,27 @@ async def test_a_client_stream_of_a_session_another_caller_creates_ends_with_for
     assert [e["event"] for e in seen] == ["error"]
     assert seen[0]["data"]["code"] == "forbidden"
     assert "secret" not in str(seen)
+
+
+async def test_a_deleted_sessions_streams_end_so_a_later_session_of_that_name_stays_private(
+        api_server_factory: ApiServerFactory) -> None:
+    """A fixed name (`api-nightly`) is deleted, then created again by another caller: the first
+    owner's open stream must not go on to show the new owner's turn."""
+    srv = await two_clients(api_server_factory)
+    async with srv.client("ops") as ops, srv.client("bot") as bot, srv.client("bot2") as bot2:
+        assert (await bot.send("first run", client_id="api-nightly"))["status"] == "complete"
+        async with bot.stream("api-nightly") as old_reader, ops.stream("api-nightly") as ops_reader:
+            assert await bot.delete_session("api-nightly") == {"client_id": "api-nightly", "deleted": True}
+            assert (await bot2.send("bot2's secret", client_id="api-nightly"))["status"] == "complete"
+            async with asyncio.timeout(10):  # without the fix they never end
+                seen = [e async for e in old_reader]  # ends at the delete
+                ops_seen = [e async for e in ops_reader]
+        assert [e["event"] for e in seen] == ["error"]
+        assert seen[0]["data"]["code"] == "session_deleted"
+        assert "secret" not in str(seen)
+        assert ops_seen == seen  # an operator's reader of the deleted session ends the same way
+        assert (await bot2.session("api-nightly"))["session"]["owner"] == "bot2"
+        await forbidden(bot.session("api-nightly"))
 
 
 async def test_a_client_sees_only_the_gates_of_its_own_sessions(api_server_factory: ApiServerFactory) -> None:

@@ -325,6 +325,9 @@ def _sse(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {_dumps(data)}\n\n".encode()
 
 
+_STREAMED = ev.CONTRACT_EVENTS | {ev.SESSION}
+
+
 async def stream(request: web.Request) -> web.StreamResponse:
     engine = get_engine(request)
     who = caller(request)
@@ -345,7 +348,9 @@ async def stream(request: web.Request) -> web.StreamResponse:
     # created it is recorded as its owner. Operators may read every session.
     allowed = live is not None or who.operator
     keepalive = request.app[CONFIG_KEY].app.server.keepalive_seconds
-    sub = engine.bus.subscribe(session_id, names=ev.CONTRACT_EVENTS)
+    # SESSION too, only to see the session deleted: the stream ends there, so that a later
+    # session of the same name (another caller's, perhaps) never reaches this reader.
+    sub = engine.bus.subscribe(session_id, names=_STREAMED)
     with server_state(request).track(sub):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -360,6 +365,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     await resp.write(b": keep-alive\n\n")
                     continue
                 if event is None:  # the server is shutting down
+                    break
+                if event.name == ev.SESSION:
+                    if event.data.get("change") != "deleted":
+                        continue
+                    await resp.write(_sse(ev.ERROR, {"code": "session_deleted", "session_id": session_id,
+                                                     "message": f"session {session_id!r} was deleted"}))
                     break
                 if not allowed:
                     created = await engine.session(session_id)
@@ -492,7 +503,8 @@ ROUTES: tuple[ApiRoute, ...] = (
                          "gets every event; a reader that falls too far behind gets an `error` event with "
                          "code `slow_consumer` and the stream ends. The id may name a session that does "
                          "not exist yet (subscribe, then submit); if another caller creates it, a client "
-                         "token's stream ends with an `error` event of code `forbidden`." + _OWN,
+                         "token's stream ends with an `error` event of code `forbidden`. When the session "
+                         "is deleted, the stream ends with an `error` event of code `session_deleted`." + _OWN,
              event_model=StreamEvent, errors=(400, 403, 404), path_params={"client_id": _SESSION_ID},
              path_schemas={"client_id": {"pattern": CLIENT_ID_PATTERN, "maxLength": 128}},
              content_description="text/event-stream"),
