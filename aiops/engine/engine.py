@@ -122,6 +122,12 @@ class Engine:
         self._cached_sessions = config.app.engine.cached_sessions
         self._backends: dict[str, Backend] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # A stamp per session whose history this process changed, from one counter: a cache of
+        # something derived from a history (the proxy's conversation views) is current while the
+        # stamp it was made under still is. Kept through eviction and deletion, so a session
+        # deleted and created again never matches a stamp of the old one.
+        self._history_stamps: dict[str, int] = {}
+        self._history_counter = 0
         self._prompts: Any = None
         self.started = False
         self.started_at = time.time()
@@ -380,6 +386,15 @@ class Engine:
             out.append(d)
         return out
 
+    def history_stamp(self, session_id: str) -> int:
+        """Changes whenever the session's stored history does (a message added, a reset, a
+        delete). Read it before reading the history: what was read is current while it holds."""
+        return self._history_stamps.get(session_id, 0)
+
+    def _history_changed(self, session_id: str) -> None:
+        self._history_counter += 1
+        self._history_stamps[session_id] = self._history_counter
+
     async def history(self, ref: str, *, limit: int | None = None,
                       before_id: int | None = None) -> list[Message]:
         live = await self.session(ref)
@@ -396,7 +411,10 @@ class Engine:
             await asyncio.wait([live.current.task], timeout=10)
         self.gatekeeper.broker.cancel_session(live.id)
         self._sessions.pop(live.id, None)
-        ok = await self.store.delete_session(live.id)
+        try:
+            ok = await self.store.delete_session(live.id)
+        finally:
+            self._history_changed(live.id)
         self.bus.publish(ev.SESSION, live.id, {"change": "deleted", "client_id": live.id,
                                                "short_id": live.row.short_id})
         return ok
@@ -406,9 +424,12 @@ class Engine:
         if live is None:
             raise EngineError(f"no session {ref!r}")
         with self._pinned(live):
-            await self.store.reset_session(live.id)
+            try:
+                await self.store.reset_session(live.id)
+            finally:
+                live._history = None
+                self._history_changed(live.id)
         live.row.title = ""
-        live._history = None
         self._session_changed(live)
 
     async def set_session_model(self, ref: str, model: str) -> None:
@@ -443,6 +464,7 @@ class Engine:
     async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message:
         """Commit a message; it is durable when this returns."""
         await self.store.add_message(session_id, msg)
+        self._history_changed(session_id)
         live = self._sessions.get(session_id)
         if live is not None:
             if live._history is not None:

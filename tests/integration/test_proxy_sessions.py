@@ -130,6 +130,63 @@ async def test_the_openai_user_field_names_the_conversation(api_server: ApiServe
     await client.close()
 
 
+async def test_many_chats_under_one_name_each_continue_their_own_session(api_server: ApiServer) -> None:
+    """LibreChat sends every chat of a user with the same `user`: each new chat is a fork of that
+    name, and each must go on in its own session, interleaved, whichever was touched last."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    chats: dict[str, list[tuple[str, str]]] = {}
+    for i in range(12):
+        sid, answer = await ask(client, [("user", f"chat {i}: hello")], user="carol")
+        chats[sid] = [("user", f"chat {i}: hello"), ("assistant", answer)]
+    assert list(chats) == ["user-carol"] + [f"user-carol+{n}" for n in range(2, 13)]
+    for round_ in range(2):
+        for sid, messages in reversed(chats.items()):
+            got, answer = await ask(client, [*messages, ("user", f"round {round_}")], user="carol")
+            assert got == sid
+            messages += [("user", f"round {round_}"), ("assistant", answer)]
+    for sid, messages in chats.items():
+        assert convo(await history(api_server, sid)) == messages
+    # A regenerated last answer (the last question sent again) forks after the highest one.
+    sid, _ = await ask(client, chats["user-carol+5"][:-1], user="carol")
+    assert sid == "user-carol+13"
+    await client.close()
+
+
+async def test_a_conversation_changed_outside_the_proxy_is_compared_as_it_is_now(api_server: ApiServer) -> None:
+    """Between two chat requests, an operator adds a turn to the session over the API, resets it,
+    or deletes it: the next request sees the session as it is, not as it was."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    sid, a1 = await ask(client, [("user", "uptime?")], user="dave")
+    first = [("user", "uptime?"), ("assistant", a1)]
+    async with httpx.AsyncClient() as h:
+        r = await h.post(api_server.url + "/api/v1/submit",
+                         json={"text": "operator aside", "client_id": sid, "wait": True})
+        assert r.json()["status"] == "complete"
+    # The chat UI never saw the operator's turn: its next message forks ...
+    fork, _ = await ask(client, [*first, ("user", "and load?")], user="dave")
+    assert fork == "user-dave+2"
+    # ... and a client that has it continues the session.
+    with_aside = [*first, ("user", "operator aside"), ("assistant", "echo: operator aside")]
+    assert (await ask(client, [*with_aside, ("user", "and memory?")], user="dave"))[0] == sid
+
+    # Reset: the session is empty, so the first message starts over in it.
+    async with httpx.AsyncClient() as h:
+        r = await h.post(api_server.url + "/api/v1/submit", json={"text": "!reset", "client_id": sid,
+                                                                  "wait": True})
+        assert r.status_code == 200, r.text
+    assert convo(await history(api_server, sid)) == []
+    _, b1 = await ask(client, [("user", "fresh start")], user="dave")
+    assert convo(await history(api_server, sid)) == [("user", "fresh start"), ("assistant", b1)]
+
+    # Deleted, then a new chat of that name: a new session under the freed id, not the old one.
+    async with httpx.AsyncClient() as h:
+        assert (await h.delete(f"{api_server.url}/api/v1/sessions/{sid}")).status_code == 200
+    again, c1 = await ask(client, [("user", "fresh start")], user="dave")
+    assert again == sid
+    assert convo(await history(api_server, sid)) == [("user", "fresh start"), ("assistant", c1)]
+    await client.close()
+
+
 async def test_x_aiops_session_wins_and_may_send_only_the_new_message(api_server: ApiServer) -> None:
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-Aiops-Session": "nightly-report",

@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -353,6 +354,40 @@ def is_prefix(ours: Sequence[Entry], client: Sequence[Entry]) -> bool:
     return len(ours) <= len(client) and all(_same(c, o) for c, o in zip(client, ours, strict=False))
 
 
+# A session's view as kept between requests: per entry its role, its text's hash and length.
+# Enough for `_same` (an exact match, or the client's text ending with ours), a few dozen bytes
+# an entry whatever the texts' length; a match is confirmed on the real view before it is used.
+Signature = tuple[str, int, int]
+
+
+def signatures(view: Sequence[Entry]) -> list[Signature]:
+    return [(role, hash(text), len(text)) for role, text in view]
+
+
+def _same_sig(client: Entry, ours: Signature) -> bool:
+    role, h, n = ours
+    if client[0] != role:
+        return False
+    text = client[1]
+    if len(text) == n and hash(text) == h:
+        return True
+    return (role == "user" and text[:1] in ("@", "!") and len(text) >= n
+            and hash(text[len(text) - n:]) == h)
+
+
+def is_prefix_sig(ours: Sequence[Signature], client: Sequence[Entry]) -> bool:
+    return len(ours) <= len(client) and all(_same_sig(c, o) for c, o in zip(client, ours, strict=False))
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What `_choose` needs of a session, as of the engine's history stamp it was read under."""
+    stamp: int
+    kind: str
+    owner: str | None
+    view: list[Signature]
+
+
 # ---- identity ---------------------------------------------------------------------------------------
 
 
@@ -428,12 +463,19 @@ class StartedTurn:
     imported: int = 0
 
 
+_SEEN_MAX = 4096  # compact views kept (a few KB each at most)
+
+
 class ProxySessions:
     """Maps conversations to sessions; one lock per conversation root serialises resolution."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._forks: dict[str, list[str]] = {}  # root -> known session ids of that root
+        # Compact views of recently compared sessions, least recently used first: without them
+        # every request read the history of every chat sharing its name (a `user` field names
+        # all of one person's chats), and grew slower with each chat.
+        self._seen: OrderedDict[str, _Seen] = OrderedDict()
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -529,36 +571,77 @@ class ProxySessions:
             live = await engine.session(conv.root)
             if live is not None and not who.may_use(owner_of(live)):
                 raise forbidden(conv.root)
+        for trusted in (True, False):
+            chosen = await self._match(known, conv, client, who, trusted)
+            if chosen is None:
+                break
+            sid, held = chosen
+            if (held == 0 and conv.explicit and sid == conv.root) or await self._confirmed(sid, held, client):
+                return sid, held, False
+            # A stale or colliding compact view (never seen in practice): compare the real ones.
+            self._seen.clear()
+        new_id_ = await self._free_id(conv.root, known)
+        return new_id_, 0, new_id_ != conv.root
+
+    async def _match(self, known: list[str], conv: ConversationId, client: list[Entry], who: Caller,
+                     trusted: bool) -> tuple[str, int] | None:
+        """The session to continue and how many of the client's messages it holds, or None: the
+        one holding all of them, else the one holding the longest prefix of them."""
         best: tuple[str, int] | None = None  # a session whose conversation is a prefix of the client's
         root_used = False
         for sid in list(known):
-            live = await engine.session(sid)
-            if live is None or live.row.kind != "proxy":
+            seen = await self._seen_of(sid, trusted)
+            if seen is None or seen.kind != "proxy":
                 known.remove(sid)  # deleted meanwhile
                 continue
-            if not who.may_use(owner_of(live)):
+            if not who.may_use(seen.owner):
                 continue  # another caller's branch of a shared name: never continued, never shown
-            ours = session_view(await live.history(engine))
+            ours = seen.view
             if sid == conv.root:
                 root_used = bool(ours)
             if not client and ours and not conv.explicit:
                 continue  # a first message never continues an existing conversation
-            if len(ours) == len(client) and is_prefix(ours, client):
-                return sid, len(client), False
-            if is_prefix(ours, client) and (best is None or len(ours) > best[1]):
+            if len(ours) == len(client) and is_prefix_sig(ours, client):
+                return sid, len(client)
+            if (best is None or len(ours) > best[1]) and is_prefix_sig(ours, client):
                 best = (sid, len(ours))
         if not client and conv.explicit and root_used:
             # X-Aiops-Session with only the new message: aiops holds the history.
-            return conv.root, 0, False
-        if best is not None:
-            return best[0], best[1], False
-        new_id_ = await self._free_id(conv.root)
-        return new_id_, 0, new_id_ != conv.root
+            return conv.root, 0
+        return best
 
-    async def _free_id(self, root: str) -> str:
+    async def _seen_of(self, sid: str, trusted: bool) -> _Seen | None:
+        engine = self.engine
+        stamp = engine.history_stamp(sid)  # before reading: a write meanwhile makes it stale
+        seen = self._seen.get(sid)
+        if trusted and seen is not None and seen.stamp == stamp:
+            self._seen.move_to_end(sid)
+            return seen
+        live = await engine.session(sid)
+        if live is None:
+            self._seen.pop(sid, None)
+            return None
+        seen = _Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(await live.history(engine))))
+        self._seen[sid] = seen
+        self._seen.move_to_end(sid)
+        while len(self._seen) > _SEEN_MAX:
+            self._seen.popitem(last=False)
+        return seen
+
+    async def _confirmed(self, sid: str, held: int, client: list[Entry]) -> bool:
+        """The chosen session's real conversation is what its compact view said."""
+        live = await self.engine.session(sid)
+        if live is None:
+            return False
+        ours = session_view(await live.history(self.engine))
+        return len(ours) == held and is_prefix(ours, client)
+
+    async def _free_id(self, root: str, known: Sequence[str]) -> str:
         if await self.engine.session(root) is None:
             return root
-        n = 2
+        # After the highest fork known: counting up from 2 asked the store once per earlier fork.
+        forks = (sid.rpartition("+")[2] for sid in known if sid != root)
+        n = max((int(f) for f in forks if f.isascii() and f.isdigit()), default=1) + 1
         while await self.engine.session(f"{root}+{n}") is not None:
             n += 1
         return f"{root}+{n}"
