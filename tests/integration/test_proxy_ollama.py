@@ -153,6 +153,28 @@ def test_chat_without_stream(client: ollama.Client, fake: FakeOpenAI) -> None:
     assert (r.prompt_eval_count, r.eval_count) == (3, 2)
 
 
+def test_durations_split_waiting_from_generating_with_and_without_stream(client: ollama.Client,
+                                                                         fake: FakeOpenAI) -> None:
+    """prompt_eval_duration is the wait for the first text, eval_duration the generating after it
+    (a client's tokens per second is eval_count / eval_duration), streamed or not. The fake waits
+    0.3 s before its first byte and 0.1 s between its four chunks: lower bounds only."""
+    for stream in (True, False):
+        fake.script(Reply.text("The backup finished at 03:12.", chunks=4, delay=0.3, chunk_delay=0.1,
+                               usage=(40, 11)))
+        parts = list(client.chat(model="aiops", messages=[{"role": "user", "content": f"backup {stream}?"}],
+                                 stream=True)) if stream else [
+            client.chat(model="aiops", messages=[{"role": "user", "content": f"backup {stream}?"}], stream=False)]
+        last = parts[-1]
+        assert last.prompt_eval_duration is not None and last.eval_duration is not None
+        assert last.prompt_eval_duration >= 0.3e9, (stream, last)
+        assert last.eval_duration >= 0.25e9, (stream, last)
+        assert last.total_duration >= last.prompt_eval_duration + last.eval_duration
+    # A background task is one plain model call: its time counts as generating, never as 0.
+    fake.script(Reply.text('{"tags": ["ops"]}', delay=0.2, usage=(50, 4)))
+    r = client.chat(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}], stream=False)
+    assert r.eval_count == 4 and r.eval_duration is not None and r.eval_duration >= 0.2e9
+
+
 def test_stream_is_the_default_on_the_wire(served: ServeProcess) -> None:
     body = {"model": "aiops", "messages": [{"role": "user", "content": "wire check"}]}
     with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10) as r:

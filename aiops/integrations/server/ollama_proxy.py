@@ -238,13 +238,19 @@ class _Shape:
         return obj
 
     def line(self, text: str) -> bytes:
-        if text and self.first is None:
-            self.first = time.monotonic_ns()
+        if text:
+            self.text_began()
         return json.dumps(self.body(text, False), ensure_ascii=False).encode() + b"\n"
+
+    def text_began(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic_ns()
 
     def final(self, text: str, usage: dict[str, int] | None, reason: str = "stop") -> dict[str, Any]:
         end = time.monotonic_ns()
-        first = self.first or end
+        # Unknown when the text began (a plain model call): all of it counts as generating, so
+        # that eval_count / eval_duration, a client's tokens per second, is never a division by 0.
+        first = self.first or self.t0
         obj = self.body(text, True)
         obj["done_reason"] = reason
         obj["total_duration"] = end - self.t0
@@ -305,7 +311,7 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
         await resp.write_eof()
         return resp
     started = await state.sessions.start(conversation_id(request, messages), messages, model, caller(request),
-                                         events=TURN_OUTPUT_EVENTS if stream else (ev.DONE,))
+                                         events=TURN_OUTPUT_EVENTS if stream else (ev.TOK, ev.DONE))
     if stream:
         return await _stream(request, shape, started)
     return await _complete(request, shape, started)
@@ -365,7 +371,7 @@ async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> 
 async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -> web.Response:
     channel = Channel(request, None, _on_disconnect(request, started)).start()
     try:
-        result = await wait_done(started)
+        result = await wait_done(started, shape.text_began)
     except BaseException:
         await channel.disconnected()
         raise
@@ -376,7 +382,6 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
     if result.status == "error":
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
-    shape.first = shape.first or time.monotonic_ns()
     resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp

@@ -658,11 +658,15 @@ class ProxySessions:
         return len(missing)
 
 
-async def wait_done(started: StartedTurn) -> TurnResult:
+async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | None = None) -> TurnResult:
     """The turn's result, taken from its `done` event: that comes as soon as the answer is
-    recorded, a few loop turns before the turn's own future (which waits for the task to end)."""
+    recorded, a few loop turns before the turn's own future (which waits for the task to end).
+    `on_first_text` is called as the answer's first text arrives, if `tok` is subscribed to."""
     if started.sub is not None:
         async for e in started.sub:
+            if on_first_text is not None and e.name == ev.TOK and e.turn_id == started.turn.id:
+                on_first_text()
+                on_first_text = None
             if e.name == ev.DONE and e.turn_id == started.turn.id:
                 d = e.data
                 usage = d.get("usage") or {}
