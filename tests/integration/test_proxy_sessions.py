@@ -261,6 +261,15 @@ async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: {task}"
     g = await ollama.AsyncClient(host=api_server.url).generate(model="aiops", prompt=task, stream=False)
     assert g.response == f"echo: {task}"
+    # A failed one is the surface's own model failure: 502 on /v1, 500 on /api, as a turn's.
+    fake.script(Reply.error(400, "context too long"), Reply.error(400, "context too long"))
+    with pytest.raises(openai.APIStatusError) as failed:  # (the SDK would retry a 502 by default)
+        await client.with_options(max_retries=0).chat.completions.create(
+            model="aiops", messages=[{"role": "user", "content": task}])
+    assert failed.value.status_code == 502 and "context too long" in failed.value.message
+    with pytest.raises(ollama.ResponseError) as failed_ollama:
+        await ollama.AsyncClient(host=api_server.url).generate(model="aiops", prompt=task, stream=False)
+    assert failed_ollama.value.status_code == 500 and "context too long" in failed_ollama.value.error
     assert await history(api_server, sid) == before
     assert set(await sessions(api_server)) == {sid}
     await client.close()

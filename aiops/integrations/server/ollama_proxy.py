@@ -300,7 +300,8 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
     state = proxy_state(request)
     engine = get_engine(request)
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages, caller(request))
+        text, usage = await answer_background_task(engine, model, messages, caller(request),
+                                                   failed_status=500)
         if not stream:
             return web.json_response(shape.final(text, usage))
         resp = web.StreamResponse(headers={"Content-Type": NDJSON})

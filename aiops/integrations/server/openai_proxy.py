@@ -226,7 +226,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise model_not_found(req.model)
     created = int(time.time())
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages, caller(request))
+        text, usage = await answer_background_task(engine, model, messages, caller(request),
+                                                   failed_status=502)
         cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
         if req.stream:
             return await _stream_text(request, cid, created, req, text, usage)

@@ -164,9 +164,10 @@ def is_background_task(messages: Sequence[ClientMessage]) -> bool:
 
 
 async def answer_background_task(engine: Engine, model: PublishedModel, messages: Sequence[ClientMessage],
-                                 who: Caller) -> tuple[str, dict[str, int] | None]:
+                                 who: Caller, *, failed_status: int) -> tuple[str, dict[str, int] | None]:
     """A plain model call: no tools, no gates, no session, nothing recorded. The answer and the
-    model's token counts (None when it reported none)."""
+    model's token counts (None when it reported none). A failure is an HttpError of the surface's
+    own status for a failed model (`failed_status`)."""
     from aiops.engine.backends import ModelError
 
     system = "\n\n".join(m.text for m in messages if m.role == "system" and m.text) or None
@@ -175,7 +176,7 @@ async def answer_background_task(engine: Engine, model: PublishedModel, messages
     try:
         completion = await engine.complete_plain(model.key, convo, system=system)
     except ModelError as e:
-        raise HttpError(502, "model_error", shown_to(who, str(e), configured_hosts(engine))) from None
+        raise HttpError(failed_status, "model_error", shown_to(who, str(e), configured_hosts(engine))) from None
     return completion.text, completion.usage.counts() if completion.usage is not None else None
 
 
