@@ -494,6 +494,29 @@ async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp
     assert {line["event"] for line in lines} <= CONTRACT_EVENTS
 
 
+async def test_aiops_attach_failures_are_one_line_not_a_traceback(api_server_factory: ApiServerFactory,
+                                                                   tmp_path: Any) -> None:
+    srv = await api_server_factory(tokens=Tokens.make(ops="operator"))
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: a refused connection
+    cases = [(srv.url, {}, "401 unauthorized"),
+             (srv.url, {"AIOPS_TOKEN": "wrong"}, "401 unauthorized"),
+             (f"http://127.0.0.1:{closed.getsockname()[1]}", {}, "cannot reach the aiops server at")]
+    try:
+        for url, env, expect in cases:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "aiops.cli", "--config-dir", str(srv.cfg.paths.config_dir),
+                "--data-dir", str(tmp_path / "attach-data"), "attach", "api-x", "--url", url,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**clean_env(), **env}, cwd=tmp_path)
+            out, err = await asyncio.wait_for(proc.communicate(), 30)
+            assert proc.returncode == 2, (url, err)
+            lines = err.decode().strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("aiops: ") and expect in lines[0], err
+            assert "Traceback" not in err.decode() and out == b""
+    finally:
+        closed.close()
+
+
 # ---- aiops serve -------------------------------------------------------------------------------------------
 
 
