@@ -58,6 +58,8 @@ def our_error(body: Any) -> tuple[str, str]:
     # Valid JSON that Python's parser refuses: each was a 500.
     pytest.param(b'{"text": "hi", "timeout": ' + b"9" * 5000 + b"}", "a number has more than 4300 digits",
                  id="5000-digit-number"),
+    (b'{"text": "hi", "timeout": NaN}', "NaN is not JSON"),
+    (b'{"text": "hi", "timeout": -Infinity}', "-Infinity is not JSON"),
     pytest.param(b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply", id="deep-nesting"),
 ])
 async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: bytes, expect: str) -> None:

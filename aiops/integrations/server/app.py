@@ -224,13 +224,25 @@ def _lone_surrogate(value: Any) -> bool:
     return False
 
 
+class _NotJson(Exception):
+    pass
+
+
+def _not_json(word: str) -> Any:
+    # Python's parser takes NaN, Infinity and -Infinity; JSON has no such numbers.
+    raise _NotJson(word)
+
+
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON; 400 `invalid_json` with the position when it is not."""
     raw = await read_body(request)
     if not raw.strip():
         raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_not_json)
+    except _NotJson as e:
+        raise HttpError(400, "invalid_json", f"malformed JSON body: {e} is not JSON (a number must be "
+                                             f"finite)") from None
     except json.JSONDecodeError as e:
         # Some messages end in "at" themselves ("Unterminated string starting at").
         raise HttpError(400, "invalid_json", f"malformed JSON body: {e.msg.removesuffix(' at')} at line "
