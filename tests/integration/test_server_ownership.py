@@ -173,6 +173,49 @@ async def _ask(srv: ApiServer, token: str, text: str, **headers: str) -> tuple[s
         await client.close()
 
 
+async def test_every_session_id_the_proxy_sends_back_can_be_sent_again(api_server_factory: ApiServerFactory) -> None:
+    """Namespaced ids and forks of long names stay within the 128 characters X-Aiops-Session takes."""
+    srv = await two_clients(api_server_factory)
+
+    async def chat(token: str, messages: list[tuple[str, str]], **headers: str) -> tuple[int, str, str]:
+        async with httpx.AsyncClient() as h:
+            r = await h.post(srv.url + "/v1/chat/completions", headers={**srv.headers(token), **headers}, json={
+                "model": "aiops", "messages": [{"role": ro, "content": t} for ro, t in messages]})
+        body = r.json()
+        text = body["choices"][0]["message"]["content"] if r.status_code == 200 else body["error"]["message"]
+        return r.status_code, r.headers.get("x-aiops-session", ""), text
+
+    # A client token's name is prefixed: a name that would not fit with it is refused up front.
+    status, _, message = await chat("bot", [("user", "hi")], **{"X-Aiops-Session": "a" * 125})
+    assert status == 400 and "at most 116 characters with this token" in message
+    longest = "a" * 116
+    status, sid, answer = await chat("bot", [("user", "hi")], **{"X-Aiops-Session": longest})
+    assert (status, sid) == (200, "bot:" + longest)
+    # The id sent back continues it; an edit forks it, and the fork's id works as well.
+    assert (await chat("bot", [("user", "more")], **{"X-Aiops-Session": sid}))[:2] == (200, sid)
+    status, fork, _ = await chat("bot", [("user", "hi"), ("assistant", "edited"), ("user", "again")],
+                                 **{"X-Aiops-Session": sid})
+    assert (status, fork) == (200, sid + "+2") and len(fork) <= 128
+    assert (await chat("bot", [("user", "on the fork")], **{"X-Aiops-Session": fork}))[:2] == (200, fork)
+    # Forks of forks, each sent back: within 128 every time (past it, named after the first root).
+    seen = {sid, fork}
+    for i in range(5):
+        status, fork, _ = await chat("bot", [("user", f"other {i}"), ("assistant", "x"), ("user", "y")],
+                                     **{"X-Aiops-Session": fork})
+        assert status == 200 and fork not in seen and fork.startswith(sid + "+") and len(fork) <= 128, fork
+        seen.add(fork)
+        assert (await chat("bot", [("user", "on it")], **{"X-Aiops-Session": fork}))[:2] == (200, fork)
+    assert sid + "+2+2+2+2" in seen and sid + "+3" in seen  # the last that fit, then the first root's next
+    # Long chat ids and `user` names are shortened (a hash keeps them apart) to fit as well.
+    for headers, extra in (({"X-OpenWebUI-Chat-Id": "c" * 200}, {}), ({}, {"user": "u" * 200})):
+        async with httpx.AsyncClient() as h:
+            r = await h.post(srv.url + "/v1/chat/completions", headers={**srv.headers("bot"), **headers}, json={
+                "model": "aiops", "messages": [{"role": "user", "content": "hi"}], **extra})
+        sent_back = r.headers["x-aiops-session"]
+        assert r.status_code == 200 and len(sent_back) <= 120, sent_back
+        assert (await chat("bot", [("user", "again")], **{"X-Aiops-Session": sent_back}))[:2] == (200, sent_back)
+
+
 async def test_proxy_conversation_names_are_namespaced_by_client_token(api_server_factory: ApiServerFactory) -> None:
     srv = await two_clients(api_server_factory)
     for header in ("X-Aiops-Session", "X-OpenWebUI-Chat-Id"):

@@ -397,6 +397,18 @@ _SAFE_ID = re.compile(r"[^A-Za-z0-9._:@-]")
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 
 
+# A conversation's root id leaves room for a fork's "+N" (up to 7 digits) within the 128
+# characters a session id may have: every id the server sends back can be sent again.
+_ROOT_MAX = 120
+
+
+def _fitted(root: str) -> str:
+    """`root`, or when it is too long, its start and a hash of the whole: still one per name."""
+    if len(root) <= _ROOT_MAX:
+        return root
+    return root[:_ROOT_MAX - 9] + "-" + hashlib.sha256(root.encode()).hexdigest()[:8]
+
+
 def _safe(value: str, limit: int = 80) -> str:
     clean = _SAFE_ID.sub("_", value.strip())[:limit]
     if clean != value.strip():
@@ -433,12 +445,20 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
             raise HttpError(400, "invalid_session",
                             f"{SESSION_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : @ + -, starting "
                             f"with a letter or digit, and not all digits")
-        return ConversationId(header if header.startswith(ns) else ns + header, "header")
+        root = header if header.startswith(ns) else ns + header
+        if len(_first_root(root)) > _ROOT_MAX:
+            # Longer, and the id the server sends back (namespaced, or a fork's) could not be
+            # sent again.
+            raise HttpError(400, "invalid_session",
+                            f"{SESSION_HEADER} is too long: at most {_ROOT_MAX - len(ns)} characters"
+                            + (f" with this token (its sessions are named {ns}<name>)" if ns else "")
+                            + ", so that a fork's id (<name>+N) stays within 128")
+        return ConversationId(root, "header")
     chat = request.headers.get(OPENWEBUI_CHAT_HEADER, "").strip()
     if chat:
-        return ConversationId(ns + "owui-" + _safe(chat), "openwebui")
+        return ConversationId(_fitted(ns + "owui-" + _safe(chat)), "openwebui")
     if user and user.strip():
-        return ConversationId(ns + "user-" + _safe(user), "user")
+        return ConversationId(_fitted(ns + "user-" + _safe(user)), "user")
     h = hashlib.sha256(str(request.get("principal") or f"addr:{request.remote}").encode())
     first_user = next((m.text for m in messages if m.role == "user"), "")
     first_system = next((m.text for m in messages if m.role == "system"), "")
@@ -450,6 +470,13 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
 def _root_of(session_id: str) -> str:
     base, sep, n = session_id.rpartition("+")
     return base if sep and n.isdigit() else session_id
+
+
+def _first_root(session_id: str) -> str:
+    """The name a fork of a fork (`name+2+3`) started from."""
+    while (root := _root_of(session_id)) != session_id:
+        session_id = root
+    return session_id
 
 
 # ---- starting a turn ---------------------------------------------------------------------------------
@@ -643,6 +670,10 @@ class ProxySessions:
         # After the highest fork known: counting up from 2 asked the store once per earlier fork.
         forks = (sid.rpartition("+")[2] for sid in known if sid != root)
         n = max((int(f) for f in forks if f.isascii() and f.isdigit()), default=1) + 1
+        if len(f"{root}+{n}") > 128:
+            # A fork of a fork sent back as X-Aiops-Session: named after the first root instead,
+            # so that its id can be sent again too.
+            root, n = _first_root(root), 2
         while await self.engine.session(f"{root}+{n}") is not None:
             n += 1
         return f"{root}+{n}"
