@@ -566,9 +566,9 @@ class Engine:
         turn_model = parsed.model or (model if live is not None and model != live.row.model else None)
         if turn_model and (why := self.check_model(turn_model)):
             outputs.append(why)
-            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="error")
+            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="error", model=model)
         if not parsed.text or live is None:
-            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs))
+            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=model)
         await self.record(live.id, Message("user", parsed.text, turn_id=turn_id,
                                            meta={"model": turn_model} if turn_model else {}))
         self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)
@@ -584,14 +584,19 @@ class Engine:
         return turn
 
     def _finished_turn(self, turn_id: str, session_id: str, kind: str, text: str,
-                       status: str = "complete") -> Turn:
+                       status: str = "complete", model: str | None = None) -> Turn:
+        """The turn of a message that ran no model: its commands' output (or why it was refused).
+        Its `done` has the fields of any turn's (`model`: the session's, or a new one's), plus
+        `command: true`."""
+        live = self._sessions.get(session_id)
+        model_key = live.model_key(self) if live is not None else (model or self.config.models.default_model)
         turn = Turn(turn_id, session_id, "", kind)
-        result = TurnResult(turn_id, status, text)
-        turn.future.set_result(result)
-        data: dict[str, Any] = {"text": text, "status": status, "command": True}
-        if status == "error":
-            data["error"] = {"code": "bad_request", "message": text}
-            self.bus.publish(ev.ERROR, session_id, data["error"], turn_id)
+        error = {"code": "bad_request", "message": text} if status == "error" else None
+        turn.future.set_result(TurnResult(turn_id, status, text, error))
+        data: dict[str, Any] = {"text": text, "status": status, "model": model_key, "command": True}
+        if error is not None:
+            data["error"] = error
+            self.bus.publish(ev.ERROR, session_id, error, turn_id)
         self.bus.publish(ev.DONE, session_id, data, turn_id)
         return turn
 

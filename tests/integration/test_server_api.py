@@ -159,6 +159,27 @@ async def test_commands_go_through_submit(api_server: ApiServer) -> None:
     assert api_server.fake.requests == []  # a command is not a model call
 
 
+async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_any_turn(
+        api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        # No session, no wait: the answer is in the reply (no stream could have had it).
+        got = await agent.submit("!help")
+        assert got["status"] == "complete" and "!stop" in got["text"]
+        assert await agent.sessions() == []
+        # A refused @model: the reply's error object is the done event's.
+        assert (await agent.send("hello", client_id="api-cmds"))["status"] == "complete"
+        async with agent.stream("api-cmds") as events:
+            refused = await agent.send("@nope hi", client_id="api-cmds")
+            done = (await events_until_done(events, refused["turn_id"]))[-1]["data"]
+            accepted = await agent.submit("!model local", client_id="api-cmds")
+            switched = (await events_until_done(events, accepted["turn_id"]))[-1]["data"]
+    assert refused["status"] == "error" and refused["error"]["code"] == "bad_request"
+    assert "nope" in refused["error"]["message"]
+    assert (done["status"], done["error"], done["command"]) == ("error", refused["error"], True)
+    assert done["model"] == "local"  # the session's model, as any turn's done names it
+    assert accepted["status"] == "complete" and switched["model"] == "local" and switched["command"] is True
+
+
 async def test_two_readers_of_one_session_each_get_every_event(api_server: ApiServer) -> None:
     # Spaced chunks: deltas queued together are merged for a reader, so only spacing shows streaming.
     api_server.fake.script(Reply.text("one two three four five six seven eight nine ten eleven", chunks=6)

@@ -240,7 +240,7 @@ class StreamEvent(BaseModel):
     carries `session_id` and, for events of a turn, `turn_id`. tok/thinking/notice: `{text}`;
     tool_call: `{id, name, arguments}`; tool_result: `{id, name, content, truncated, is_error,
     duration_ms}`; gate/gate_resolved: the gate object; error: `{code, message}`; done: `{text,
-    status, model, error?, usage?}`."""
+    status, model, error?, usage?}`, plus `command: true` for a message that ran only commands."""
 
     model_config = ConfigDict(extra="allow")
     session_id: str | None
@@ -296,8 +296,10 @@ async def submit(request: web.Request) -> web.Response:
         turn = await asyncio.shield(_submit(engine, client_id, body, who))
     except EngineError as e:
         raise HttpError(400, "bad_request", str(e)) from None
-    if not body.wait:
+    if not body.wait and not turn.done:
         return _json(SubmitAccepted(client_id=turn.session_id, status="accepted", turn_id=turn.id), 202)
+    # With `wait`, or a message of only commands: answered by now, so answered here, wait or not
+    # (without a session, no stream could have had it).
     try:
         result = await turn.wait(body.timeout)
     except TimeoutError:
@@ -494,6 +496,7 @@ ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("POST", f"{PREFIX}/submit", submit, "submit", "Submit a message", "turns",
              description="Without `wait`, answers 202 as soon as the message is committed; follow the "
                          "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes. "
+                         "A message of only `!commands` is answered at once, 200, with or without `wait`. "
                          "A new session is owned by the caller." + _OWN,
              body=SubmitRequest, response=SubmitAccepted, status=202, also={200: SubmitResult},
              errors=(403, 404), content_description="Accepted: the turn is queued (without `wait`)"),
