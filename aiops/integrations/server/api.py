@@ -23,7 +23,7 @@ from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
-from aiops.engine.types import is_short_id, new_id
+from aiops.engine.types import Message, is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
 from aiops.integrations.server.app import (
     AUTHENTICATED_KEY,
@@ -179,7 +179,8 @@ class MessageOut(BaseModel):
 
 class SessionDetail(BaseModel):
     session: SessionInfo
-    messages: list[MessageOut] = Field(description="Oldest first.")
+    messages: list[MessageOut] = Field(description="Oldest first, each turn's messages together: a message "
+                                                   "sent while a turn ran follows that turn's answer.")
     has_more: bool = Field(description="Older messages exist: ask again with `before=next_before`.")
     next_before: int | None
 
@@ -419,10 +420,22 @@ async def get_session(request: web.Request) -> web.Response:
         messages = messages[1:]
     return _json(SessionDetail(
         session=await _session_info(engine, live),
-        messages=[MessageOut.model_validate(m.to_dict()) for m in messages],
+        messages=[MessageOut.model_validate(m.to_dict()) for m in by_turn(messages)],
         has_more=has_more,
-        next_before=messages[0].id if has_more and messages else None,
+        next_before=messages[0].id if has_more and messages else None,  # the page's oldest by id
     ))
+
+
+def by_turn(messages: list[Message]) -> list[Message]:
+    """A page of history (in commit order) as a transcript: each turn's messages together, turns in
+    the order they began. A message sent while a turn runs is committed before that turn's answer,
+    but it was answered after it, as the model saw it."""
+    groups: dict[str | int, list[Message]] = {}
+    for m in messages:
+        groups.setdefault(m.turn_id or m.id or 0, []).append(m)
+    if len(groups) == len(messages):
+        return messages
+    return [m for group in groups.values() for m in group]
 
 
 async def delete_session(request: web.Request) -> web.Response:
