@@ -60,6 +60,8 @@ def our_error(body: Any) -> tuple[str, str]:
                  id="5000-digit-number"),
     (b'{"text": "hi", "timeout": NaN}', "NaN is not JSON"),
     (b'{"text": "hi", "timeout": -Infinity}', "-Infinity is not JSON"),
+    pytest.param(b'{"text": "hi", "x": ' + b"[" * 700 + rb'"\ud800"' + b"]" * 700 + b"}", "unpaired UTF-16 surrogate",
+                 id="deep-lone-surrogate"),
     pytest.param(b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply", id="deep-nesting"),
 ])
 async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: bytes, expect: str) -> None:
