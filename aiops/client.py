@@ -207,7 +207,9 @@ class AgentClient:
     # -- turns --
 
     async def submit(self, text: str, client_id: str | None = None, model: str | None = None) -> dict[str, Any]:
-        """Queue a message; returns `{client_id, status: "accepted", turn_id}` at once."""
+        """Queue a message; returns `{client_id, status: "accepted", turn_id}` at once. A message
+        that runs no model (only `!commands`) is answered at once instead: the result, as `send`
+        gives it (`status` "complete" or "error")."""
         body: dict[str, Any] = {"text": text}
         if client_id is not None:
             body["client_id"] = client_id
@@ -252,6 +254,8 @@ class AgentClient:
         cid = client_id or f"api-{secrets.token_hex(4)}"
         async with self.stream(cid) as events:
             accepted = await self.submit(text, cid, model)
+            if accepted.get("status") != "accepted":
+                return accepted  # answered at once: it ran no model, so it has no gates
             turn_id = accepted["turn_id"]
             try:
                 async with asyncio.timeout(timeout):

@@ -128,6 +128,8 @@ class Engine:
         # deleted and created again never matches a stamp of the old one.
         self._history_stamps: dict[str, int] = {}
         self._history_counter = 0
+        self._commanding: dict[str, int] = {}  # sessions whose message's commands are running
+        self._deletions: dict[str, dict[str, Any]] = {}  # deletions announced when they end
         self._prompts: Any = None
         self.started = False
         self.started_at = time.time()
@@ -415,9 +417,19 @@ class Engine:
             ok = await self.store.delete_session(live.id)
         finally:
             self._history_changed(live.id)
-        self.bus.publish(ev.SESSION, live.id, {"change": "deleted", "client_id": live.id,
-                                               "short_id": live.row.short_id})
+        deleted = {"change": "deleted", "client_id": live.id, "short_id": live.row.short_id}
+        if self._commanding.get(live.id):
+            self._deletions[live.id] = deleted  # announced when the commands' message is answered
+        else:
+            self.bus.publish(ev.SESSION, live.id, deleted)
         return ok
+
+    def _commands_over(self, session_id: str) -> None:
+        n = self._commanding.pop(session_id, 1) - 1
+        if n > 0:
+            self._commanding[session_id] = n
+        elif (deleted := self._deletions.pop(session_id, None)) is not None:
+            self.bus.publish(ev.SESSION, session_id, deleted)
 
     async def reset_session(self, ref: str) -> None:
         live = await self.session(ref)
@@ -531,6 +543,10 @@ class Engine:
         turn_id = new_id("turn_")
         outputs: list[str] = []
         if parsed.commands:
+            # A command may delete this very session: its deletion is announced after the `done`
+            # of this message, so that a stream ending at the deletion still gets that `done`.
+            self._commanding[sid] = self._commanding.get(sid, 0) + 1
+            pins.callback(self._commands_over, sid)
             echo = "\n".join(parsed.commands)
             echoed = live is not None
             if echoed:
@@ -548,7 +564,7 @@ class Engine:
                         notice["text"] = out
                     outputs.append(out)
                     self.bus.publish(ev.NOTICE, sid, notice, turn_id)
-                    return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs))
+                    return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=live.model_key(self))
                 outputs.append(out)
                 if live is None:
                     live = self._sessions.get(sid)  # a plugin's command may have created it

@@ -305,6 +305,25 @@ async def test_stop_cancels_a_hanging_turn(api_server: ApiServer) -> None:
 
 
 
+async def test_a_session_deleting_itself_still_ends_its_message_with_done(api_server: ApiServer) -> None:
+    """`!session ID delete` sent to that session: its readers get the command's `done` (the end of
+    the turn, always), then `session_deleted`; a send with a gate policy returns the result."""
+    async with api_server.client() as agent:
+        assert (await agent.send("hello", client_id="api-self"))["status"] == "complete"
+        async with agent.stream("api-self") as stream:
+            got = await agent.send("!session api-self delete", client_id="api-self")
+            async with asyncio.timeout(10):
+                events = [e async for e in stream]
+        assert got["status"] == "complete" and "deleted" in got["text"]
+        assert [e["event"] for e in events][-2:] == ["done", "error"]
+        assert events[-2]["data"]["turn_id"] == got["turn_id"] and events[-2]["data"]["model"] == "local"
+        assert events[-1]["data"]["code"] == "session_deleted"
+        assert (await agent.send("hello", client_id="api-self2"))["status"] == "complete"
+        policy_run = await agent.send("!session api-self2 delete", client_id="api-self2", auto_resolve=True,
+                                      policy=lambda gate: "deny")
+        assert policy_run["status"] == "complete" and "deleted" in policy_run["text"]
+
+
 async def test_history_lists_a_message_sent_during_a_turn_after_that_turns_answer(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.text("first answer", chunks=4, chunk_delay=0.2), Reply.text("second answer"))
     async with api_server.client() as agent, agent.stream("api-queue") as stream:
