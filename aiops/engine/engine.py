@@ -40,6 +40,8 @@ from aiops.engine.types import Completion, Message, ToolSpec, is_short_id, new_i
 log = logging.getLogger(__name__)
 
 SESSION_KINDS = ("console", "api", "proxy", "slack", "swarm", "mcp")
+# History stamps kept before those of sessions not in memory are forgotten (see _history_changed).
+_HISTORY_STAMPS_MAX = 10_000
 
 
 def _warm_backend_imports(types: set[str]) -> None:
@@ -128,6 +130,7 @@ class Engine:
         # deleted and created again never matches a stamp of the old one.
         self._history_stamps: dict[str, int] = {}
         self._history_counter = 0
+        self._history_floor = 0  # the stamp of every session not in _history_stamps
         self._commanding: dict[str, int] = {}  # sessions whose message's commands are running
         self._deletions: dict[str, dict[str, Any]] = {}  # deletions announced when they end
         self._prompts: Any = None
@@ -391,11 +394,17 @@ class Engine:
     def history_stamp(self, session_id: str) -> int:
         """Changes whenever the session's stored history does (a message added, a reset, a
         delete). Read it before reading the history: what was read is current while it holds."""
-        return self._history_stamps.get(session_id, 0)
+        return self._history_stamps.get(session_id, self._history_floor)
 
     def _history_changed(self, session_id: str) -> None:
         self._history_counter += 1
         self._history_stamps[session_id] = self._history_counter
+        if len(self._history_stamps) > _HISTORY_STAMPS_MAX:
+            # Forget the stamps of sessions not in memory: they all read as one new stamp, which
+            # no cached view was made under, so each is read afresh once (the safe direction).
+            self._history_counter += 1
+            self._history_floor = self._history_counter
+            self._history_stamps = {sid: n for sid, n in self._history_stamps.items() if sid in self._sessions}
 
     async def history(self, ref: str, *, limit: int | None = None,
                       before_id: int | None = None) -> list[Message]:
@@ -475,8 +484,11 @@ class Engine:
 
     async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message:
         """Commit a message; it is durable when this returns."""
-        await self.store.add_message(session_id, msg)
-        self._history_changed(session_id)
+        try:
+            await self.store.add_message(session_id, msg)
+        finally:
+            # Even when the caller is cancelled: the write may still commit (group commit).
+            self._history_changed(session_id)
         live = self._sessions.get(session_id)
         if live is not None:
             if live._history is not None:

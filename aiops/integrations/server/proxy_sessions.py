@@ -446,7 +446,7 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
                             f"{SESSION_HEADER} must be 1-128 characters of A-Z a-z 0-9 . _ : @ + -, starting "
                             f"with a letter or digit, and not all digits")
         root = header if header.startswith(ns) else ns + header
-        if len(_first_root(root)) > _ROOT_MAX:
+        if len(_first_root(root)) > _ROOT_MAX or len(root) > 128:
             # Longer, and the id the server sends back (namespaced, or a fork's) could not be
             # sent again.
             raise HttpError(400, "invalid_session",
