@@ -237,13 +237,18 @@ def _not_json(word: str) -> Any:
     raise _NotJson(word)
 
 
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON; 400 `invalid_json` with the position when it is not."""
     raw = await read_body(request)
     if not raw.strip():
         raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
     try:
-        data = json.loads(raw, parse_constant=_not_json)
+        # As json.loads(raw) does, with one decoder made once (json.loads with an option builds one
+        # per call, on every request's path).
+        data = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except _NotJson as e:
         raise HttpError(400, "invalid_json", f"malformed JSON body: {e} is not JSON (a number must be "
                                              f"finite)") from None
