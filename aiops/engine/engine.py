@@ -413,6 +413,15 @@ class Engine:
             raise EngineError(f"no session {ref!r}")
         return await self.store.history(live.id, limit=limit, before_id=before_id)
 
+    async def history_page(self, ref: str, *, limit: int,
+                           before_id: int | None = None) -> tuple[list[Message], bool]:
+        """A page of history that keeps turns whole, and whether older messages exist (see
+        `Store.history_page`)."""
+        live = await self.session(ref)
+        if live is None:
+            raise EngineError(f"no session {ref!r}")
+        return await self.store.history_page(live.id, limit=limit, before_id=before_id)
+
     async def delete_session(self, ref: str) -> bool:
         live = await self.session(ref)
         if live is None:

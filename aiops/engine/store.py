@@ -591,6 +591,49 @@ class Store:
 
         return await self._run(run)
 
+    async def history_page(self, session_id: str, *, limit: int,
+                           before_id: int | None = None) -> tuple[list[Message], bool]:
+        """The latest `limit` messages before `before_id`, oldest first, grown downwards so that
+        no turn is cut by the page's lower edge; and whether older messages exist.
+
+        A message sent while a turn runs is stored before that turn's answer, so turns interleave
+        by id: a page cut by id alone could show a turn's answer without its question (and list
+        it after the next turn). Growing each page to the first message of every turn on it keeps
+        turns whole on both sides of the cursor, which stays the page's lowest id.
+        """
+
+        def run(conn: sqlite3.Connection) -> tuple[list[Message], bool]:
+            row = conn.execute("SELECT epoch FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                return [], False
+            scope = "session_id=? AND epoch=?"
+            key = [session_id, row["epoch"]]
+            top = " AND id<?" if before_id is not None else ""
+            top_args = [before_id] if before_id is not None else []
+            rows = conn.execute(f"SELECT * FROM messages WHERE {scope}{top} ORDER BY id DESC LIMIT ?",
+                                [*key, *top_args, limit]).fetchall()
+            if not rows:
+                return [], False
+            low = rows[-1]["id"]
+            turns = {r["turn_id"] for r in rows if r["turn_id"]}
+            while turns:
+                marks = ",".join("?" * len(turns))
+                first = conn.execute(f"SELECT MIN(id) FROM messages WHERE {scope} AND turn_id IN ({marks})",
+                                     [*key, *turns]).fetchone()[0]
+                if first is None or first >= low:
+                    break
+                # Messages between that turn's start and the page: they may belong to other turns
+                # that reach lower still, hence the loop (only the new ones' turns are asked).
+                extra = conn.execute(f"SELECT * FROM messages WHERE {scope} AND id>=? AND id<? ORDER BY id DESC",
+                                     [*key, first, low]).fetchall()
+                rows.extend(extra)
+                low = first
+                turns = {r["turn_id"] for r in extra if r["turn_id"]}
+            more = conn.execute(f"SELECT 1 FROM messages WHERE {scope} AND id<? LIMIT 1", [*key, low]).fetchone()
+            return [_row_to_message(r) for r in reversed(rows)], more is not None
+
+        return await self._run(run)
+
     # -- audit --
 
     async def add_audit(self, event: str, *, session_id: str | None, gate_id: str | None = None,

@@ -325,26 +325,32 @@ async def test_a_session_deleting_itself_still_ends_its_message_with_done(api_se
 
 
 async def test_history_lists_a_message_sent_during_a_turn_after_that_turns_answer(api_server: ApiServer) -> None:
-    api_server.fake.script(Reply.text("first answer", chunks=4, chunk_delay=0.2), Reply.text("second answer"))
+    api_server.fake.script(Reply.text("an earlier answer"),
+                           Reply.text("first answer", chunks=4, chunk_delay=0.2), Reply.text("second answer"))
     async with api_server.client() as agent, agent.stream("api-queue") as stream:
+        assert (await agent.send("an earlier question", client_id="api-queue"))["status"] == "complete"
         first = await agent.submit("first question", client_id="api-queue")
-        await api_server.fake.wait_for_requests_async(1)
+        await api_server.fake.wait_for_requests_async(2)
         second = await agent.submit("second question, sent meanwhile", client_id="api-queue")
         await events_until_done(stream, second["turn_id"])
         page = await agent.session("api-queue")
         messages = page["messages"]
-        assert [(m["role"], m["content"]) for m in messages] == [
-            ("user", "first question"), ("assistant", "first answer"),
-            ("user", "second question, sent meanwhile"), ("assistant", "second answer")]
-        assert [m["turn_id"] for m in messages] == [first["turn_id"]] * 2 + [second["turn_id"]] * 2
-        # Stored in the order they came (the second question before the first answer): pages are
-        # cut by that order, and the cursor is the page's oldest by id.
-        assert messages[2]["id"] < messages[1]["id"]
-        newest = await agent.session("api-queue", limit=2)
-        assert newest["has_more"] and [m["content"] for m in newest["messages"]] == ["first answer", "second answer"]
-        older = await agent.session("api-queue", limit=2, before=newest["next_before"])
-        assert [m["content"] for m in older["messages"]] == ["first question", "second question, sent meanwhile"]
-        assert not older["has_more"]
+        both = [("user", "first question"), ("assistant", "first answer"),
+                ("user", "second question, sent meanwhile"), ("assistant", "second answer")]
+        earlier = [("user", "an earlier question"), ("assistant", "an earlier answer")]
+        assert [(m["role"], m["content"]) for m in messages] == earlier + both
+        assert [m["turn_id"] for m in messages[2:]] == [first["turn_id"]] * 2 + [second["turn_id"]] * 2
+        # Stored in the order they came (the second question before the first answer).
+        assert messages[4]["id"] < messages[3]["id"]
+        # Cut by id alone, the latest three would be the second question and both answers: the
+        # first answer without its question, listed after the second turn. A page keeps turns whole.
+        newest = await agent.session("api-queue", limit=3)
+        assert [(m["role"], m["content"]) for m in newest["messages"]] == both
+        assert newest["has_more"] and newest["next_before"] == messages[2]["id"]
+        older = await agent.session("api-queue", limit=3, before=newest["next_before"])
+        assert [(m["role"], m["content"]) for m in older["messages"]] == earlier
+        assert not older["has_more"] and older["next_before"] is None
+        assert await agent.history("api-queue", page=3) == messages
 
 
 async def test_deleting_a_session_ends_its_running_and_queued_turns_for_every_reader(

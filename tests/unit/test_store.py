@@ -74,6 +74,28 @@ async def test_tool_calls_round_trip_and_history_pages_from_the_end(store):
     assert [m.content for m in earlier] == ["1", "a0", "a1"]
 
 
+async def test_a_history_page_grows_until_no_turn_is_cut(store):
+    """Turns overlap by id when messages are queued during a turn: here each turn's answer comes
+    after the next turn's question, a chain. The last message alone pulls in the whole chain."""
+    await store.create_session("s", "api", None)
+    await store.add_message("s", Message("user", "before", turn_id="t0"))
+    await store.add_message("s", Message("assistant", "before done", turn_id="t0"))
+    for role, text, turn in [("user", "q1", "t1"), ("user", "q2", "t2"), ("assistant", "a1", "t1"),
+                             ("user", "q3", "t3"), ("assistant", "a2", "t2"), ("assistant", "a3", "t3")]:
+        await store.add_message("s", Message(role, text, turn_id=turn))
+    page, more = await store.history_page("s", limit=1)
+    assert [m.content for m in page] == ["q1", "q2", "a1", "q3", "a2", "a3"] and more
+    older, more = await store.history_page("s", limit=1, before_id=page[0].id)
+    assert [m.content for m in older] == ["before", "before done"] and not more
+    # Messages without a turn (older records) page by id as before.
+    await store.create_session("n", "api", None)
+    for text in ("x", "y", "z"):
+        await store.add_message("n", Message("user", text))
+    page, more = await store.history_page("n", limit=2)
+    assert [m.content for m in page] == ["y", "z"] and more
+    assert await store.history_page("missing", limit=5) == ([], False)
+
+
 async def test_reset_archives_old_history(store):
     await store.create_session("s", "api", None)
     await store.add_message("s", Message("user", "old question"))

@@ -98,7 +98,8 @@ class SessionsQuery(_Query):
 
 
 class HistoryQuery(_Query):
-    limit: int = Field(50, ge=1, le=1000, description="At most this many messages: the latest ones.")
+    limit: int = Field(50, ge=1, le=1000, description="The latest this many messages, plus any earlier ones "
+                       "of the turns among them: a page never splits a turn.")
     before: int | None = Field(None, ge=1, le=SQLITE_MAX_INT, description="Only messages with an id below this (the "
                                                        "`next_before` of the previous page).")
 
@@ -414,10 +415,7 @@ async def get_session(request: web.Request) -> web.Response:
     q = validate(HistoryQuery, dict(request.query), "query string")
     engine = get_engine(request)
     live = await _live(engine, request.match_info["id"], caller(request))
-    messages = await engine.history(live.id, limit=q.limit + 1, before_id=q.before)
-    has_more = len(messages) > q.limit
-    if has_more:
-        messages = messages[1:]
+    messages, has_more = await engine.history_page(live.id, limit=q.limit, before_id=q.before)
     return _json(SessionDetail(
         session=await _session_info(engine, live),
         messages=[MessageOut.model_validate(m.to_dict()) for m in by_turn(messages)],
