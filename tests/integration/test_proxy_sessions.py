@@ -20,6 +20,7 @@ import pytest
 from aiops.config import SHIPPED_PROMPT_DIR
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
+from tests.integration.test_server_api import events_until_done
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
 
 # ---- helpers --------------------------------------------------------------------------------------------
@@ -555,6 +556,33 @@ async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
             assert r.status == 200
 
 
+async def test_a_client_token_reads_api_failures_without_server_addresses(
+        api_server_factory: ApiServerFactory, fake_openai: FakeOpenAI) -> None:
+    """`/api/v1` tells a client token what failed as the proxies do: in the `error` event, the
+    `done`, a waited reply and the stored error record; an operator token reads every word."""
+    tokens = Tokens.make(ops="operator", bot="client")
+    port = _closed_port()
+    srv = await api_server_factory(tokens=tokens, models={
+        "local": openai_model_entry(fake_openai),
+        "down": {"type": "openai", "model_id": "m", "base_url": f"http://127.0.0.1:{port}/v1", "timeout": 5}})
+
+    async def failure(token: str) -> list[str]:
+        async with srv.client(token) as agent, agent.stream(f"api-{token}-down") as stream:
+            reply = await agent.send("hello", client_id=f"api-{token}-down", model="down")
+            events = await events_until_done(stream, reply["turn_id"])
+            error = next(e["data"] for e in events if e["event"] == "error")
+            done = events[-1]["data"]
+            record = next(m for m in (await agent.session(f"api-{token}-down"))["messages"] if m["role"] == "error")
+            assert reply["status"] == done["status"] == "error"
+            return [reply["error"]["message"], error["message"], done["error"]["message"],
+                    record["content"], record["meta"]["message"]]
+
+    for message in await failure("bot"):
+        assert "model 'down'" in message and "[address hidden]" in message, message
+        assert "127.0.0.1" not in message and str(port) not in message, message
+    assert all(f"127.0.0.1:{port}" in m for m in await failure("ops")), await failure("ops")
+
+
 @pytest.mark.parametrize(("message", "client_sees"), [
     ("model 'x' at https://llm.corp.example/v1: HTTP 429: slow down",
      "model 'x' at [address hidden]: HTTP 429: slow down"),
@@ -575,8 +603,8 @@ async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
     ("model 'gpu-box-2' failed on gpu-box.internals", "model 'gpu-box-2' failed on gpu-box.internals"),
 ])
 def test_addresses_are_hidden_from_client_tokens_only(message: str, client_sees: str) -> None:
+    from aiops.integrations.server.addresses import shown_to
     from aiops.integrations.server.owners import Caller
-    from aiops.integrations.server.proxy_sessions import shown_to
 
     hosts = ["gpu-box.internal"]  # configured model servers' hosts
     assert shown_to(Caller("chat", operator=False), message, hosts) == client_sees

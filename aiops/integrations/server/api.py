@@ -25,6 +25,7 @@ from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
 from aiops.engine.types import Message, is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
+from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import (
     AUTHENTICATED_KEY,
     CONFIG_KEY,
@@ -308,8 +309,8 @@ async def submit(request: web.Request) -> web.Response:
         return _json(SubmitResult(client_id=turn.session_id, status="timeout", text="", turn_id=turn.id),
                      exclude_none=True)
     # The result as the engine reports it: usage only when the model counted something.
-    return _json(SubmitResult.model_validate({"client_id": turn.session_id, **result.to_dict(), "turn_id": turn.id}),
-                 exclude_none=True)
+    reply = {"client_id": turn.session_id, **result.to_dict(), "turn_id": turn.id}
+    return _json(SubmitResult.model_validate(_hidden(who, engine, ev.DONE, reply)), exclude_none=True)
 
 
 async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
@@ -323,6 +324,34 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
         # message of only `!commands` creates no session.)
         await claim(engine, client_id, who, kind="api", model=body.model)
     return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
+
+
+# Events that carry a failure's message: a client token reads it without the addresses of the
+# servers behind aiops (as the chat proxies show it); operators read it whole.
+_FAILURES = frozenset({ev.ERROR, ev.DONE})
+
+
+def _hidden(who: Caller, engine: Engine, name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """An `error` event's or a `done`'s data as `who` may read it (see addresses)."""
+    if who.operator:
+        return data
+    if name == ev.ERROR and isinstance(data.get("message"), str):
+        return {**data, "message": shown_to(who, data["message"], configured_hosts(engine))}
+    err = data.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return {**data, "error": {**err, "message": shown_to(who, err["message"], configured_hosts(engine))}}
+    return data
+
+
+def _hidden_record(who: Caller, engine: Engine, record: dict[str, Any]) -> dict[str, Any]:
+    """A stored error record as `who` may read it: its text and its `meta` (the error object)."""
+    if who.operator or record.get("role") != "error":
+        return record
+    hosts = configured_hosts(engine)
+    meta = record.get("meta") or {}
+    if isinstance(meta.get("message"), str):
+        meta = {**meta, "message": shown_to(who, meta["message"], hosts)}
+    return {**record, "content": shown_to(who, str(record.get("content", "")), hosts), "meta": meta}
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
@@ -388,7 +417,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
                                                          "session_id": session_id}))
                         break
                     allowed = True
-                await resp.write(_sse(event.name, event.payload()))
+                data = event.payload()
+                if not who.operator and event.name in _FAILURES:
+                    data = _hidden(who, engine, event.name, data)
+                await resp.write(_sse(event.name, data))
                 if event.name == ev.ERROR and event.data.get("code") == "slow_consumer":
                     break
         except (ConnectionResetError, ConnectionError):
@@ -414,11 +446,12 @@ async def list_sessions(request: web.Request) -> web.Response:
 async def get_session(request: web.Request) -> web.Response:
     q = validate(HistoryQuery, dict(request.query), "query string")
     engine = get_engine(request)
-    live = await _live(engine, request.match_info["id"], caller(request))
+    who = caller(request)
+    live = await _live(engine, request.match_info["id"], who)
     messages, has_more = await engine.history_page(live.id, limit=q.limit, before_id=q.before)
     return _json(SessionDetail(
         session=await _session_info(engine, live),
-        messages=[MessageOut.model_validate(m.to_dict()) for m in by_turn(messages)],
+        messages=[MessageOut.model_validate(_hidden_record(who, engine, m.to_dict())) for m in by_turn(messages)],
         has_more=has_more,
         next_before=messages[0].id if has_more and messages else None,  # the page's oldest by id
     ))

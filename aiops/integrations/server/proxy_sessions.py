@@ -32,7 +32,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -43,6 +42,7 @@ from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
+from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, HttpError
 from aiops.integrations.server.owners import Caller, caller, claim, forbidden, owner_of
 
@@ -181,38 +181,6 @@ async def answer_background_task(engine: Engine, model: PublishedModel, messages
 
 
 # ---- what chat users are told of a failure -------------------------------------------------------------
-
-# Where the servers behind aiops live: URLs, host:port pairs (compose service names have no dot),
-# IPv4, and IPv6 (bracketed or as aiohttp prints a peer: two colons at least, and "::" or a hex
-# letter, so that a time of day is not taken for one).
-_ADDRESS = re.compile(
-    r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()]*[^\s'\"<>().,:;]"  # a URL, not the punctuation after it
-    r"|\[(?=[0-9a-f:.]*:[0-9a-f.]*:)[0-9a-f:.]+\](?::\d+)?"  # [::1]:8080, not messages[2]
-    r"|(?<![\w:.])(?=[0-9a-f:]*(?:::|[a-f]))(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])"  # fd00::5
-    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # 10.0.0.5:8080
-    r"|\b(?:localhost|[a-z][a-z0-9-]*(?:\.[a-z0-9-]+)*):\d{2,5}\b",  # llm.internal:8080, ollama:11434
-    re.IGNORECASE)
-HIDDEN = "[address hidden]"
-
-
-def configured_hosts(engine: Engine) -> list[str]:
-    """The hosts of the configured model servers, longest first: named outright in a failure's
-    message ("Cannot connect to host gpu-box"), they are hidden too, port or not."""
-    hosts = {urlsplit(m.base_url).hostname or "" for m in engine.config.models.models.values() if m.base_url}
-    return sorted((h for h in hosts if h), key=len, reverse=True)
-
-
-def shown_to(who: Caller, message: str, hosts: Sequence[str] = ()) -> str:
-    """A failure's message as `who` may read it: word for word for an operator; for a client
-    token (a chat UI, whose end users read it) without the addresses of the model servers and
-    other services behind aiops (`hosts`: those known by name), which the operator's console and
-    log still show."""
-    if who.operator:
-        return message
-    message = _ADDRESS.sub(HIDDEN, message)
-    for host in hosts:
-        message = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", HIDDEN, message, flags=re.IGNORECASE)
-    return message
 
 
 def turn_error(request: web.Request, error: dict[str, Any] | None, default_code: str) -> tuple[str, str]:
