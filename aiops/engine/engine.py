@@ -435,6 +435,7 @@ class Engine:
             ok = await self.store.delete_session(live.id)
         finally:
             self._history_changed(live.id)
+            await self.gatekeeper.forget_session(live.id)
         deleted = {"change": "deleted", "client_id": live.id, "short_id": live.row.short_id}
         if self._commanding.get(live.id):
             self._deletions[live.id] = deleted  # announced when the commands' message is answered

@@ -98,6 +98,16 @@ class Gatekeeper:
             data={"grant": grant.to_dict(), "revoked_from_session": session_id})
         return grant
 
+    async def forget_session(self, session_id: str) -> None:
+        """A deleted session's approvals and rate-limit state go with it: a later session of the
+        same id (another caller's, perhaps) starts with none. Each revoked grant is audited."""
+        self.limiter.forget(session_id)
+        for grant in self.broker.revoke_session_grants(session_id):
+            await self.engine.store.add_audit(
+                "grant_revoked", session_id=session_id, gate_id=grant.gate_id, tool=grant.tool,
+                operation=grant.operation, actor="session deleted",
+                data={"grant": grant.to_dict(), "revoked_from_session": session_id})
+
     @staticmethod
     def _grantable(tool: Tool, cls: Classification) -> bool:
         # A db call whose tables do not describe it (none named, or it acts beyond them) could be

@@ -115,6 +115,45 @@ async def test_a_deleted_sessions_streams_end_so_a_later_session_of_that_name_st
         await forbidden(bot.session("api-nightly"))
 
 
+async def test_a_deleted_sessions_approvals_and_rate_limits_do_not_pass_to_a_later_session_of_that_name(
+        api_server_factory: ApiServerFactory) -> None:
+    """An operator approves `bot`'s notes for the session, and `bot` then exhausts its rate limit,
+    which disables the tool. `bot` deletes the session and `bot2` creates one of the same name:
+    its first write asks the operator again and is not refused as rate limited."""
+    limits = "[rate.notes]\ncalls = 2\nwindow_seconds = 3600\nauto_disable = true\n"
+    plugin = NotesPlugin()
+    srv = await two_clients(api_server_factory, plugins=[plugin],
+                            extra_files={**NOTES_ENABLED, "limits.toml": limits})
+    srv.fake.responder = call_tool_when("note it", ("write_note", {"text": "a note"}))
+
+    async def note_it(agent: Any, stream: Any, approve: bool) -> list[dict[str, Any]]:
+        turn = await agent.submit("note it", client_id="api-nightly")
+        if approve:
+            gate = (await next_event(stream, "gate"))["data"]
+            await ops.resolve_gate(gate["id"], "approve", scope="session")
+        return await events_until_done(stream, turn["turn_id"])
+
+    async with srv.client("ops") as ops, srv.client("bot") as bot, srv.client("bot2") as bot2:
+        async with bot.stream("api-nightly") as stream:
+            await note_it(bot, stream, approve=True)
+            again = await note_it(bot, stream, approve=False)  # the session grant: no question
+            assert "gate" not in [e["event"] for e in again] and plugin.written == ["a note"] * 2
+            limited = await note_it(bot, stream, approve=False)
+            refused = next(e["data"] for e in limited if e["event"] == "tool_result")
+            assert refused["is_error"] and "now disabled" in refused["content"]
+        assert (await bot.delete_session("api-nightly"))["deleted"]
+
+        async with bot2.stream("api-nightly") as stream:
+            turn = await bot2.submit("note it", client_id="api-nightly")
+            gate = (await next_event(stream, "gate"))["data"]  # asked again
+            await ops.resolve_gate(gate["id"], "approve")
+            result = next(e["data"] for e in await events_until_done(stream, turn["turn_id"])
+                          if e["event"] == "tool_result")
+        assert not result["is_error"] and plugin.written == ["a note"] * 3
+    revoked = [a for a in await srv.engine.store.audit("api-nightly") if a.event == "grant_revoked"]
+    assert [(a.tool, a.actor) for a in revoked] == [("write_note", "session deleted")]
+
+
 async def test_a_client_sees_only_the_gates_of_its_own_sessions(api_server_factory: ApiServerFactory) -> None:
     srv = await two_clients(api_server_factory, plugins=[NotesPlugin()], extra_files=NOTES_ENABLED)
     srv.fake.responder = call_tool_when("note it", ("write_note", {"text": "a note"}))
