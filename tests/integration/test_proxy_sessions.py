@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -609,3 +610,25 @@ def test_addresses_are_hidden_from_client_tokens_only(message: str, client_sees:
     hosts = ["gpu-box.internal"]  # configured model servers' hosts
     assert shown_to(Caller("chat", operator=False), message, hosts) == client_sees
     assert shown_to(Caller("ops", operator=True), message, hosts) == message
+
+
+async def test_a_stream_ending_as_a_keepalive_falls_due_writes_nothing_after_its_end(
+        api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """The keep-alive timer and the end of an answer can fall in the same loop turn. A keep-alive
+    written after the end of the body was an ERROR with a traceback in the operator's log (and a
+    chunk after the terminator would corrupt the kept-alive connection). With keep-alives due every
+    2 ms, 200 streamed answers hit that moment dozens of times."""
+    srv = await api_server_factory(server={"keepalive_seconds": 0.002})
+    srv.fake.responder = lambda body: Reply.text("x" * 200, chunks=5, chunk_delay=0.001)
+    caplog.set_level(logging.ERROR)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=4)) as http:
+
+        async def one(i: int) -> None:
+            async with http.post(srv.url + "/api/chat", json={
+                    "model": "aiops", "messages": [{"role": "user", "content": f"question {i}"}]}) as r:
+                lines = (await r.read()).decode().splitlines()
+            assert r.status == 200 and json.loads(lines[-1])["done"] is True
+
+        for batch in range(20):
+            await asyncio.gather(*(one(batch * 10 + k) for k in range(10)))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

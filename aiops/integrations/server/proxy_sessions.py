@@ -872,6 +872,9 @@ class Channel:
         """The last frames and the end of the body, in one write."""
         assert self.response is not None
         self._finished = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._head:
             data, self._head = self._head + data, b""
         self._last = self._loop.time()
@@ -900,6 +903,10 @@ class Channel:
         self._timer = self._loop.call_later(self._poll, self._tick)
 
     async def _keepalive(self) -> None:
+        # Made by the timer, it may run after the stream ended in the same loop turn: nothing may
+        # follow the end of the body (a chunk after it would corrupt the kept-alive connection).
+        if self._finished or self.gone:
+            return
         try:
             # write() sends the headers and the head first; a keep-alive only when those are out.
             if self._head or not self._flushed:
