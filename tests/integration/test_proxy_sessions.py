@@ -632,3 +632,36 @@ async def test_a_stream_ending_as_a_keepalive_falls_due_writes_nothing_after_its
         for batch in range(20):
             await asyncio.gather(*(one(batch * 10 + k) for k in range(10)))
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: ApiServerFactory) -> None:
+    """The proxy's index of conversations (names, their forks, compact views) must not keep what
+    was deleted, nor names it refused: a long-running server would grow with every chat."""
+    from aiops.integrations.server.proxy_sessions import PROXY_KEY
+
+    tokens = Tokens.make(ops="operator", chat="client")
+    srv = await api_server_factory(tokens=tokens)
+    async with httpx.AsyncClient(base_url=srv.url, timeout=20, headers=tokens.header("chat")) as chat, \
+            httpx.AsyncClient(base_url=srv.url, timeout=20, headers=tokens.header("ops")) as ops:
+        ids = []
+        for i in range(20):
+            for question in ("hello", "another chat"):  # a person's second chat: a fork of the name
+                r = await chat.post("/v1/chat/completions", json={
+                    "model": "aiops", "user": f"chat-{i}", "messages": [{"role": "user", "content": question}]})
+                assert r.status_code == 200
+                ids.append(r.headers["X-Aiops-Session"])
+        assert ids[:2] == ["chat:user-chat-0", "chat:user-chat-0+2"]
+        r = await ops.post("/api/v1/submit", json={"text": "an API session", "client_id": "taken", "wait": True})
+        assert r.status_code == 200
+        r = await ops.post("/v1/chat/completions", headers={"X-Aiops-Session": "taken"},
+                           json={"model": "aiops", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 409  # an API session: refused, and not remembered
+        index = srv.handle.app[PROXY_KEY].sessions
+        assert sum(len(v) for v in index._forks.values()) == 40
+        for sid in ids:
+            assert (await chat.delete(f"/api/v1/sessions/{sid}")).status_code == 200
+        assert index._forks == {} and len(index._seen) == 0
+        # A name used again starts afresh.
+        r = await chat.post("/v1/chat/completions", json={
+            "model": "aiops", "user": "chat-0", "messages": [{"role": "user", "content": "new"}]})
+        assert r.headers["X-Aiops-Session"] == "chat:user-chat-0" and list(index._forks) == ["chat:user-chat-0"]

@@ -475,6 +475,22 @@ class ProxySessions:
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # A deleted session leaves the index at once: a long-running server would otherwise keep
+        # every conversation it ever saw.
+        engine.bus.add_listener(self._on_event)
+
+    def _on_event(self, event: ev.Event) -> None:
+        if event.name == ev.SESSION and event.session_id and event.data.get("change") == "deleted":
+            self._forget(event.session_id)
+
+    def _forget(self, sid: str) -> None:
+        self._seen.pop(sid, None)
+        for root in {sid, _root_of(sid), _first_root(sid)}:
+            known = self._forks.get(root)
+            if known is not None and sid in known:
+                known.remove(sid)
+                if not known:
+                    del self._forks[root]
 
     async def _load_index(self) -> None:
         if self._loaded:
@@ -513,6 +529,8 @@ class ProxySessions:
                 return await self._start_locked(conv, messages, model, who, events)
         finally:
             self._unlock(conv.root)
+            if self._forks.get(conv.root) == []:
+                del self._forks[conv.root]  # refused, or every session of it gone
 
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
                             model: PublishedModel, who: Caller, events: Iterable[str] | None) -> StartedTurn:
@@ -588,7 +606,8 @@ class ProxySessions:
         for sid in list(known):
             seen = await self._seen_of(sid, trusted)
             if seen is None or seen.kind != "proxy":
-                known.remove(sid)  # deleted meanwhile
+                if sid in known:  # deleted meanwhile (the listener may have been first)
+                    known.remove(sid)
                 continue
             if not who.may_use(seen.owner):
                 continue  # another caller's branch of a shared name: never continued, never shown
