@@ -270,7 +270,10 @@ class GateBroker:
 
         A denial is always scope "once" (there are no session-wide denials); an approval with
         scope "session" also lets the same tool, operation and tables through for the session,
-        unless the gate is not grantable, in which case the approval is scope "once".
+        unless the gate is not grantable, in which case the approval is scope "once". Gates of
+        the session already waiting that the new grant covers are approved by it at once (two
+        parallel calls asked twice; the operator who approved the first for the session must not
+        have to answer the second).
         """
         normalized = _DECISION_ALIASES.get(decision)
         if normalized is None:
@@ -288,7 +291,13 @@ class GateBroker:
         resolution = Resolution(normalized, final_scope, by, self._clock())
         self._settle(entry, resolution)
         if final_scope == "session":
-            self._add_grant(entry.gate, by)
+            grant = self._add_grant(entry.gate, by)
+            covered = [e for e in self._pending.values() if e.visible and e.gate.grantable
+                       and grant.matches(e.gate.session_id, e.gate.tool, e.gate.operation,
+                                         _table_key(e.gate.tables))]
+            for other in covered:
+                other.gate.grant = grant
+                self._settle(other, Resolution("approved", "session", "session-grant", resolution.at))
         return resolution
 
     def cancel_turn(self, turn_id: str, by: str = "stop") -> int:

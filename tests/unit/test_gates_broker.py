@@ -297,6 +297,25 @@ async def test_session_grant_and_revocation(broker: GateBroker, bus: Bus) -> Non
     assert (await asked).decision == "cancelled"
 
 
+async def test_a_session_approval_also_answers_the_waiting_gates_it_covers(broker: GateBroker, bus: Bus,
+                                                                            audit: Audit) -> None:
+    """A model calling the same tool twice in one step opens two gates: approving the first for
+    the session answers the second too; gates the grant does not cover keep waiting."""
+    first, twin = ask(broker, "s1"), ask(broker, "s1", args={"query": "DELETE FROM users WHERE id=4"})
+    other_table, other_session = ask(broker, "s1", tables=("orders",)), ask(broker, "s2")
+    events = await opened(bus, 4)
+    broker.resolve(events[0]["id"], "approve", "session", by="alice")
+    res = await twin
+    assert (res.decision, res.scope, res.by) == ("approved", "session", "session-grant")
+    assert (await first).by == "alice"
+    (grant,) = broker.grants("s1")
+    assert audit.gates[events[1]["id"]].grant is grant
+    assert [g["id"] for g in bus.named("gate_resolved")] == [events[0]["id"], events[1]["id"]]
+    assert [g.id for g in broker.pending()] == [events[2]["id"], events[3]["id"]]
+    assert broker.cancel_session("s1") == 1 and broker.cancel_session("s2") == 1
+    await asyncio.gather(other_table, other_session)
+
+
 async def test_a_call_passed_by_a_grant_is_recorded_naming_the_grant(broker: GateBroker, bus: Bus,
                                                                     audit: Audit) -> None:
     first = ask(broker, "s1")
