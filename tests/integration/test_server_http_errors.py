@@ -299,6 +299,33 @@ async def test_missing_or_wrong_tokens_are_401_and_health_stays_public(
         assert secret not in caplog.text
 
 
+async def test_an_authorization_header_that_is_not_utf8_is_a_401_and_health_stays_up(
+        api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A byte that is not UTF-8 in the header (aiohttp keeps it as a surrogate) was a 500 with a
+    traceback on every route, the public health probe included."""
+    caplog.set_level(logging.ERROR)
+    tokens = Tokens.make(ops="operator")
+    srv = await api_server_factory(tokens=tokens)
+
+    async def raw(path: str, auth: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
+        try:
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+                         + b"Authorization: " + auth + b"\r\n\r\n")
+            async with asyncio.timeout(10):
+                return (await reader.read()).split(b"\r\n", 1)[0]
+        finally:
+            writer.close()
+
+    ops = tokens.secrets["ops"].encode()
+    for path in ("/api/v1/sessions", "/v1/models", "/api/tags"):
+        assert await raw(path, b"Bearer \xff" + ops) == b"HTTP/1.1 401 Unauthorized", path
+        assert await raw(path, b"Bearer " + ops + b"\xfe") == b"HTTP/1.1 401 Unauthorized", path
+    assert await raw("/api/v1/health", b"Bearer \xff") == b"HTTP/1.1 200 OK"
+    assert await raw("/api/v1/sessions", b"Bearer " + ops) == b"HTTP/1.1 200 OK"
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 async def test_an_unset_token_variable_means_no_token_and_is_warned_by_name(
         api_server_factory: ApiServerFactory, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)

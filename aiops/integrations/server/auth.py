@@ -46,7 +46,8 @@ class Identity:
 
 
 def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    # A header aiohttp could not decode as UTF-8 holds surrogates: still hashed, never matching.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
 def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) -> list[Token]:
