@@ -89,7 +89,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=argparse.SUPPRESS, help="bind address (default from aiops.toml; loopback)")
-    p.add_argument("--port", type=int, default=argparse.SUPPRESS, help="port (default from aiops.toml)")
+    p.add_argument("--port", type=_port, default=argparse.SUPPRESS, help="port (default from aiops.toml)")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535; 0 picks a free one)")
+    return port
 
 
 def _console_args(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -132,7 +132,7 @@ class ModelsConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
-    extra_ports: list[int] = Field(default_factory=list)
+    extra_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
     enabled: bool = True
     max_body_bytes: int = Field(1_048_576, gt=0)
     # Seconds to receive a request: a body slower than that gets 408; headers that do not finish

@@ -341,6 +341,29 @@ async def test_an_unset_token_variable_means_no_token_and_is_warned_by_name(
     await still_serving(srv)
 
 
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+async def test_an_ipv6_host_may_be_written_in_brackets(api_server: ApiServer) -> None:
+    """`--host '[::1]'` (as in a URL) failed with "Name or service not known"."""
+    handle = await start_server(api_server.engine, api_server.cfg, host="[::1]", port=0)
+    try:
+        assert handle.url.startswith("http://[::1]:")
+        async with aiohttp.ClientSession() as http, http.get(handle.url + "/api/v1/health") as r:
+            assert r.status == 200 and (await r.json())["role"] == "operator"  # loopback, no tokens
+    finally:
+        await handle.stop()
+
+
 def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake_openai: Any) -> None:
     cfg_dir = server_config_dir(tmp_path, fake_openai)
     done = run_serve(cfg_dir, tmp_path / "data", host="0.0.0.0")

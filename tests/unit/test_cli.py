@@ -59,6 +59,14 @@ def test_server_options_given_to_a_command_that_has_no_server_are_refused(argv, 
     assert wrong in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["-1", "70000", "http"])
+def test_a_port_out_of_range_is_a_usage_error(port, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["serve", "--port", port])
+    assert e.value.code == 2
+    assert f"{port!r} is not a port" in capsys.readouterr().err
+
+
 def test_config_paths_takes_the_dirs_after_the_sub_command(tmp_path, capsys):
     assert main(["config", "paths", "--config-dir", str(tmp_path / "c"), "--data-dir", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out

@@ -106,3 +106,12 @@ def test_config_paths_prints_the_lock_file_and_the_users_prompt_tree(tmp_path, c
         assert f"lock file      {lock}  (held by pid {held.info['pid']}, http://127.0.0.1:4242)" in out
     assert main(["config", "paths", *dirs]) == 0
     assert f"lock file      {lock}  (free" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ports", ["[70000]", "[0]", "[-1]"])
+def test_an_extra_port_out_of_range_is_refused_naming_file_and_key(tmp_path, ports):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "aiops.toml").write_text(f"[server]\nextra_ports = {ports}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and "server.extra_ports" in str(e.value)

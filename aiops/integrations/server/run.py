@@ -124,6 +124,8 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
     server = cfg.app.server
     env = env if env is not None else engine.env
     host = server.host if host is None else host
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address as written in a URL
     port = server.port if port is None else port
     if tokens is None:
         tokens = load_tokens(cfg.app.auth, env)
