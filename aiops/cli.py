@@ -138,9 +138,10 @@ def _load(args: argparse.Namespace) -> Any:
 
 def _setup_file_logging(cfg: Any, verbose: bool) -> None:
     """Logs go to a file in the data dir, never to the terminal a console draws on."""
+    from aiops.logs import log_file_handler
+
     cfg.paths.data_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(cfg.paths.log_path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler = log_file_handler(cfg.paths.log_path)
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)

@@ -24,6 +24,7 @@ from textual.widget import Widget
 
 from aiops.engine import events as ev
 from aiops.engine import gc_policy
+from aiops.logs import log_file_handler
 from aiops.tui.adapter import (
     EngineAdapter,
     EngineEvent,
@@ -747,8 +748,7 @@ def _terminal_quiet(cfg: Config) -> Iterator[None]:
     log_path = str(cfg.paths.log_path)
     if not any(isinstance(h, logging.FileHandler) and h.baseFilename == log_path for h in root.handlers):
         cfg.paths.data_dir.mkdir(parents=True, exist_ok=True)
-        added = logging.FileHandler(cfg.paths.log_path, encoding="utf-8")
-        added.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        added = log_file_handler(cfg.paths.log_path)
         root.addHandler(added)
         if root.level == logging.NOTSET or root.level > logging.INFO:
             root.setLevel(logging.INFO)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,8 +19,10 @@ from tests.support.server import (
     ApiServerFactory,
     ServeFactory,
     Tokens,
+    _healthy,
     run_serve,
     server_config_dir,
+    start_serve,
 )
 
 
@@ -362,6 +366,52 @@ async def test_an_ipv6_host_may_be_written_in_brackets(api_server: ApiServer) ->
             assert r.status == 200 and (await r.json())["role"] == "operator"  # loopback, no tokens
     finally:
         await handle.stop()
+
+
+def _soft_open_files(pid: int) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if x.startswith("Max open files"))
+    return int(line.split()[3])
+
+
+@pytest.mark.skipif(not Path("/proc/self/limits").exists(), reason="needs Linux's /proc")
+def test_out_of_file_descriptors_the_log_gets_a_line_now_and_then_and_serving_resumes(
+        tmp_path: Any, fake_openai: Any) -> None:
+    """A soft limit of 1024 is reached by a few hundred idle clients. The server takes what the
+    hard limit allows; where that is reached too, asyncio logged a traceback per failed accept
+    (50 MB of aiops.log in 30 s); now one line per 10 s, and the server serves again once the
+    connections close."""
+    import resource
+    import socket
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    raised = start_serve(server_config_dir(tmp_path / "a", fake_openai), tmp_path / "a" / "data",
+                         open_files=(256, min(hard, 4096)))
+    assert _soft_open_files(raised.proc.pid) == min(hard, 4096)
+    assert raised.stop() == 0
+
+    proc = start_serve(server_config_dir(tmp_path / "b", fake_openai), tmp_path / "b" / "data",
+                       open_files=(128, 128))
+    host, port = proc.url.removeprefix("http://").rsplit(":", 1)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex((host, int(port)))
+            held.append(s)
+        time.sleep(3)
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 20
+    while not _healthy(proc.url):
+        assert time.monotonic() < deadline, "the server did not serve again"
+        time.sleep(0.2)
+    log = (proc.data_dir / "aiops.log").read_text()
+    lines = [x for x in log.splitlines() if "cannot accept connections" in x]
+    assert 1 <= len(lines) <= 2 and "Too many open files" in lines[0], log[-2000:]
+    assert "Traceback" not in log and len(log) < 20_000
+    assert proc.stop() == 0
 
 
 def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake_openai: Any) -> None:

@@ -268,10 +268,22 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def _limit_open_files(limits: tuple[int, int]) -> Callable[[], None]:
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+
+    return apply
+
+
 def start_serve(config_dir: Path, data_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
                 env: dict[str, str] | None = None, args: Sequence[str] = (), timeout: float = 30.0,
-                fake: FakeOpenAI | None = None, tokens: Tokens | None = None) -> ServeProcess:
+                fake: FakeOpenAI | None = None, tokens: Tokens | None = None,
+                open_files: tuple[int, int] | None = None) -> ServeProcess:
     """Start `aiops serve` and return once its banner is printed and /api/v1/health answers.
+
+    `open_files`: the child's (soft, hard) RLIMIT_NOFILE, as a service manager would set it.
 
     Port 0 (the default) lets the OS choose; the real URL is read from the banner. The child's
     cwd is data_dir's parent (so no stray .env is read) and its environment is the test's without
@@ -282,7 +294,8 @@ def start_serve(config_dir: Path, data_dir: Path, *, host: str = "127.0.0.1", po
     child_env = clean_env({**(tokens.env() if tokens else {}), **(env or {})})
     with out.open("wb") as o, err.open("wb") as e:
         proc = subprocess.Popen(_serve_cmd(config_dir, data_dir, host, port, args), stdout=o, stderr=e,
-                                env=child_env, cwd=data_dir.parent, start_new_session=True)
+                                env=child_env, cwd=data_dir.parent, start_new_session=True,
+                                preexec_fn=_limit_open_files(open_files) if open_files else None)
     match: list[re.Match[str]] = []
 
     def banner() -> bool:

@@ -14,7 +14,8 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +57,69 @@ class MalformedRequestFilter(logging.Filter):
         return True
 
 
+class AcceptFailureFilter(logging.Filter):
+    """Out of file descriptors (clients holding more connections than `ulimit -n` allows), asyncio
+    logs "socket.accept() out of system resource" with a traceback for every failed accept, up to
+    the backlog each time it retries: thousands of lines a second, enough to fill a disk. One line
+    per `interval` says what happens and how many were left out."""
+
+    _PREFIX = "socket.accept() out of system resource"
+
+    def __init__(self, interval: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self._clock = clock
+        self._next = 0.0
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith(self._PREFIX)):
+            return True
+        now = self._clock()
+        if now < self._next:
+            self._left_out += 1
+            return False
+        exc = record.exc_info[1] if record.exc_info else None
+        record.msg = ("cannot accept connections: %s (%d more such failures in the last %.0f s); "
+                      "clients hold too many connections, or raise the open-file limit (ulimit -n %d)")
+        record.args = (exc.strerror if isinstance(exc, OSError) else exc, self._left_out, self.interval,
+                       _open_file_limit())
+        record.exc_info = record.exc_text = None
+        self._next, self._left_out = now + self.interval, 0
+        return True
+
+
+def _open_file_limit() -> int:
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return -1
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_open_file_limit() -> None:
+    """Every connection is a file descriptor, and a soft limit of 1024 (a common default) is
+    reached by a few hundred idle clients: take what the hard limit allows, as servers do."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:
+            log.debug("open-file limit stays %d: %s", soft, e)
+
+
 def _install_log_filters() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
         server_log.addFilter(MalformedRequestFilter())
+    loop_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, AcceptFailureFilter) for f in loop_log.filters):
+        loop_log.addFilter(AcceptFailureFilter())
 
 
 class ServerStartError(Exception):
@@ -132,6 +192,7 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
     check_bind(host, tokens, cfg.app.auth, env)
     app = create_app(engine, cfg, tokens=tokens)
     _install_log_filters()
+    raise_open_file_limit()
     # handler_cancellation: a client that hangs up cancels its handler (streams end, subscriptions
     # close). Access logging is off: requests are logged by our own code when it matters.
     # keepalive_timeout: aiohttp's timer for a connection waiting for its next request, from the
