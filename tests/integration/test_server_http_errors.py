@@ -219,6 +219,22 @@ async def test_an_oversized_body_is_413_and_the_server_keeps_serving(api_server_
     assert status == 413 and body["error"]["type"] == "invalid_request_error"
     status, body, _ = await call(srv, "POST", "/api/chat", json=big)
     assert status == 413 and isinstance(body["error"], str) and "too large" in body["error"]
+
+    # The answer says `Connection: close` and the server means it: a request sent after the
+    # oversized one on the same connection gets nothing.
+    for framing in (b"Content-Length: 3000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
+        try:
+            body_part = b"x" * 3000 if b"Length" in framing else b"bb8\r\n" + b"x" * 3000 + b"\r\n0\r\n\r\n"
+            writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + framing + b"\r\n" + body_part)
+            writer.write(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            async with asyncio.timeout(10):
+                answer = await reader.read()  # to the end: the server closes
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 413") and b"Connection: close" in answer, answer[:300]
+        assert answer.count(b"HTTP/1.1 ") == 1, answer
     await still_serving(srv)
 
 

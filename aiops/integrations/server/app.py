@@ -133,6 +133,10 @@ def error_body(surface: Surface, err: HttpError) -> dict[str, Any]:
 def error_response(request: web.Request, err: HttpError) -> web.Response:
     resp = web.json_response(error_body(surface_for(request.path), err), status=err.status)
     resp.headers.update(err.headers)
+    if err.status == 413:
+        # The rest of an oversized body is not read: the connection ends with the answer (aiohttp
+        # then says `Connection: close` and means it).
+        resp.force_close()
     return resp
 
 
@@ -357,7 +361,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.content_length is not None and request.content_length > limit:
         raise HttpError(413, "payload_too_large",
                         f"request body too large: {request.content_length} bytes, the limit is {limit} "
-                        f"(max_body_bytes in aiops.toml)", headers={"Connection": "close"})
+                        f"(max_body_bytes in aiops.toml)")
     return await handler(request)
 
 
