@@ -416,7 +416,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise CliError(f"{e}; send the message through its API instead "
                        f"(POST /api/v1/submit, or aiops.client.AgentClient)") from None
     try:
-        return asyncio.run(_chat(cfg, args))
+        return asyncio.run(_chat(cfg, args, lock.died_since))
     finally:
         lock.release()
 
@@ -469,7 +469,7 @@ class _TerminalAsker:
         return "denied", "once"
 
 
-async def _chat(cfg: Any, args: argparse.Namespace) -> int:
+async def _chat(cfg: Any, args: argparse.Namespace, died_since: float | None = None) -> int:
     import uuid
     from types import SimpleNamespace
 
@@ -479,6 +479,8 @@ async def _chat(cfg: Any, args: argparse.Namespace) -> int:
 
     engine = Engine(cfg)
     await engine.start()
+    if died_since is not None:
+        await engine.close_left_open(died_since)
     out = sys.stdout
     status = 0
     # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only

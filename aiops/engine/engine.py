@@ -104,6 +104,10 @@ class LiveSession:
         return d
 
 
+INTERRUPTED_NOTICE = ("interrupted: aiops stopped (killed or crashed) before this turn ended; "
+                      "it was not resumed")
+
+
 class Engine:
     def __init__(self, config: Config, *, env: Mapping[str, str] | None = None,
                  plugins: list[Plugin] | None = None, discover_plugins: bool = True) -> None:
@@ -154,6 +158,25 @@ class Engine:
         types = {m.type for m in self.config.models.enabled().values()}
         self._spawn(asyncio.to_thread(_warm_backend_imports, types))
         self.started = True
+
+    async def close_left_open(self, since: float) -> tuple[int, int]:
+        """After this data dir's last process died without stopping (SIGKILL, a crash; its lock
+        said since when it ran): its turns that never ended get a notice saying so, its gates left
+        open are recorded as cancelled. A clean stop records both itself. Returns (turns, gates)."""
+        turns, gates = await self.store.left_open(since)
+        at = time.time()
+        for gate in gates:
+            data = {**gate.data, "resolution": {"decision": "cancelled", "scope": "once", "by": "restart", "at": at}}
+            await self.store.add_audit("gate_resolved", session_id=gate.session_id, gate_id=gate.gate_id,
+                                       tool=gate.tool, operation=gate.operation, decision="cancelled",
+                                       scope="once", actor="restart", data=data)
+        for session_id, turn_id in turns:
+            await self.record(session_id, Message(
+                "notice", INTERRUPTED_NOTICE, turn_id=turn_id, meta={"kind": "interrupted"}))
+        if turns or gates:
+            log.warning("aiops did not stop cleanly last time: %d turn(s) recorded as interrupted, "
+                        "%d gate(s) left open recorded as cancelled", len(turns), len(gates))
+        return len(turns), len(gates)
 
     async def stop(self) -> None:
         """Cancel running turns cleanly (recorded as cancelled), stop plugins, close the store."""

@@ -3,6 +3,8 @@
 The lock is an advisory `fcntl.flock` on `<data dir>/aiops.lock`. The kernel drops it when the
 process exits, however it exits, so a crash never leaves a stale lock behind; the file's content
 (JSON: pid, url, started_at) only tells a second process who holds it and where to reach it.
+A clean release empties the file: content found by the next holder means the last one died
+without stopping (SIGKILL, a crash), and since when it had run (`died_since`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class DataDirLock:
         self.path = Path(path)
         self._fd: int | None = None
         self.info: dict[str, Any] = {}
+        self.died_since: float | None = None
 
     @property
     def held(self) -> bool:
@@ -60,6 +63,8 @@ class DataDirLock:
                 os.close(fd)
                 raise AlreadyRunning(self.path, info) from None
         self._fd = fd
+        left = _read_info(fd).get("started_at")
+        self.died_since = float(left) if isinstance(left, int | float) else None
         self.info = {"pid": os.getpid(), "url": url, "started_at": time.time()}
         self._write()
 

@@ -192,6 +192,11 @@ def migrate(conn: sqlite3.Connection) -> int:
     return len(MIGRATIONS)
 
 
+def _row_to_audit(r: sqlite3.Row) -> AuditRow:
+    return AuditRow(r["id"], r["ts"], r["session_id"], r["event"], r["gate_id"], r["tool"],
+                    r["operation"], r["decision"], r["scope"], r["actor"], json.loads(r["data"]))
+
+
 def _row_to_message(r: sqlite3.Row) -> Message:
     calls = [ToolCall.from_dict(d) for d in json.loads(r["tool_calls"])] if r["tool_calls"] else []
     return Message(
@@ -634,6 +639,31 @@ class Store:
 
         return await self._run(run)
 
+    async def left_open(self, since: float) -> tuple[list[tuple[str, str]], list[AuditRow]]:
+        """What a process that died (SIGKILL, a crash) after `since` left open: its turns that
+        never ended, as (session id, turn id), oldest first; and its gates opened and never
+        resolved. A turn ended when its last message is an answer, an error or a notice (a
+        cancelled turn ends with one); anything else (a question, a tool call or result, a gate
+        record) means it was cut off."""
+
+        def run(conn: sqlite3.Connection) -> tuple[list[tuple[str, str]], list[AuditRow]]:
+            since_ = since - 1.0  # clocks of one machine; a second of slack costs nothing
+            last: dict[tuple[str, str], sqlite3.Row] = {}
+            for row in conn.execute(
+                    "SELECT m.* FROM messages m JOIN sessions s ON s.id = m.session_id AND s.epoch = m.epoch "
+                    "WHERE s.updated_at >= ? AND m.created_at >= ? AND m.turn_id IS NOT NULL ORDER BY m.id",
+                    (since_, since_)):
+                last[(row["session_id"], row["turn_id"])] = row
+            turns = [key for key, row in last.items()
+                     if row["role"] in ("user", "tool", "gate") or (row["role"] == "assistant" and row["tool_calls"])]
+            gates = [_row_to_audit(r) for r in conn.execute(
+                "SELECT * FROM audit a WHERE a.event = 'gate_opened' AND a.ts >= ? AND a.gate_id IS NOT NULL "
+                "AND NOT EXISTS (SELECT 1 FROM audit b WHERE b.gate_id = a.gate_id AND b.id > a.id "
+                "AND b.event IN ('gate_resolved', 'gate_granted')) ORDER BY a.id", (since_,))]
+            return turns, gates
+
+        return await self._run(run)
+
     # -- audit --
 
     async def add_audit(self, event: str, *, session_id: str | None, gate_id: str | None = None,
@@ -667,11 +697,7 @@ class Store:
                 args.append(since)
             sql = f"SELECT * FROM ({sql} ORDER BY id DESC LIMIT ?) ORDER BY id"
             args.append(limit)
-            return [
-                AuditRow(r["id"], r["ts"], r["session_id"], r["event"], r["gate_id"], r["tool"],
-                         r["operation"], r["decision"], r["scope"], r["actor"], json.loads(r["data"]))
-                for r in conn.execute(sql, args)
-            ]
+            return [_row_to_audit(r) for r in conn.execute(sql, args)]
 
         return await self._run(run)
 

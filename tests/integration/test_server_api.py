@@ -25,7 +25,7 @@ from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import Reply
+from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -629,6 +629,61 @@ async def test_shutdown_cancels_running_turns_cleanly_and_loses_nothing(
         messages = (await agent.session("api-shutdown"))["messages"]
     assert messages[0]["content"] == "this never ends"
     assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in messages)
+
+
+async def test_after_a_sigkill_the_restart_records_what_was_cut_off(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI, tmp_path: Any) -> None:
+    """A SIGTERM records each running turn as cancelled; a SIGKILL cannot. The next start finds
+    the lock left by the dead process and records its turns that never ended (the running one and
+    one queued behind it, a turn waiting on a gate) and closes its open gates in the audit log, so
+    a reader of the history or the audit sees what happened; a clean stop after that adds nothing."""
+    import shutil
+
+    from aiops.config import SHIPPED_PROMPT_DIR
+    from aiops.engine.engine import INTERRUPTED_NOTICE
+    from aiops.engine.store import Store
+
+    prompt = tmp_path / "prompt"
+    shutil.copytree(SHIPPED_PROMPT_DIR / "default", prompt)
+    first = aiops_serve_factory(models={"local": openai_model_entry(fake_openai, system_prompt_folder=str(prompt))})
+    replies = {"remember tea": Reply.tool_calls(("update_system_prompt", {
+        "section": "memory", "operation": "append", "content": "tea"})), "this never ends": Reply.hang()}
+    fake_openai.responder = lambda body: replies.get(body["messages"][-1].get("content"))
+    async with AgentClient(first.url, token="") as agent:
+        answered = await agent.send("an answered question", client_id="api-killed")
+        assert answered["status"] == "complete", answered
+        running = await agent.submit("this never ends", client_id="api-killed")
+        queued = await agent.submit("queued behind it", client_id="api-killed")
+        async with agent.stream("api-gated") as stream:
+            gated = await agent.submit("remember tea", client_id="api-gated")
+            await next_event(stream, "gate")
+    first.proc.kill()
+    assert await asyncio.to_thread(first.proc.wait, 10) == -signal.SIGKILL
+
+    second = aiops_serve_factory(config_dir=first.config_dir, data_dir=first.data_dir)
+    async with AgentClient(second.url, token="") as agent:
+        killed = (await agent.session("api-killed"))["messages"]
+        gated_history = (await agent.session("api-gated"))["messages"]
+        assert await agent.gates() == []
+    notices = [(m["turn_id"], m["content"]) for m in killed + gated_history if m["role"] == "notice"]
+    assert notices == [(running["turn_id"], INTERRUPTED_NOTICE), (queued["turn_id"], INTERRUPTED_NOTICE),
+                       (gated["turn_id"], INTERRUPTED_NOTICE)]
+    assert [m["content"] for m in killed if m["role"] == "user"] == [
+        "an answered question", "this never ends", "queued behind it"]
+    assert "did not stop cleanly" in (second.data_dir / "aiops.log").read_text()
+    assert second.stop() == 0
+
+    store = Store(second.data_dir / "aiops.sqlite3")
+    await store.open()
+    try:
+        rows = [(a.event, a.decision, a.actor) for a in await store.audit("api-gated")]
+        count = len(await store.history("api-killed"))
+    finally:
+        await store.close()
+    assert rows == [("gate_opened", None, None), ("gate_resolved", "cancelled", "restart")]
+    third = aiops_serve_factory(config_dir=first.config_dir, data_dir=first.data_dir)
+    async with AgentClient(third.url, token="") as agent:
+        assert len((await agent.session("api-killed"))["messages"]) == count  # a clean stop: nothing added
 
 
 def test_the_server_modules_never_import_textual() -> None:

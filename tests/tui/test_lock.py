@@ -33,6 +33,25 @@ def test_a_second_lock_on_the_same_data_dir_says_who_holds_it(tmp_path):
     assert read_holder(path) == {}
 
 
+def test_the_next_holder_learns_whether_the_last_one_died_without_stopping(tmp_path):
+    """The kernel drops a dead process's lock, but not what it wrote: a clean release empties the
+    file, so what a new holder finds there says the last aiops was killed, and since when it ran."""
+    path = tmp_path / "data" / "aiops.lock"
+    with DataDirLock(path) as clean:
+        assert clean.died_since is None
+    with DataDirLock(path) as after_clean:
+        assert after_clean.died_since is None
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, signal; from aiops.engine.lock import DataDirLock\n"
+        f"lock = DataDirLock({str(path)!r}); lock.acquire(); print(lock.info['started_at'], flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)")], capture_output=True, text=True, timeout=30)
+    assert killed.returncode == -9
+    with DataDirLock(path) as after_kill:
+        assert after_kill.died_since == float(killed.stdout)
+    with DataDirLock(path) as next_one:
+        assert next_one.died_since is None
+
+
 def test_run_console_refuses_a_held_data_dir(tmp_path, fake_openai, capsys):
     cfg = console_config(tmp_path, fake_openai)
     with DataDirLock(cfg.paths.lock_path) as held:
