@@ -141,7 +141,8 @@ class ServerConfig(_Strict):
     request_timeout: float = Field(60, gt=0)
     # Seconds between keep-alive comments (or empty chunks) on an idle stream.
     keepalive_seconds: float = Field(15, gt=0)
-    # Seconds open requests get to finish at shutdown before they are cut.
+    # Seconds open requests get to finish at shutdown before they are cut; cutting one that does not
+    # end (a client that stopped reading) may take as long again (aiohttp waits twice).
     shutdown_timeout: float = Field(10, gt=0)
     # Chat UIs see a short italic line while a gate waits; tool progress stays out unless asked.
     proxy_status_lines: bool = True
