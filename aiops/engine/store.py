@@ -42,6 +42,7 @@ CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thr
 log = logging.getLogger(__name__)
 
 SQLITE_MAX_INT = 2**63 - 1
+_LEFT_OPEN_TAIL = 200  # messages per session read for turns a dead process cut off
 
 # Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
 # session's metadata. Listings filter on it, so a client's sessions are found by the index below.
@@ -649,11 +650,15 @@ class Store:
         def run(conn: sqlite3.Connection) -> tuple[list[tuple[str, str]], list[AuditRow]]:
             since_ = since - 1.0  # clocks of one machine; a second of slack costs nothing
             last: dict[tuple[str, str], sqlite3.Row] = {}
-            for row in conn.execute(
-                    "SELECT m.* FROM messages m JOIN sessions s ON s.id = m.session_id AND s.epoch = m.epoch "
-                    "WHERE s.updated_at >= ? AND m.created_at >= ? AND m.turn_id IS NOT NULL ORDER BY m.id",
-                    (since_, since_)):
-                last[(row["session_id"], row["turn_id"])] = row
+            # Only a session's latest messages: what a dead process cut off is its running turn and
+            # those queued behind it. Bounded by the sessions it touched, not by how long it ran.
+            for session in conn.execute("SELECT id, epoch FROM sessions WHERE updated_at >= ?", (since_,)).fetchall():
+                tail = conn.execute("SELECT * FROM messages WHERE session_id = ? AND epoch = ? AND created_at >= ? "
+                                    "ORDER BY id DESC LIMIT ?", (session["id"], session["epoch"], since_,
+                                                                 _LEFT_OPEN_TAIL)).fetchall()
+                for row in reversed(tail):
+                    if row["turn_id"] is not None:
+                        last[(row["session_id"], row["turn_id"])] = row
             turns = [key for key, row in last.items()
                      if row["role"] in ("user", "tool", "gate") or (row["role"] == "assistant" and row["tool_calls"])]
             gates = [_row_to_audit(r) for r in conn.execute(
