@@ -574,7 +574,9 @@ class Engine:
         parsed = parse_input(text, self.commands.raw_names())
         live: LiveSession | None
         if parsed.text:
-            live = await self.session(cid, kind=kind, create=True, model=model)
+            # A refused `@model` is answered below; it must not leave a new, empty session behind.
+            refused = parsed.model is not None and self.check_model(parsed.model) is not None
+            live = await self.session(cid, kind=kind, create=not refused, model=model)
         else:
             # Only commands: they run without creating a session, so `!help` from a new client
             # leaves nothing behind (a command that needs a session says so, or creates it).

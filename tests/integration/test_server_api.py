@@ -166,6 +166,10 @@ async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_
         got = await agent.submit("!help")
         assert got["status"] == "complete" and "!stop" in got["text"]
         assert await agent.sessions() == []
+        # Nor does a message asking for a model that is refused.
+        refused_new = await agent.submit("@nope hi", client_id="api-never")
+        assert refused_new["status"] == "error" and "nope" in refused_new["error"]["message"]
+        assert await agent.sessions() == []
         # A refused @model: the reply's error object is the done event's.
         assert (await agent.send("hello", client_id="api-cmds"))["status"] == "complete"
         async with agent.stream("api-cmds") as events:

@@ -318,10 +318,11 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)
-    elif parse_input(body.text, engine.commands.raw_names()).text:
+    elif (parsed := parse_input(body.text, engine.commands.raw_names())).text and not (
+            parsed.model and engine.check_model(parsed.model)):
         # A message that starts a turn: its new session is created owned before anything runs, so
         # even the first event on a stream that subscribed early is known to be its own. (A
-        # message of only `!commands` creates no session.)
+        # message of only `!commands`, or one asking for a model that is refused, creates none.)
         await claim(engine, client_id, who, kind="api", model=body.model)
     return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
 
