@@ -402,32 +402,36 @@ def test_out_of_file_descriptors_the_log_gets_a_line_now_and_then_and_serving_re
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     raised = start_serve(server_config_dir(tmp_path / "a", fake_openai), tmp_path / "a" / "data",
                          open_files=(256, min(hard, 4096)))
-    assert _soft_open_files(raised.proc.pid) == min(hard, 4096)
-    assert raised.stop() == 0
+    try:
+        assert _soft_open_files(raised.proc.pid) == min(hard, 4096)
+    finally:
+        assert raised.stop() == 0
 
     proc = start_serve(server_config_dir(tmp_path / "b", fake_openai), tmp_path / "b" / "data",
                        open_files=(128, 128))
     host, port = proc.url.removeprefix("http://").rsplit(":", 1)
     held: list[socket.socket] = []
     try:
-        for _ in range(200):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex((host, int(port)))
-            held.append(s)
-        time.sleep(3)
+        try:
+            for _ in range(200):
+                s = socket.socket()
+                s.setblocking(False)
+                s.connect_ex((host, int(port)))
+                held.append(s)
+            time.sleep(3)
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 20
+        while not _healthy(proc.url):
+            assert time.monotonic() < deadline, "the server did not serve again"
+            time.sleep(0.2)
+        log = (proc.data_dir / "aiops.log").read_text()
+        lines = [x for x in log.splitlines() if "cannot accept connections" in x]
+        assert 1 <= len(lines) <= 2 and "Too many open files" in lines[0], log[-2000:]
+        assert "Traceback" not in log and len(log) < 20_000
     finally:
-        for s in held:
-            s.close()
-    deadline = time.monotonic() + 20
-    while not _healthy(proc.url):
-        assert time.monotonic() < deadline, "the server did not serve again"
-        time.sleep(0.2)
-    log = (proc.data_dir / "aiops.log").read_text()
-    lines = [x for x in log.splitlines() if "cannot accept connections" in x]
-    assert 1 <= len(lines) <= 2 and "Too many open files" in lines[0], log[-2000:]
-    assert "Traceback" not in log and len(log) < 20_000
-    assert proc.stop() == 0
+        assert proc.stop() == 0
 
 
 def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake_openai: Any) -> None:
