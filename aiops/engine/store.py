@@ -42,7 +42,8 @@ CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thr
 log = logging.getLogger(__name__)
 
 SQLITE_MAX_INT = 2**63 - 1
-_LEFT_OPEN_TAIL = 200  # messages per session read for turns a dead process cut off
+_LEFT_OPEN_TAIL = 200
+HISTORY_PAGE_SLACK = 100  # a page holds at most 2 × limit + this many messages (see history_page)  # messages per session read for turns a dead process cut off
 
 # Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
 # session's metadata. Listings filter on it, so a client's sessions are found by the index below.
@@ -104,6 +105,11 @@ MIGRATIONS: list[str] = [
     # index costs nothing on the chat path.
     f"""
     CREATE INDEX sessions_by_owner ON sessions({OWNER_SQL}) WHERE {OWNER_SQL} IS NOT NULL;
+    """,
+    # 3: a turn's messages, found without reading the whole session (history pages keep turns
+    # whole: each asks where the turns on it began).
+    """
+    CREATE INDEX messages_by_turn ON messages(session_id, epoch, turn_id);
     """,
 ]
 
@@ -622,7 +628,10 @@ class Store:
                 return [], False
             low = rows[-1]["id"]
             turns = {r["turn_id"] for r in rows if r["turn_id"]}
-            while turns:
+            # A session that always has a message waiting overlaps every turn with the next: the
+            # growth stops there, and that one turn is split across two pages.
+            most = 2 * limit + HISTORY_PAGE_SLACK
+            while turns and len(rows) < most:
                 marks = ",".join("?" * len(turns))
                 first = conn.execute(f"SELECT MIN(id) FROM messages WHERE {scope} AND turn_id IN ({marks})",
                                      [*key, *turns]).fetchone()[0]
@@ -630,10 +639,12 @@ class Store:
                     break
                 # Messages between that turn's start and the page: they may belong to other turns
                 # that reach lower still, hence the loop (only the new ones' turns are asked).
-                extra = conn.execute(f"SELECT * FROM messages WHERE {scope} AND id>=? AND id<? ORDER BY id DESC",
-                                     [*key, first, low]).fetchall()
+                extra = conn.execute(f"SELECT * FROM messages WHERE {scope} AND id>=? AND id<? "
+                                     f"ORDER BY id DESC LIMIT ?", [*key, first, low, most - len(rows)]).fetchall()
+                if not extra:
+                    break
                 rows.extend(extra)
-                low = first
+                low = extra[-1]["id"]  # `first`, unless the page reached its most
                 turns = {r["turn_id"] for r in extra if r["turn_id"]}
             more = conn.execute(f"SELECT 1 FROM messages WHERE {scope} AND id<? LIMIT 1", [*key, low]).fetchone()
             return [_row_to_message(r) for r in reversed(rows)], more is not None

@@ -96,6 +96,36 @@ async def test_a_history_page_grows_until_no_turn_is_cut(store):
     assert await store.history_page("missing", limit=5) == ([], False)
 
 
+async def test_a_history_page_of_ever_overlapping_turns_stops_growing_and_pages_on(store, tmp_path):
+    """A session that always has a message waiting overlaps every turn with the next: one page
+    must not grow into the whole history. It stops at 2 × limit + 100, and paging on still reads
+    every message once."""
+    from aiops.engine.store import HISTORY_PAGE_SLACK
+
+    await store.create_session("busy", "api", None)
+    await store.add_message("busy", Message("user", "q0", turn_id="t0"))
+    for i in range(1, 300):  # q(i) is stored before a(i-1): each turn overlaps the next
+        await store.add_message("busy", Message("user", f"q{i}", turn_id=f"t{i}"))
+        await store.add_message("busy", Message("assistant", f"a{i - 1}", turn_id=f"t{i - 1}"))
+    await store.add_message("busy", Message("assistant", "a299", turn_id="t299"))
+    seen: list[str] = []
+    before = None
+    while True:
+        page, more = await store.history_page("busy", limit=5, before_id=before)
+        assert len(page) <= 2 * 5 + HISTORY_PAGE_SLACK
+        seen[:0] = [m.content for m in page]
+        if not more:
+            break
+        before = page[0].id
+    assert len(seen) == 600 and len(set(seen)) == 600
+    # Where each turn began is read from an index, not from the whole session.
+    conn = sqlite3.connect(tmp_path / "db.sqlite3")
+    plan = " ".join(str(r) for r in conn.execute(
+        "EXPLAIN QUERY PLAN SELECT MIN(id) FROM messages WHERE session_id=? AND epoch=? AND turn_id IN (?, ?)",
+        ("busy", 0, "t1", "t2")))
+    assert "messages_by_turn" in plan, plan
+
+
 async def test_reset_archives_old_history(store):
     await store.create_session("s", "api", None)
     await store.add_message("s", Message("user", "old question"))
