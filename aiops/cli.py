@@ -14,9 +14,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiops import __version__
+
+if TYPE_CHECKING:
+    from aiops.engine.lock import DataDirLock
 
 
 class CliError(Exception):
@@ -416,7 +419,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise CliError(f"{e}; send the message through its API instead "
                        f"(POST /api/v1/submit, or aiops.client.AgentClient)") from None
     try:
-        return asyncio.run(_chat(cfg, args, lock.died_since))
+        return asyncio.run(_chat(cfg, args, lock))
     finally:
         lock.release()
 
@@ -469,7 +472,7 @@ class _TerminalAsker:
         return "denied", "once"
 
 
-async def _chat(cfg: Any, args: argparse.Namespace, died_since: float | None = None) -> int:
+async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = None) -> int:
     import uuid
     from types import SimpleNamespace
 
@@ -479,8 +482,9 @@ async def _chat(cfg: Any, args: argparse.Namespace, died_since: float | None = N
 
     engine = Engine(cfg)
     await engine.start()
-    if died_since is not None:
-        await engine.close_left_open(died_since)
+    if lock is not None and (span := lock.left_open()) is not None:
+        await engine.close_left_open(*span)
+        lock.recovered()
     out = sys.stdout
     status = 0
     # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only

@@ -159,11 +159,12 @@ class Engine:
         self._spawn(asyncio.to_thread(_warm_backend_imports, types))
         self.started = True
 
-    async def close_left_open(self, since: float) -> tuple[int, int]:
+    async def close_left_open(self, since: float, until: float) -> tuple[int, int]:
         """After this data dir's last process died without stopping (SIGKILL, a crash; its lock
-        said since when it ran): its turns that never ended get a notice saying so, its gates left
-        open are recorded as cancelled. A clean stop records both itself. Returns (turns, gates)."""
-        turns, gates = await self.store.left_open(since)
+        said it ran from `since`; `until`: when this one took the lock): its turns that never
+        ended get a notice saying so, its gates left open are recorded as cancelled. A clean stop
+        records both itself. Returns (turns, gates)."""
+        turns, gates = await self.store.left_open(since, until)
         at = time.time()
         for gate in gates:
             data = {**gate.data, "resolution": {"decision": "cancelled", "scope": "once", "by": "restart", "at": at}}

@@ -4,7 +4,9 @@ The lock is an advisory `fcntl.flock` on `<data dir>/aiops.lock`. The kernel dro
 process exits, however it exits, so a crash never leaves a stale lock behind; the file's content
 (JSON: pid, url, started_at) only tells a second process who holds it and where to reach it.
 A clean release empties the file: content found by the next holder means the last one died
-without stopping (SIGKILL, a crash), and since when it had run (`died_since`).
+without stopping (SIGKILL, a crash), and since when it had run (`died_since`). The new holder
+keeps that time in the file until it has recorded what was left open (`recovered`), so a holder
+that dies before that passes it on.
 """
 
 from __future__ import annotations
@@ -63,9 +65,13 @@ class DataDirLock:
                 os.close(fd)
                 raise AlreadyRunning(self.path, info) from None
         self._fd = fd
-        left = _read_info(fd).get("started_at")
-        self.died_since = float(left) if isinstance(left, int | float) else None
+        left = _read_info(fd)
+        since = left.get("recover_since") or left.get("started_at")
+        # Without flock a live holder's file would read as a dead one's: no guess is made then.
+        self.died_since = float(since) if isinstance(since, int | float) and fcntl is not None else None
         self.info = {"pid": os.getpid(), "url": url, "started_at": time.time()}
+        if self.died_since is not None:
+            self.info["recover_since"] = self.died_since
         self._write()
 
     def update(self, **info: Any) -> None:
@@ -74,6 +80,17 @@ class DataDirLock:
             return
         self.info.update(info)
         self._write()
+
+    def recovered(self) -> None:
+        """What the last holder left open is recorded: a later holder need not look again."""
+        if self.info.pop("recover_since", None) is not None and self._fd is not None:
+            self._write()
+
+    def left_open(self) -> tuple[float, float] | None:
+        """(since, until): the time span whose unfinished work a dead holder left, or None."""
+        if self.died_since is None:
+            return None
+        return self.died_since, float(self.info["started_at"])
 
     def _write(self) -> None:
         assert self._fd is not None

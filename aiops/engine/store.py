@@ -199,6 +199,21 @@ def migrate(conn: sqlite3.Connection) -> int:
     return len(MIGRATIONS)
 
 
+_TURN_ENDING_NOTICES = frozenset({"cancelled", "command", "ended", "interrupted"})
+
+
+def _ends_turn(row: sqlite3.Row) -> bool:
+    """Whether a turn whose last stored message is `row` ended (see Store.left_open)."""
+    meta = json.loads(row["meta"] or "{}")
+    if meta.get("imported"):
+        return True
+    if row["role"] == "assistant":
+        return not row["tool_calls"]
+    if row["role"] == "notice":
+        return meta.get("kind") in _TURN_ENDING_NOTICES
+    return row["role"] == "error"
+
+
 def _row_to_audit(r: sqlite3.Row) -> AuditRow:
     return AuditRow(r["id"], r["ts"], r["session_id"], r["event"], r["gate_id"], r["tool"],
                     r["operation"], r["decision"], r["scope"], r["actor"], json.loads(r["data"]))
@@ -651,12 +666,14 @@ class Store:
 
         return await self._run(run)
 
-    async def left_open(self, since: float) -> tuple[list[tuple[str, str]], list[AuditRow]]:
-        """What a process that died (SIGKILL, a crash) after `since` left open: its turns that
-        never ended, as (session id, turn id), oldest first; and its gates opened and never
-        resolved. A turn ended when its last message is an answer, an error or a notice (a
-        cancelled turn ends with one); anything else (a question, a tool call or result, a gate
-        record) means it was cut off."""
+    async def left_open(self, since: float, until: float) -> tuple[list[tuple[str, str]], list[AuditRow]]:
+        """What a process that ran from `since` and died (SIGKILL, a crash) before `until` left
+        open: its turns that never ended, as (session id, turn id), oldest first; and its gates
+        opened and never resolved. A turn ended when its last message says so: an answer (no
+        tool calls), an error, or a notice that ends a turn (cancelled, a command's output, a
+        limit that ended it). Anything else (a question, a tool call or result, a gate record, a
+        tool's progress note) means it was cut off. History imported from a chat client is not
+        a turn aiops ran."""
 
         def run(conn: sqlite3.Connection) -> tuple[list[tuple[str, str]], list[AuditRow]]:
             since_ = since - 1.0  # clocks of one machine; a second of slack costs nothing
@@ -665,17 +682,16 @@ class Store:
             # those queued behind it. Bounded by the sessions it touched, not by how long it ran.
             for session in conn.execute("SELECT id, epoch FROM sessions WHERE updated_at >= ?", (since_,)).fetchall():
                 tail = conn.execute("SELECT * FROM messages WHERE session_id = ? AND epoch = ? AND created_at >= ? "
-                                    "ORDER BY id DESC LIMIT ?", (session["id"], session["epoch"], since_,
-                                                                 _LEFT_OPEN_TAIL)).fetchall()
+                                    "AND created_at < ? ORDER BY id DESC LIMIT ?",
+                                    (session["id"], session["epoch"], since_, until, _LEFT_OPEN_TAIL)).fetchall()
                 for row in reversed(tail):
                     if row["turn_id"] is not None:
                         last[(row["session_id"], row["turn_id"])] = row
-            turns = [key for key, row in last.items()
-                     if row["role"] in ("user", "tool", "gate") or (row["role"] == "assistant" and row["tool_calls"])]
+            turns = [key for key, row in last.items() if not _ends_turn(row)]
             gates = [_row_to_audit(r) for r in conn.execute(
-                "SELECT * FROM audit a WHERE a.event = 'gate_opened' AND a.ts >= ? AND a.gate_id IS NOT NULL "
-                "AND NOT EXISTS (SELECT 1 FROM audit b WHERE b.gate_id = a.gate_id AND b.id > a.id "
-                "AND b.event IN ('gate_resolved', 'gate_granted')) ORDER BY a.id", (since_,))]
+                "SELECT * FROM audit a WHERE a.event = 'gate_opened' AND a.ts >= ? AND a.ts < ? "
+                "AND a.gate_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM audit b WHERE b.gate_id = a.gate_id "
+                "AND b.id > a.id AND b.event IN ('gate_resolved', 'gate_granted')) ORDER BY a.id", (since_, until))]
             return turns, gates
 
         return await self._run(run)

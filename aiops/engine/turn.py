@@ -321,12 +321,12 @@ class TurnRunner:
             if repeated:
                 await self._refuse_all(calls, "not executed: the same call was repeated a third time")
                 await self._notice(f"ended the turn: {repeated[0].name} was called a third time with "
-                                   f"the same arguments")
+                                   f"the same arguments", kind="ended")
                 return
             if iterations >= max_iter:
                 await self._refuse_all(calls, "not executed: the tool iteration limit was reached")
                 await self._notice(f"ended the turn after {max_iter} tool iterations "
-                                   f"(max_tool_iterations in limits.toml)")
+                                   f"(max_tool_iterations in limits.toml)", kind="ended")
                 return
             iterations += 1
             running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
@@ -374,8 +374,9 @@ class TurnRunner:
             self.usage.completion_tokens += completion.usage.completion_tokens
         return completion
 
-    async def _notice(self, text: str) -> None:
-        await self._commit(Message("notice", text, turn_id=self.turn.id))
+    async def _notice(self, text: str, *, kind: str | None = None) -> None:
+        """`kind` "ended": the turn ends with this notice (crash recovery reads it so)."""
+        await self._commit(Message("notice", text, turn_id=self.turn.id, meta={"kind": kind} if kind else {}))
         self._pub(ev.NOTICE, {"text": text})
 
     async def _refuse_all(self, calls: list[ToolCall], reason: str) -> None:

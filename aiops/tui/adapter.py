@@ -227,12 +227,12 @@ class EngineAdapter:
     # -- lifecycle --
 
     async def start(self, *, server: bool, host: str | None, port: int | None,
-                    died_since: float | None = None) -> ServicesStarted:
+                    left_open: tuple[float, float] | None = None) -> ServicesStarted:
         """Start the engine, then the server; a server failure leaves the engine running.
-        `died_since`: the last aiops on this data dir died without stopping (see DataDirLock)."""
+        `left_open`: the last aiops on this data dir died without stopping (see DataDirLock)."""
         await self.engine.start()
-        if died_since is not None:
-            await self.engine.close_left_open(died_since)
+        if left_open is not None:
+            await self.engine.close_left_open(*left_open)
         self.connect()
         urls: list[str] = []
         error: str | None = None

@@ -41,15 +41,27 @@ def test_the_next_holder_learns_whether_the_last_one_died_without_stopping(tmp_p
         assert clean.died_since is None
     with DataDirLock(path) as after_clean:
         assert after_clean.died_since is None
-    killed = subprocess.run([sys.executable, "-c", (
-        "import os, signal; from aiops.engine.lock import DataDirLock\n"
-        f"lock = DataDirLock({str(path)!r}); lock.acquire(); print(lock.info['started_at'], flush=True)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)")], capture_output=True, text=True, timeout=30)
-    assert killed.returncode == -9
+    def killed_while_holding() -> float:
+        run = subprocess.run([sys.executable, "-c", (
+            "import os, signal; from aiops.engine.lock import DataDirLock\n"
+            f"lock = DataDirLock({str(path)!r}); lock.acquire(); print(lock.info['started_at'], flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)")], capture_output=True, text=True, timeout=30)
+        assert run.returncode == -9
+        return float(run.stdout)
+
+    first_run = killed_while_holding()
     with DataDirLock(path) as after_kill:
-        assert after_kill.died_since == float(killed.stdout)
+        assert after_kill.died_since == first_run
+        assert after_kill.left_open() == (first_run, after_kill.info["started_at"])
+        after_kill.recovered()
     with DataDirLock(path) as next_one:
-        assert next_one.died_since is None
+        assert next_one.died_since is None and next_one.left_open() is None
+
+    # A holder that dies before it has recorded what was left open passes the older time on.
+    first_run = killed_while_holding()
+    killed_while_holding()
+    with DataDirLock(path) as after_two:
+        assert after_two.died_since == first_run
 
 
 def test_run_console_refuses_a_held_data_dir(tmp_path, fake_openai, capsys):

@@ -126,6 +126,38 @@ async def test_a_history_page_of_ever_overlapping_turns_stops_growing_and_pages_
     assert "messages_by_turn" in plan, plan
 
 
+async def test_turns_left_open_by_a_dead_process_are_those_whose_last_message_does_not_end_them(store):
+    """Crash recovery asks which turns a killed process cut off: a turn ended only when its last
+    message says so (an answer, an error, a notice that ends a turn); a progress note or a
+    notice written at a turn's start does not, and history imported from a chat client is not a
+    turn aiops ran."""
+    since = time.time()
+    await store.create_session("s", "api", None)
+    rows = [
+        ("answered", Message("user", "q")), ("answered", Message("assistant", "a")),
+        ("failed", Message("user", "q")), ("failed", Message("error", "model down")),
+        ("stopped", Message("user", "q")), ("stopped", Message("notice", "turn cancelled", meta={"kind": "cancelled"})),
+        ("limited", Message("user", "q")), ("limited", Message("notice", "ended the turn", meta={"kind": "ended"})),
+        ("command", Message("user", "!help", meta={"command": True})),
+        ("command", Message("notice", "help text", meta={"kind": "command"})),
+        ("imported", Message("user", "an old question", meta={"imported": True})),
+        ("mid-tool", Message("user", "q")), ("mid-tool", Message("assistant", "", tool_calls=[ToolCall("c1", "t", {})])),
+        ("progress", Message("user", "q")), ("progress", Message("notice", "50 % done")),
+        ("queued", Message("user", "q")),
+    ]
+    for turn, msg in rows:
+        msg.turn_id = turn
+        await store.add_message("s", msg)
+    await store.add_audit("gate_opened", session_id="s", gate_id="g1", tool="t")
+    await store.add_audit("gate_opened", session_id="s", gate_id="g2", tool="t")
+    await store.add_audit("gate_resolved", session_id="s", gate_id="g2", tool="t", decision="approved")
+    turns, gates = await store.left_open(since, time.time() + 1)
+    assert turns == [("s", "mid-tool"), ("s", "progress"), ("s", "queued")]
+    assert [g.gate_id for g in gates] == ["g1"]
+    # Work done after the new process took the lock is its own, not the dead one's.
+    assert await store.left_open(since, since - 5) == ([], [])
+
+
 async def test_reset_archives_old_history(store):
     await store.create_session("s", "api", None)
     await store.add_message("s", Message("user", "old question"))

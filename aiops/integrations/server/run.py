@@ -247,8 +247,9 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
 
     engine = Engine(cfg)
     await engine.start()
-    if lock is not None and lock.died_since is not None:
-        await engine.close_left_open(lock.died_since)
+    if lock is not None and (span := lock.left_open()) is not None:
+        await engine.close_left_open(*span)
+        lock.recovered()
     for p in engine.plugin_status:
         if p.state in ("skipped", "failed"):
             print(f"aiops: plugin {p.name} {p.state}: {p.reason}", file=sys.stderr)
