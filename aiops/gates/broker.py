@@ -240,6 +240,11 @@ class GateBroker:
             if self._record is not None:
                 await self._record("opened", gate, None)
             opened_recorded = True
+            if not entry.future.done() and (late := self._matching_grant(gate)) is not None:
+                # Granted while its opening was being recorded: an operator approved a twin of
+                # this call for the session meanwhile. Never announced, nobody is asked.
+                gate.grant = late
+                self._settle(entry, Resolution("approved", "session", "session-grant", self._clock()))
             if not entry.future.done():
                 entry.visible = True
                 self._emit("gate", gate.to_dict())

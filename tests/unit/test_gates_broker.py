@@ -316,6 +316,25 @@ async def test_a_session_approval_also_answers_the_waiting_gates_it_covers(broke
     await asyncio.gather(other_table, other_session)
 
 
+async def test_a_gate_approved_for_the_session_while_its_twin_is_being_opened_is_not_asked(bus: Bus) -> None:
+    """The second call's gate is being recorded (not yet announced) when the operator approves
+    the first for the session: it must not then be announced and wait for an answer."""
+    audit = Audit(bus)
+
+    async def record(kind: str, gate: Gate, resolution: Resolution | None) -> None:
+        if kind == "opened" and bus.named("gate") and gate.id != bus.named("gate")[0]["id"]:
+            broker.resolve(bus.named("gate")[0]["id"], "approve", "session", by="alice")
+        await audit(kind, gate, resolution)
+
+    broker = GateBroker(bus, record)
+    first = ask(broker, "s1")
+    await opened(bus, 1)
+    twin = await asyncio.wait_for(ask(broker, "s1", args={"query": "DELETE FROM users WHERE id=4"}), 5)
+    assert (twin.decision, twin.by) == ("approved", "session-grant")
+    assert (await first).by == "alice"
+    assert len(bus.named("gate")) == 1 and broker.pending() == []
+
+
 async def test_a_call_passed_by_a_grant_is_recorded_naming_the_grant(broker: GateBroker, bus: Bus,
                                                                     audit: Audit) -> None:
     first = ask(broker, "s1")
