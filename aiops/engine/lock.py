@@ -23,6 +23,15 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, no protect
     fcntl = None  # type: ignore[assignment]
 
 
+# Data dirs this process holds: only their holder may rotate aiops.log (see aiops.logs).
+_held: set[Path] = set()
+
+
+def held_here(data_dir: Path) -> bool:
+    """Whether this process holds the lock of `data_dir`."""
+    return Path(data_dir).resolve() in _held
+
+
 class AlreadyRunning(Exception):
     """Another process holds the data dir."""
 
@@ -73,6 +82,7 @@ class DataDirLock:
         if self.died_since is not None:
             self.info["recover_since"] = self.died_since
         self._write()
+        _held.add(self.path.parent.resolve())
 
     def update(self, **info: Any) -> None:
         """Record more about the holder (the server URL once it listens)."""
@@ -103,6 +113,7 @@ class DataDirLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        _held.discard(self.path.parent.resolve())
         try:
             os.ftruncate(fd, 0)
         except OSError:

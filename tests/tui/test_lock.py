@@ -64,6 +64,29 @@ def test_the_next_holder_learns_whether_the_last_one_died_without_stopping(tmp_p
         assert after_two.died_since == first_run
 
 
+def test_only_the_holder_of_the_data_dir_rotates_its_log(tmp_path):
+    """`aiops plugins` while a server runs writes to the same aiops.log: had it rotated the file,
+    the server would have gone on writing to the renamed one."""
+    import logging
+
+    from aiops.logs import log_file_handler
+
+    data = tmp_path / "data"
+    data.mkdir()
+    handler = log_file_handler(data / "aiops.log")
+    handler.maxBytes = 2000  # the size it rotates at (10 MB as shipped)
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "x" * 500, None, None)
+    try:
+        for _ in range(10):
+            handler.emit(record)
+        assert not (data / "aiops.log.1").exists() and (data / "aiops.log").stat().st_size > 2000
+        with DataDirLock(data / "aiops.lock"):
+            handler.emit(record)
+            assert (data / "aiops.log.1").exists() and (data / "aiops.log").stat().st_size < 2000
+    finally:
+        handler.close()
+
+
 def test_run_console_refuses_a_held_data_dir(tmp_path, fake_openai, capsys):
     cfg = console_config(tmp_path, fake_openai)
     with DataDirLock(cfg.paths.lock_path) as held:
