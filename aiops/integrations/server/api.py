@@ -100,7 +100,8 @@ class SessionsQuery(_Query):
 
 class HistoryQuery(_Query):
     limit: int = Field(50, ge=1, le=1000, description="The latest this many messages, plus any earlier ones "
-                       "of the turns among them: a page never splits a turn.")
+                       "of the turns among them, so that a page does not split a turn (at most 2 × limit + "
+                       "100 messages in all).")
     before: int | None = Field(None, ge=1, le=SQLITE_MAX_INT, description="Only messages with an id below this (the "
                                                        "`next_before` of the previous page).")
 
