@@ -21,7 +21,7 @@ class DataDirLogHandler(RotatingFileHandler):
 
     def __init__(self, path: Path | str) -> None:
         super().__init__(path, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS, encoding="utf-8")
-        self.data_dir = Path(path).parent
+        self.data_dir = Path(path).parent.resolve()
 
     def shouldRollover(self, record: logging.LogRecord) -> int:  # noqa: N802 - the stdlib's name
         return int(held_here(self.data_dir) and super().shouldRollover(record))

@@ -28,8 +28,10 @@ _held: set[Path] = set()
 
 
 def held_here(data_dir: Path) -> bool:
-    """Whether this process holds the lock of `data_dir`."""
-    return Path(data_dir).resolve() in _held
+    """Whether this process holds the lock of `data_dir` (asked per log record: a resolved path
+    is looked up without touching the file system)."""
+    path = Path(data_dir)
+    return path in _held or path.resolve() in _held
 
 
 class AlreadyRunning(Exception):
