@@ -482,9 +482,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
 
     engine = Engine(cfg)
     await engine.start()
-    if lock is not None and (span := lock.left_open()) is not None:
-        await engine.close_left_open(*span)
-        lock.recovered()
+    await engine.close_left_open(lock)
     out = sys.stdout
     status = 0
     # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only

@@ -23,6 +23,7 @@ from aiops.engine.backends import Backend, make_backend
 from aiops.engine.commands import CommandContext, CommandRegistry, parse_input
 from aiops.engine.events import EventBus
 from aiops.engine.gatekeeper import Gatekeeper
+from aiops.engine.lock import DataDirLock
 from aiops.engine.plugins import (
     Plugin,
     PluginAPI,
@@ -159,12 +160,15 @@ class Engine:
         self._spawn(asyncio.to_thread(_warm_backend_imports, types))
         self.started = True
 
-    async def close_left_open(self, since: float, until: float) -> tuple[int, int]:
-        """After this data dir's last process died without stopping (SIGKILL, a crash; its lock
-        said it ran from `since`; `until`: when this one took the lock): its turns that never
-        ended get a notice saying so, its gates left open are recorded as cancelled. A clean stop
-        records both itself. Returns (turns, gates)."""
-        turns, gates = await self.store.left_open(since, until)
+    async def close_left_open(self, lock: DataDirLock | None) -> tuple[int, int]:
+        """When this data dir's last process died without stopping (SIGKILL, a crash: its `lock`
+        says so, and when it ran): its turns that never ended get a notice saying so, its gates
+        left open are recorded as cancelled, then the lock is told. A clean stop records both
+        itself. Returns (turns, gates)."""
+        span = lock.left_open() if lock is not None else None
+        if lock is None or span is None:
+            return 0, 0
+        turns, gates = await self.store.left_open(*span)
         at = time.time()
         for gate in gates:
             data = {**gate.data, "resolution": {"decision": "cancelled", "scope": "once", "by": "restart", "at": at}}
@@ -177,6 +181,7 @@ class Engine:
         if turns or gates:
             log.warning("aiops did not stop cleanly last time: %d turn(s) recorded as interrupted, "
                         "%d gate(s) left open recorded as cancelled", len(turns), len(gates))
+        lock.recovered()
         return len(turns), len(gates)
 
     async def stop(self) -> None:

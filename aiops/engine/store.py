@@ -42,8 +42,8 @@ CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thr
 log = logging.getLogger(__name__)
 
 SQLITE_MAX_INT = 2**63 - 1
-_LEFT_OPEN_TAIL = 200
-HISTORY_PAGE_SLACK = 100  # a page holds at most 2 × limit + this many messages (see history_page)  # messages per session read for turns a dead process cut off
+_LEFT_OPEN_TAIL = 200  # messages per session read for turns a dead process cut off
+HISTORY_PAGE_SLACK = 100  # a page holds at most 2 × limit + this many messages (see history_page)
 
 # Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
 # session's metadata. Listings filter on it, so a client's sessions are found by the index below.

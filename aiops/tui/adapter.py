@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from aiops.config import Config
     from aiops.engine.engine import Engine
     from aiops.engine.events import Event
+    from aiops.engine.lock import DataDirLock
     from aiops.engine.types import Message as HistoryMessage
     from aiops.prompts.tree import PromptTree
 
@@ -227,12 +228,11 @@ class EngineAdapter:
     # -- lifecycle --
 
     async def start(self, *, server: bool, host: str | None, port: int | None,
-                    left_open: tuple[float, float] | None = None) -> ServicesStarted:
+                    lock: DataDirLock | None = None) -> ServicesStarted:
         """Start the engine, then the server; a server failure leaves the engine running.
-        `left_open`: the last aiops on this data dir died without stopping (see DataDirLock)."""
+        `lock`: this data dir's, which says whether the last aiops on it died without stopping."""
         await self.engine.start()
-        if left_open is not None:
-            await self.engine.close_left_open(*left_open)
+        await self.engine.close_left_open(lock)
         self.connect()
         urls: list[str] = []
         error: str | None = None

@@ -202,9 +202,7 @@ class AiopsApp(App[int]):
     async def _start_services(self) -> None:
         try:
             started = await self.adapter.start(server=self.want_server, host=self.host, port=self.port,
-                                               left_open=self.lock.left_open() if self.lock else None)
-            if self.lock is not None:
-                self.lock.recovered()
+                                               lock=self.lock)
         except Exception as e:  # noqa: BLE001 - shown in the console, which stays up
             log.exception("the engine did not start")
             self.post_message(ServicesFailed(f"{type(e).__name__}: {e}"))

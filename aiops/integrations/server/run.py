@@ -247,9 +247,7 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
 
     engine = Engine(cfg)
     await engine.start()
-    if lock is not None and (span := lock.left_open()) is not None:
-        await engine.close_left_open(*span)
-        lock.recovered()
+    await engine.close_left_open(lock)
     for p in engine.plugin_status:
         if p.state in ("skipped", "failed"):
             print(f"aiops: plugin {p.name} {p.state}: {p.reason}", file=sys.stderr)
