@@ -631,7 +631,9 @@ async def test_a_stream_ending_as_a_keepalive_falls_due_writes_nothing_after_its
 
         for batch in range(20):
             await asyncio.gather(*(one(batch * 10 + k) for k in range(10)))
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # aiops's own records only: a client another test left open may be collected meanwhile and
+    # asyncio logs its failed close on this test's time.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("aiops")] == []
 
 
 async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: ApiServerFactory) -> None:
