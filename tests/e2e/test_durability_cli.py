@@ -26,6 +26,16 @@ def run_aiops(args: list[str], cfg: Path, data: Path, timeout: float = 60) -> su
                           capture_output=True, text=True, timeout=timeout, env=_env())
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the process if it still runs, wait for it and close the pipes nobody reads."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("AIOPS_CONFIG_DIR", None)
@@ -110,9 +120,7 @@ def test_sigkill_mid_turn_loses_only_the_streaming_answer(setup):
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _reap(proc)
     assert proc.returncode == -signal.SIGKILL
     conn = sqlite3.connect(data / "aiops.sqlite3")
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -207,9 +215,7 @@ def _kill_mid_turn(cfg: Path, data: Path, env: dict[str, str], question: str,
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        _reap(proc)
     assert proc.returncode == -signal.SIGKILL
     conn = sqlite3.connect(data / "aiops.sqlite3")
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -296,3 +302,4 @@ def test_a_second_aiops_on_the_same_data_dir_is_told_where_the_first_runs(setup)
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(10)
+        _reap(first)

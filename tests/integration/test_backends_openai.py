@@ -375,6 +375,7 @@ def test_fake_runs_standalone_for_subprocess_and_benchmark_use() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
+        proc.stdout.close()
 
 
 @pytest.mark.parametrize("line_end", ["\n", "\r\n", "\r"], ids=["lf", "crlf", "cr"])

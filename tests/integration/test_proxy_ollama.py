@@ -34,8 +34,9 @@ def served(fake: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture
-def client(served: ServeProcess) -> ollama.Client:
-    return ollama.Client(host=served.url)
+def client(served: ServeProcess) -> Iterator[ollama.Client]:
+    with ollama.Client(host=served.url) as c:
+        yield c
 
 
 # ---- discovery ---------------------------------------------------------------------------------------
@@ -205,11 +206,11 @@ def test_empty_chat_and_prompt_load_the_model(client: ollama.Client, fake: FakeO
 
 
 async def test_async_client(served: ServeProcess) -> None:
-    c = ollama.AsyncClient(host=served.url)
-    parts = [p.message.content or "" async for p in await c.chat(
-        model="aiops", messages=[{"role": "user", "content": "async ollama"}], stream=True)]
-    assert "".join(parts) == "echo: async ollama"
-    assert (await c.generate(model="aiops", prompt="async gen", stream=False)).response == "echo: async gen"
+    async with ollama.AsyncClient(host=served.url) as c:
+        parts = [p.message.content or "" async for p in await c.chat(
+            model="aiops", messages=[{"role": "user", "content": "async ollama"}], stream=True)]
+        assert "".join(parts) == "echo: async ollama"
+        assert (await c.generate(model="aiops", prompt="async gen", stream=False)).response == "echo: async gen"
 
 
 def test_model_failure_mid_stream_is_a_final_error_line(client: ollama.Client, fake: FakeOpenAI) -> None:
@@ -291,12 +292,12 @@ def test_background_tasks_report_the_models_real_counts(client: ollama.Client, f
 def test_keep_alive_lines_carry_the_time_they_are_sent_and_a_stop_omits_unknown_counts(
         served: ServeProcess, fake: FakeOpenAI) -> None:
     fake.script(Reply.hang())
-    client = ollama.Client(host=served.url, headers={"X-Aiops-Session": "ollama-ticks"})
     parts = []
-    for p in client.chat(model="aiops", messages=[{"role": "user", "content": "wait for it"}], stream=True):
-        parts.append(p)
-        if len(parts) == 4:  # keep-alives every 0.2 s while the model says nothing; then stop the turn
-            assert httpx.post(served.url + "/api/v1/sessions/ollama-ticks/stop").json()["stopped"] is True
+    with ollama.Client(host=served.url, headers={"X-Aiops-Session": "ollama-ticks"}) as client:
+        for p in client.chat(model="aiops", messages=[{"role": "user", "content": "wait for it"}], stream=True):
+            parts.append(p)
+            if len(parts) == 4:  # keep-alives every 0.2 s while the model says nothing; then stop the turn
+                assert httpx.post(served.url + "/api/v1/sessions/ollama-ticks/stop").json()["stopped"] is True
     keepalives = [p for p in parts if not p.done and not p.message.content]
     assert len(keepalives) >= 4
     stamps = [datetime.fromisoformat(p.created_at.replace("Z", "+00:00")) for p in keepalives]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import openai
@@ -42,8 +42,11 @@ def client(served: ServeProcess) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture
-async def aclient(served: ServeProcess) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+async def aclient(served: ServeProcess) -> AsyncIterator[openai.AsyncOpenAI]:
+    # Closed on this test's loop: left to the collector, its close ran on a later test's closed loop,
+    # and asyncio's log of that failure landed in whichever test was running.
+    async with openai.AsyncOpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0) as c:
+        yield c
 
 
 def history(served: ServeProcess, session_id: str) -> list[dict]:

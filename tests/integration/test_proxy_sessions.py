@@ -97,6 +97,7 @@ async def test_a_fork_is_continued_after_a_restart(api_server_factory: ApiServer
     fork, a2 = await ask(client, [("user", "disk on db-1?"), ("assistant", "edited answer"), ("user", "why?")])
     assert fork == "owui-chat-r+2"
     data = first.cfg.paths.data_dir
+    await client.close()
     await first.stop()
 
     second = await api_server_factory(data_dir=data)
@@ -111,18 +112,18 @@ async def test_a_fork_is_continued_after_a_restart(api_server_factory: ApiServer
 
 
 async def test_sessions_by_fingerprint_when_the_client_sends_no_id(api_server: ApiServer) -> None:
-    client = ollama.AsyncClient(host=api_server.url)
-    first = [{"role": "user", "content": "list the cron jobs"}]
-    a1 = (await client.chat(model="aiops", messages=first, stream=False)).message.content
-    assert len(await sessions(api_server)) == 1
-    second = [*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "and disable backup"}]
-    await client.chat(model="aiops", messages=second, stream=False)
-    (only,) = (await sessions(api_server)).values()
-    assert only["message_count"] == 4
-    # A new chat that starts the same way is a new conversation, not a continuation.
-    await client.chat(model="aiops", messages=first, stream=False)
-    await client.chat(model="aiops", messages=[{"role": "user", "content": "something else"}], stream=False)
-    assert sorted(s["message_count"] for s in (await sessions(api_server)).values()) == [2, 2, 4]
+    async with ollama.AsyncClient(host=api_server.url) as client:
+        first = [{"role": "user", "content": "list the cron jobs"}]
+        a1 = (await client.chat(model="aiops", messages=first, stream=False)).message.content
+        assert len(await sessions(api_server)) == 1
+        second = [*first, {"role": "assistant", "content": a1}, {"role": "user", "content": "and disable backup"}]
+        await client.chat(model="aiops", messages=second, stream=False)
+        (only,) = (await sessions(api_server)).values()
+        assert only["message_count"] == 4
+        # A new chat that starts the same way is a new conversation, not a continuation.
+        await client.chat(model="aiops", messages=first, stream=False)
+        await client.chat(model="aiops", messages=[{"role": "user", "content": "something else"}], stream=False)
+        assert sorted(s["message_count"] for s in (await sessions(api_server)).values()) == [2, 2, 4]
 
 
 async def test_the_openai_user_field_names_the_conversation(api_server: ApiServer) -> None:
@@ -264,7 +265,8 @@ async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server
     stream = await client.chat.completions.create(model="aiops", stream=True,
                                                   messages=[{"role": "user", "content": task}])
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == f"echo: {task}"
-    g = await ollama.AsyncClient(host=api_server.url).generate(model="aiops", prompt=task, stream=False)
+    async with ollama.AsyncClient(host=api_server.url) as plain:
+        g = await plain.generate(model="aiops", prompt=task, stream=False)
     assert g.response == f"echo: {task}"
     # A failed one is the surface's own model failure: 502 on /v1, 500 on /api, as a turn's.
     fake.script(Reply.error(400, "context too long"), Reply.error(400, "context too long"))
@@ -273,7 +275,8 @@ async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server
             model="aiops", messages=[{"role": "user", "content": task}])
     assert failed.value.status_code == 502 and "context too long" in failed.value.message
     with pytest.raises(ollama.ResponseError) as failed_ollama:
-        await ollama.AsyncClient(host=api_server.url).generate(model="aiops", prompt=task, stream=False)
+        async with ollama.AsyncClient(host=api_server.url) as plain:
+            await plain.generate(model="aiops", prompt=task, stream=False)
     assert failed_ollama.value.status_code == 500 and "context too long" in failed_ollama.value.error
     assert await history(api_server, sid) == before
     assert set(await sessions(api_server)) == {sid}
@@ -409,13 +412,13 @@ async def test_an_ollama_stream_stays_alive_with_empty_lines_and_shows_a_denial(
     lines: list[dict[str, Any]] = []
 
     async def chat() -> None:
-        client = ollama.AsyncClient(host=srv.url, headers=tokens.header("chat"))
-        async for part in await client.chat(model="aiops", stream=True, messages=[
-                {"role": "user", "content": "remember that I prefer tea"}]):
-            lines.append(part.model_dump())
-            changed.set()
-            if "waiting for operator approval" in "".join(p["message"]["content"] or "" for p in lines):
-                waiting.set()
+        async with ollama.AsyncClient(host=srv.url, headers=tokens.header("chat")) as client:
+            async for part in await client.chat(model="aiops", stream=True, messages=[
+                    {"role": "user", "content": "remember that I prefer tea"}]):
+                lines.append(part.model_dump())
+                changed.set()
+                if "waiting for operator approval" in "".join(p["message"]["content"] or "" for p in lines):
+                    waiting.set()
 
     async def until_lines(n: int) -> None:
         while len(lines) < n:
@@ -534,11 +537,11 @@ async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
                 await client.chat.completions.create(model="aiops/down", messages=[
                     {"role": "user", "content": "### Task:\nGenerate a title"}])
             said.append(e.value.message)
-        ollama_client = ollama.AsyncClient(host=srv.url, headers=tokens.header(token))
-        with pytest.raises(ollama.ResponseError) as e3:
-            async for _ in await ollama_client.chat(model="aiops/down", stream=True,
-                                                    messages=[{"role": "user", "content": "c"}]):
-                pass
+        async with ollama.AsyncClient(host=srv.url, headers=tokens.header(token)) as ollama_client:
+            with pytest.raises(ollama.ResponseError) as e3:
+                async for _ in await ollama_client.chat(model="aiops/down", stream=True,
+                                                        messages=[{"role": "user", "content": "c"}]):
+                    pass
         said.append(e3.value.error)
         return said
 
