@@ -263,6 +263,49 @@ def test_a_client_that_hangs_up_cancels_the_turn(served: ServeProcess, fake: Fak
         ("user", "complete"), ("assistant", "cancelled"), ("notice", "complete")]
 
 
+def test_only_an_empty_prompt_is_the_load_probe(served: ServeProcess, fake: FakeOpenAI) -> None:
+    """Ollama's own rule: no prompt and no system prompt. Spaces, or a system prompt alone, are a
+    turn with no question: a 400 as on /api/chat, not an empty answer."""
+    before = len(fake.requests)
+    for body in ({"prompt": "   "}, {"prompt": "", "system": "be brief"}, {"system": "be brief"}):
+        r = httpx.post(served.url + "/api/generate", json={"model": "aiops", "stream": False, **body})
+        assert r.status_code == 400, body
+        assert "user message" in r.json()["error"], body
+    assert len(fake.requests) == before
+
+
+def test_completion_engine_requests_are_refused(served: ServeProcess, fake: FakeOpenAI) -> None:
+    """An editor's fill-in-the-middle (Continue's autocomplete), a raw prompt or a template would
+    otherwise start an agent turn per keystroke and paste its prose into the code."""
+    before = len(fake.requests)
+    for extra, name in (({"suffix": "    return x"}, "suffix"), ({"raw": True}, "raw"),
+                        ({"template": "{{ .Prompt }}"}, "template")):
+        r = httpx.post(served.url + "/api/generate",
+                       json={"model": "aiops", "prompt": "def f():", "stream": False, **extra})
+        assert r.status_code == 400, extra
+        assert r.json()["error"].startswith(f"{name} is not supported"), extra
+    assert len(fake.requests) == before
+    # The empty values older ollama clients send with every request are not a request for any of it.
+    r = httpx.post(served.url + "/api/generate", json={"model": "aiops", "prompt": "plain", "stream": False,
+                                                       "suffix": "", "raw": False, "template": "",
+                                                       "format": "", "context": []})
+    assert r.status_code == 200 and r.json()["response"] == "echo: plain"
+
+
+def test_json_output_is_refused_for_agent_turns(client: ollama.Client, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    for fmt in ("json", {"type": "object", "properties": {"free": {"type": "integer"}}}):
+        with pytest.raises(ollama.ResponseError) as e:
+            client.chat(model="aiops", format=fmt, messages=[{"role": "user", "content": "free disk as JSON"}])
+        assert e.value.status_code == 400 and "format" in e.value.error and "prose" in e.value.error
+        with pytest.raises(ollama.ResponseError) as e:
+            client.generate(model="aiops", format=fmt, prompt="free disk as JSON")
+        assert e.value.status_code == 400
+    assert len(fake.requests) == before
+    # A background task is a plain model call whose prompt asks for its own JSON: format is ignored.
+    assert client.generate(model="aiops", format="json", prompt=TITLE_TASK).response == f"echo: {TITLE_TASK}"
+
+
 def test_a_string_where_a_boolean_belongs_is_a_400(served: ServeProcess, fake: FakeOpenAI) -> None:
     before = len(fake.requests)
     for path, body in [("/api/chat", {"model": "aiops", "stream": "yes",

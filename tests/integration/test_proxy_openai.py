@@ -206,6 +206,51 @@ def test_model_failure_without_stream_is_a_502(client: openai.OpenAI, fake: Fake
     assert "upstream exploded" in e.value.message
 
 
+def test_the_sdk_does_not_retry_a_failed_turn(served: ServeProcess, fake: FakeOpenAI) -> None:
+    """The SDK retries 5xx twice by default; a failed turn has run (its tools too), and each retry
+    would run it again in a fork of the conversation."""
+    fake.script(Reply.error(500, "upstream exploded"))  # a retry would be answered, in a fork
+    before = len(fake.requests)
+    with openai.OpenAI(base_url=served.url + "/v1", api_key="unused") as c:  # default max_retries=2
+        assert c.max_retries == 2
+        with pytest.raises(openai.InternalServerError) as e:
+            c.chat.completions.with_raw_response.create(
+                model="aiops", messages=[{"role": "user", "content": "fail once only"}],
+                extra_headers={"X-Aiops-Session": "no-retry"})
+    assert e.value.status_code == 502
+    assert len(fake.requests) == before + 1  # the model was asked once
+    sessions = httpx.get(f"{served.url}/api/v1/sessions").json()["sessions"]
+    assert [s["client_id"] for s in sessions if s["client_id"].startswith("no-retry")] == ["no-retry"]
+    assert [m["role"] for m in history(served, "no-retry")] == ["user", "error"]
+
+
+def test_several_text_parts_reach_the_model_as_separate_lines(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Summarise this log:"}, {"type": "text", "text": "disk full on db-1"}]}])
+    assert fake.requests[-1].json["messages"][-1]["content"] == "Summarise this log:\ndisk full on db-1"
+
+
+def test_json_output_modes_are_refused_for_agent_turns(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    """The agent answers in prose: a client asking for JSON is told so rather than handed prose its
+    parser then fails on (LangChain's structured output, the SDK's `parse`)."""
+    before = len(fake.requests)
+    schema = {"type": "json_schema", "json_schema": {"name": "Title", "schema": {"type": "object"}}}
+    for rf in ({"type": "json_object"}, schema):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="aiops", response_format=rf,  # type: ignore[arg-type]
+                                           messages=[{"role": "user", "content": "disk usage as JSON"}])
+        assert e.value.param == "response_format" and e.value.code == "unsupported_value"
+        assert rf["type"] in e.value.message and "prose" in e.value.message
+    assert len(fake.requests) == before
+    r = client.chat.completions.create(model="aiops", response_format={"type": "text"},
+                                       messages=[{"role": "user", "content": "plain"}])
+    assert r.choices[0].message.content == "echo: plain"
+    # A background task is a plain model call whose prompt asks for its own JSON: the field is ignored.
+    r = client.chat.completions.create(model="aiops", response_format={"type": "json_object"},
+                                       messages=[{"role": "user", "content": TITLE_TASK}])
+    assert r.choices[0].message.content == f"echo: {TITLE_TASK}"
+
+
 def test_bad_input_is_an_openai_400(served: ServeProcess) -> None:
     url = served.url + "/v1/chat/completions"
     cases = [

@@ -126,6 +126,25 @@ async def test_sessions_by_fingerprint_when_the_client_sends_no_id(api_server: A
         assert sorted(s["message_count"] for s in (await sessions(api_server)).values()) == [2, 2, 4]
 
 
+async def test_a_system_prompt_that_changes_every_turn_keeps_the_conversation(api_server: ApiServer) -> None:
+    """Chat UIs fill system prompts from templates such as {{CURRENT_DATETIME}}: without an id, the
+    conversation is still the one its first user message began."""
+    async with openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0) as client:
+        history_: list[dict[str, str]] = []
+        ids = set()
+        for minute, question in enumerate(("which hosts are down?", "since when?", "restart them")):
+            history_.append({"role": "user", "content": question})
+            raw = await client.chat.completions.with_raw_response.create(model="aiops", messages=[
+                {"role": "system", "content": f"Current time: 10:0{minute}"}, *history_])
+            ids.add(raw.headers["x-aiops-session"])
+            history_.append({"role": "assistant", "content": raw.parse().choices[0].message.content or ""})
+    assert len(ids) == 1
+    (sid,) = ids
+    # Nothing imported: each turn continued the one before.
+    assert convo(await history(api_server, sid)) == [(m["role"], m["content"]) for m in history_]
+    assert not any(m.get("meta", {}).get("imported") for m in await history(api_server, sid))
+
+
 async def test_the_openai_user_field_names_the_conversation(api_server: ApiServer) -> None:
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
     assert (await ask(client, [("user", "hi")], user="alice"))[0] == "user-alice"

@@ -130,9 +130,18 @@ def error_body(surface: Surface, err: HttpError) -> dict[str, Any]:
     return {"error": {"code": err.code, "message": err.message}}
 
 
+# The openai SDK retries a 409 or a 5xx twice by default. A proxied turn that failed has run, its
+# tools included, and a retry would look like a regenerated message: it would run again, in a fork.
+# `x-should-retry: false` is the SDK's own switch; 408, 429 and 503 (nothing ran) stay retryable.
+_NO_RETRY = frozenset({409, 500, 502})
+
+
 def error_response(request: web.Request, err: HttpError) -> web.Response:
-    resp = web.json_response(error_body(surface_for(request.path), err), status=err.status)
+    surface = surface_for(request.path)
+    resp = web.json_response(error_body(surface, err), status=err.status)
     resp.headers.update(err.headers)
+    if surface == "openai" and err.status in _NO_RETRY:
+        resp.headers.setdefault("x-should-retry", "false")
     if err.status == 413:
         # The rest of an oversized body is not read: the connection ends with the answer (aiohttp
         # then says `Connection: close` and means it).

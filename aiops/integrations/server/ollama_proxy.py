@@ -76,12 +76,13 @@ class _Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    model_config = _STRICT  # options, format, think, keep_alive: the agent's business
+    model_config = _STRICT  # options, think and the like are accepted and ignored (models.toml rules)
     model: str
     messages: list[_Message] | None = None
     stream: bool | None = True
     tools: list[Any] | None = None
     keep_alive: int | float | str | None = None
+    format: Any = None  # JSON output: refused for agent turns (see _refuse_json_format)
 
 
 class GenerateRequest(BaseModel):
@@ -92,12 +93,28 @@ class GenerateRequest(BaseModel):
     stream: bool | None = True
     images: list[Any] | None = None
     keep_alive: int | float | str | None = None
+    format: Any = None
+    # Completion-engine requests (an editor's fill-in-the-middle, a raw prompt, a prompt template)
+    # have no meaning for an agent turn: refused (see _generate_messages). Older ollama clients send
+    # them empty or false with every request, which counts as absent.
+    suffix: str | None = None
+    raw: bool | None = None
+    template: str | None = None
 
 
 class ShowRequest(BaseModel):
     model_config = _STRICT
     model: str | None = None
     name: str | None = None  # the older spelling
+
+
+def _refuse_json_format(fmt: Any) -> None:
+    """An agent turn answers in prose: a client asking for JSON (`format: "json"` or a schema) is
+    told so rather than handed prose its parser fails on. Background tasks ignore the field."""
+    if fmt is not None and fmt != "":
+        raise HttpError(400, "unsupported_value",
+                        f"format {fmt if isinstance(fmt, str) else 'with a JSON schema'!r} is not supported: "
+                        f"the agent answers in prose")
 
 
 def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
@@ -119,6 +136,11 @@ def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
 def _generate_messages(req: GenerateRequest) -> list[ClientMessage]:
     if req.images:
         raise HttpError(400, "unsupported_content", "images are not supported")
+    for name, value in (("suffix", req.suffix), ("raw", req.raw), ("template", req.template)):
+        if value:
+            raise HttpError(400, "unsupported_value",
+                            f"{name} is not supported: aiops answers with an agent turn, not as a completion "
+                            f"engine (fill-in-the-middle, raw prompts and templates have no meaning for it)")
     out = [ClientMessage("system", req.system)] if req.system else []
     return out + [ClientMessage("user", req.prompt or "")]
 
@@ -275,7 +297,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     shape = _Shape("chat", req.model)
     if not messages:
         return _load_reply(shape, req.keep_alive)
-    return await _answer(request, shape, model, messages, req.stream is not False)
+    return await _answer(request, shape, model, messages, req.stream is not False, req.format)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -283,9 +305,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
     messages = _generate_messages(req)
     model = _find(request, req.model)
     shape = _Shape("generate", req.model)
-    if not (req.prompt or "").strip():
+    # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
+    # prompt alone, is a turn with no question, refused as on the other routes.
+    if not req.prompt and not req.system:
         return _load_reply(shape, req.keep_alive)
-    return await _answer(request, shape, model, messages, req.stream is not False)
+    return await _answer(request, shape, model, messages, req.stream is not False, req.format)
 
 
 def _load_reply(shape: _Shape, keep_alive: Any) -> web.Response:
@@ -296,7 +320,7 @@ def _load_reply(shape: _Shape, keep_alive: Any) -> web.Response:
 
 
 async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, messages: list[ClientMessage],
-                  stream: bool) -> web.StreamResponse:
+                  stream: bool, fmt: Any) -> web.StreamResponse:
     state = proxy_state(request)
     engine = get_engine(request)
     if is_background_task(messages):
@@ -311,6 +335,7 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
         await resp.write(_ndjson(shape.final("", usage)))
         await resp.write_eof()
         return resp
+    _refuse_json_format(fmt)
     started = await state.sessions.start(conversation_id(request, messages), messages, model, caller(request),
                                          events=TURN_OUTPUT_EVENTS if stream else (ev.TOK, ev.DONE))
     if stream:

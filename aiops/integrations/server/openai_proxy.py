@@ -90,6 +90,7 @@ class ChatRequest(BaseModel):
     stream_options: _StreamOptions | None = None
     user: str | None = None
     n: int | None = None  # one answer per request: anything but 1 is refused, not silently cut
+    response_format: Any = None  # JSON modes are refused for agent turns (see refuse_json_modes)
     # Any type: whatever their value, these are refused as unsupported (see client_messages).
     tools: Any = None
     tool_choice: Any = None
@@ -107,7 +108,25 @@ def _text(i: int, m: _Message) -> str:
                             f"messages.{i}.content: {p.type!r} parts are not supported; aiops accepts text",
                             param=f"messages.{i}.content")
         parts.append(p.text or "")
-    return "".join(parts)
+    # Separate parts are separate blocks (a prompt and a pasted file, say): joined without a break,
+    # their words would run together.
+    return "\n".join(parts)
+
+
+def refuse_json_modes(req: ChatRequest) -> None:
+    """An agent turn answers in prose, whatever it is asked: a client asking for JSON (LangChain's
+    structured output, the SDK's `parse`) is told so, not handed prose its parser fails on.
+    Background tasks are plain model calls whose prompts ask for their own JSON: there the field
+    is ignored, as other sampling options are."""
+    rf = req.response_format
+    if rf is None:
+        return
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return
+    raise HttpError(400, "unsupported_value",
+                    f"response_format {kind or rf!r} is not supported: the agent answers in prose "
+                    f"(only {{\"type\": \"text\"}} is accepted)", param="response_format")
 
 
 def client_messages(req: ChatRequest) -> list[ClientMessage]:
@@ -232,6 +251,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if req.stream:
             return await _stream_text(request, cid, created, req, text, usage)
         return web.json_response(completion_object(cid, created, req.model, text, usage))
+    refuse_json_modes(req)
     started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
                                          caller(request), events=TURN_OUTPUT_EVENTS if req.stream else (ev.DONE,))
     cid = "chatcmpl-" + started.turn.id.removeprefix("turn_")

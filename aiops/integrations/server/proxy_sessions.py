@@ -5,7 +5,7 @@ conversation. This module maps one onto the other:
 
 * **Identity.** `X-Aiops-Session` when sent, else Open WebUI's `X-OpenWebUI-Chat-Id`, else the
   OpenAI `user` field, else a fingerprint of the caller (token name or address) and the
-  conversation's first messages. The identity names a *root*; the sessions of a root are the root
+  conversation's first user message. The identity names a *root*; the sessions of a root are the root
   itself and its forks `<root>+2`, `<root>+3`, ... A client token's names are namespaced by the
   token (`<token>:<name>`), so another client token naming the same conversation gets its own.
 * **Ownership.** Sessions are created owned by the caller (see owners); a client token continues
@@ -429,8 +429,10 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
         return ConversationId(_fitted(ns + "user-" + _safe(user)), "user")
     h = hashlib.sha256(str(request.get("principal") or f"addr:{request.remote}").encode())
     first_user = next((m.text for m in messages if m.role == "user"), "")
-    first_system = next((m.text for m in messages if m.role == "system"), "")
-    for part in (first_system, first_user):
+    # Not the system message: chat UIs fill it from templates ({{CURRENT_DATETIME}}) that change
+    # every turn, and each turn would start a new conversation. Two chats that begin alike fork
+    # apart anyway. (Its slot stays, empty, so that chats without one keep their ids.)
+    for part in ("", first_user):
         h.update(b"\x00" + normalize(part).encode())
     return ConversationId("proxy-" + h.hexdigest()[:16], "fingerprint")
 
