@@ -147,6 +147,19 @@ class ServerConfig(_Strict):
     # Chat UIs see a short italic line while a gate waits; tool progress stays out unless asked.
     proxy_status_lines: bool = True
     proxy_tool_progress: bool = False
+    # Browser origins allowed to call the server (CORS), `*` matching anything: e.g.
+    # ["http://localhost:*", "chrome-extension://*"]. None by default (see server/cors.py).
+    cors_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            scheme, sep, rest = origin.partition("://")
+            if not sep or not scheme or not rest or "/" in rest:
+                raise ValueError(f"{origin!r} is not an origin: write scheme://host[:port] (no path), "
+                                 f"* matching anything, e.g. http://localhost:* or chrome-extension://*")
+        return v
 
     def is_loopback(self) -> bool:
         if self.host in ("localhost", ""):

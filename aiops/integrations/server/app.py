@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from aiohttp.web_exceptions import NotAppKeyWarning
 from pydantic import BaseModel, ValidationError
 
@@ -383,11 +384,15 @@ def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, s
 
     Tokens are `tokens` when given, else loaded from `env` (default: the engine's environment).
     """
-    from aiops.integrations.server import api, ollama_proxy, openai_proxy
+    from aiops.integrations.server import api, cors, ollama_proxy, openai_proxy
 
     cfg = cfg or engine.config
-    app = web.Application(client_max_size=cfg.app.server.max_body_bytes,
-                          middlewares=[error_middleware, auth_middleware])
+    middlewares: list[Middleware] = [error_middleware, auth_middleware]
+    if cfg.app.server.cors_origins:
+        # First: a browser's preflight carries no token, so it is answered before authentication.
+        middlewares.insert(0, cors.cors_middleware)
+    app = web.Application(client_max_size=cfg.app.server.max_body_bytes, middlewares=middlewares)
+    cors.setup(app, cfg.app.server.cors_origins)
     app[ENGINE_KEY] = engine
     app[CONFIG_KEY] = cfg
     if tokens is None:

@@ -1,0 +1,78 @@
+"""Cross-origin access for browser clients, off unless `[server] cors_origins` lists origins.
+
+A chat client that runs in a browser (a browser extension such as Page Assist, Open WebUI's direct
+connections, a web page on localhost) can call the server only if it answers the browser's
+preflight and names the page's origin in its responses. Real Ollama does so for a list of local
+origins by default; aiops does it for none until the operator lists them, because any page the
+operator's browser opens could otherwise drive the agent of a loopback server without tokens.
+
+Patterns are origins (`http://localhost:3000`) where `*` stands for any run of characters
+(`http://localhost:*`, `chrome-extension://*`). The preflight is answered before authentication
+(browsers send it without credentials); the request that follows is authenticated as any other.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from aiops.integrations.server.app import Handler
+
+_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
+# What browser clients send: the token, JSON bodies, the session and chat-id headers.
+_HEADERS = "Authorization, Content-Type, X-Aiops-Session, X-OpenWebUI-Chat-Id"
+_EXPOSE = "X-Aiops-Session"
+_MAX_AGE = "600"
+
+ORIGINS_KEY = web.AppKey("aiops_cors_origins", re.Pattern)
+
+
+def compile_origins(patterns: Sequence[str]) -> re.Pattern[str] | None:
+    """One regex for every pattern (matched whole, case-sensitively as browsers send origins)."""
+    if not patterns:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
+
+
+def _allowed(request: web.Request) -> str | None:
+    pattern = request.app.get(ORIGINS_KEY)
+    origin = request.headers.get("Origin")
+    if pattern is None or not origin or not pattern.match(origin):
+        return None
+    return origin
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer an allowed origin's preflight here, before authentication; every other request goes
+    on (its response gets the headers in `add_headers`)."""
+    if (request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+            and (origin := _allowed(request)) is not None):
+        return web.Response(status=204, headers={
+            "Access-Control-Allow-Origin": origin,
+            "Access-Control-Allow-Methods": _METHODS,
+            "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers", _HEADERS),
+            "Access-Control-Max-Age": _MAX_AGE,
+            "Vary": "Origin",
+        })
+    return await handler(request)
+
+
+async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: streams included, whose headers leave before the handler returns."""
+    origin = _allowed(request)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = _EXPOSE
+        response.headers.add("Vary", "Origin")
+
+
+def setup(app: web.Application, patterns: Sequence[str]) -> None:
+    compiled = compile_origins(patterns)
+    if compiled is None:
+        return
+    app[ORIGINS_KEY] = compiled
+    app.on_response_prepare.append(add_headers)
