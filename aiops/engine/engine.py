@@ -719,11 +719,14 @@ class Engine:
         if clear_queue:
             for t in list(live.queue):
                 self.drop_queued_turn(live, t)
-        if live.current and live.current.task and not live.current.task.done():
+        turn = live.current
+        # A turn already being stopped is not stopped again: only the stop that ended it says so.
+        if turn and turn.task and not turn.task.done() and not turn.stop_requested:
+            turn.stop_requested = True
             # Gates first, as a stop (not as a side effect of the cancelled wait), so they are
             # attributed to the stop and the turn can say how many it cancelled.
-            live.current.cancelled_gates += self.gatekeeper.broker.cancel_turn(live.current.id)
-            live.current.task.cancel()
+            turn.cancelled_gates += self.gatekeeper.broker.cancel_turn(turn.id)
+            turn.task.cancel()
             return True
         return False
 

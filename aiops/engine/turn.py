@@ -80,6 +80,7 @@ class Turn:
     prefix: str = ""  # output of commands that came in the same message
     tools_enabled: bool = True
     cancelled_gates: int = 0  # gates of this turn cancelled by a stop
+    stop_requested: bool = False  # a stop has cancelled it: later stops report nothing to stop
     future: asyncio.Future[TurnResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[TurnResult] | None = None
 
