@@ -609,8 +609,6 @@ def cmd_attach(args: argparse.Namespace) -> int:
     url = args.url or f"http://{cfg.app.server.host}:{cfg.app.server.port}"
 
     async def run() -> int:
-        import aiohttp
-
         from aiops.client import AgentClient, AgentError
 
         try:
@@ -618,10 +616,12 @@ def cmd_attach(args: argparse.Namespace) -> int:
                 async for e in client.stream(args.session):
                     print(json.dumps({"event": e["event"], **e["data"]}, default=str), flush=True)
         except AgentError as e:
+            if e.code == "connection_error":
+                raise CliError(f"cannot reach the aiops server at {url}: {e.message}") from None
+            if e.code == "stream_cut":
+                raise CliError(e.message) from None
             hint = " (set AIOPS_TOKEN to a token of the server)" if e.status == 401 else ""
             raise CliError(f"{url}: {e}{hint}") from None
-        except aiohttp.ClientError as e:
-            raise CliError(f"cannot reach the aiops server at {url}: {e}") from None
         return 0
 
     return asyncio.run(run())

@@ -33,23 +33,37 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
 Decision = str | tuple[str, str] | None
 GatePolicy = Callable[[dict[str, Any]], "Decision | Awaitable[Decision]"]
 
 DEFAULT_URL = "http://127.0.0.1:8765"
+MAX_WAIT = 3600.0  # the server's limit on a waited submit's `timeout`
 
 
 class AgentError(Exception):
-    """The server answered with an error (`status`, and our `code` and `message`)."""
+    """The server answered with an error (`status`, and our `code` and `message`), or it could not
+    be reached or went away (`status` 0, code `connection_error`; on a stream, `stream_cut`)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
+
+
+def _segment(value: str) -> str:
+    """One path segment, whatever the id holds: `x/../y` or `a?b` must not name another route."""
+    quoted = quote(str(value), safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
+def _unreachable(base_url: str, e: Exception) -> AgentError:
+    return AgentError(0, "connection_error", f"{base_url}: {type(e).__name__}: {e}")
 
 
 def _error_from(status: int, body: str) -> AgentError:
@@ -72,7 +86,9 @@ class EventStream:
     Use as an async context manager to be sure the server has subscribed before you submit, or
     iterate it directly (it connects on the first item). It ends when the server ends the stream
     (shutdown; the session deleted, after an `error` event with code `session_deleted`; or an
-    `error` event with code `slow_consumer` for a reader that fell behind).
+    `error` event with code `slow_consumer` for a reader that fell behind). A connection lost
+    midway (the server killed, the network gone) raises AgentError `stream_cut` instead: events
+    may have been missed, and a script must not take it for a clean end.
     """
 
     def __init__(self, client: AgentClient, client_id: str) -> None:
@@ -86,13 +102,21 @@ class EventStream:
         if self._resp is not None:
             return self
         http = self._client._require_session()
-        resp = await http.get(self._client._url(f"/api/v1/stream/{self.client_id}"),
-                              headers={"Accept": "text/event-stream"},
-                              timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._client.timeout))
+        try:
+            resp = await http.get(self._client._url("/api/v1/stream/" + _segment(self.client_id)),
+                                  headers={"Accept": "text/event-stream"},
+                                  timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._client.timeout))
+        except aiohttp.ClientError as e:
+            raise _unreachable(self._client.base_url, e) from e
         if resp.status != 200:
             body = await resp.text()
             resp.release()
             raise _error_from(resp.status, body)
+        if resp.content_type != "text/event-stream":
+            resp.release()
+            raise AgentError(resp.status, "not_an_event_stream",
+                             f"{resp.url} answered {resp.content_type or 'no content type'}, not an event stream "
+                             f"(is {self._client.base_url} an aiops server?)")
         self._resp = resp
         return self
 
@@ -138,8 +162,13 @@ class EventStream:
         while True:
             try:
                 line = await self._readline()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
-                line = None
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+                # Not the server's end of the stream (that is a clean end of the body): the
+                # connection was lost, and with it whatever was sent meanwhile.
+                await self.aclose()
+                raise AgentError(0, "stream_cut", f"the event stream of {self.client_id} was cut "
+                                                  f"({type(e).__name__}: {e}); events may have been missed: "
+                                                  f"read the history, then open a new stream") from e
             if line is None:
                 await self.aclose()
                 raise StopAsyncIteration
@@ -190,19 +219,23 @@ class AgentClient:
             raise RuntimeError("use AgentClient as `async with AgentClient(...) as client:`")
         return self._http
 
-    def _url(self, path: str) -> str:
-        return self.base_url + path
+    def _url(self, path: str) -> URL:
+        # Already encoded (ids by _segment): taken as it is, so `%2E%2E` stays a name, not `..`.
+        return URL(self.base_url + path, encoded=True)
 
     async def _call(self, method: str, path: str, *, body: dict[str, Any] | None = None,
                     params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
         http = self._require_session()
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        async with http.request(method, self._url(path), json=body, params=query or None,
-                                timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as resp:
-            text = await resp.text()
-            if resp.status >= 400:
-                raise _error_from(resp.status, text)
-            return json.loads(text) if text else {}
+        try:
+            async with http.request(method, self._url(path), json=body, params=query or None,
+                                    timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise _error_from(resp.status, text)
+                return json.loads(text) if text else {}
+        except aiohttp.ClientError as e:
+            raise _unreachable(self.base_url, e) from e
 
     # -- turns --
 
@@ -218,13 +251,15 @@ class AgentClient:
         return await self._call("POST", "/api/v1/submit", body=body)
 
     async def send(self, text: str, client_id: str | None = None, model: str | None = None,
-                   timeout: float = 120.0, *, auto_resolve: bool = False,
+                   timeout: float | None = 120.0, *, auto_resolve: bool = False,
                    policy: GatePolicy | None = None) -> dict[str, Any]:
         """Submit and wait for the end of the turn: `{client_id, status, text, turn_id, …}`.
 
         status is "complete", "cancelled", "error" or "timeout" (the turn goes on after a timeout).
+        `timeout` is in seconds, at most 3600 (the server's limit); None waits that long.
         With `auto_resolve`, gates of this turn are answered by `policy` (default: `gate_policy`).
         """
+        timeout = MAX_WAIT if timeout is None else timeout
         if auto_resolve or policy is not None:
             return await self.run_with_policy(text, policy, client_id=client_id, model=model, timeout=timeout)
         body: dict[str, Any] = {"text": text, "wait": True, "timeout": timeout}
@@ -247,10 +282,12 @@ class AgentClient:
         if policy is None:
             raise ValueError("run_with_policy needs a policy (pass one, or gate_policy= to AgentClient)")
         role = (await self.health()).get("role")
+        if role is None:  # /health is public: it answers a missing or wrong token without a role
+            raise AgentError(401, "unauthorized", "auto-resolving gates needs an operator token; this client "
+                                                  + ("sent no valid token" if self.token else "sent none"))
         if role != "operator":
-            raise AgentError(403, "forbidden",
-                             "auto-resolving gates needs an operator token; this client "
-                             + (f"has the {role} role" if role else "sent no valid token"))
+            raise AgentError(403, "forbidden", f"auto-resolving gates needs an operator token; this client has "
+                                               f"the {role} role")
         cid = client_id or f"api-{secrets.token_hex(4)}"
         async with self.stream(cid) as events:
             accepted = await self.submit(text, cid, model)
@@ -282,9 +319,10 @@ class AgentClient:
             answer = await answer
         if answer is None:
             return
-        decision, scope = answer if isinstance(answer, tuple) else (answer, "once")
-        if decision not in ("approve", "deny"):
-            raise ValueError(f"gate policy returned {answer!r}; expected 'approve', 'deny' or None")
+        decision, scope = answer if isinstance(answer, tuple) and len(answer) == 2 else (answer, "once")
+        if decision not in ("approve", "deny") or scope not in ("once", "session"):
+            raise ValueError(f"gate policy returned {answer!r}; expected 'approve', 'deny', "
+                             f"('approve' or 'deny', 'once' or 'session'), or None")
         try:
             await self.resolve_gate(gate["id"], decision, scope)
         except AgentError as e:
@@ -307,7 +345,7 @@ class AgentClient:
     async def session(self, client_id: str, limit: int | None = None,
                       before: int | None = None) -> dict[str, Any]:
         """`{session, messages, has_more, next_before}`: the latest `limit` messages (before `before`)."""
-        return await self._call("GET", f"/api/v1/sessions/{client_id}",
+        return await self._call("GET", "/api/v1/sessions/" + _segment(client_id),
                                 params={"limit": limit, "before": before})
 
     async def history(self, client_id: str, page: int = 200) -> list[dict[str, Any]]:
@@ -322,11 +360,11 @@ class AgentClient:
             before = got["next_before"]
 
     async def delete_session(self, client_id: str) -> dict[str, Any]:
-        return await self._call("DELETE", f"/api/v1/sessions/{client_id}")
+        return await self._call("DELETE", "/api/v1/sessions/" + _segment(client_id))
 
     async def stop(self, client_id: str) -> dict[str, Any]:
         """Cancel the session's running turn: `{client_id, stopped}`."""
-        return await self._call("POST", f"/api/v1/sessions/{client_id}/stop")
+        return await self._call("POST", f"/api/v1/sessions/{_segment(client_id)}/stop")
 
     # -- gates --
 
@@ -337,7 +375,7 @@ class AgentClient:
 
     async def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> dict[str, Any]:
         """Approve or deny a gate (operator token); returns the resolved gate."""
-        return (await self._call("POST", f"/api/v1/gates/{gate_id}",
+        return (await self._call("POST", "/api/v1/gates/" + _segment(gate_id),
                                  body={"decision": decision, "scope": scope}))["gate"]
 
     # -- server --

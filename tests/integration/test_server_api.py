@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from pydantic import BaseModel
 
 import aiops
@@ -541,6 +542,82 @@ async def test_agent_client_reports_server_errors_with_status_and_code(api_serve
     assert (e.value.status, e.value.code) == (401, "unauthorized")
     async with AgentClient(srv.url, token=tokens.secrets["ops"]) as agent:
         assert await agent.sessions() == []
+
+
+async def test_agent_client_sends_each_id_as_one_path_segment(api_server: ApiServer) -> None:
+    """Ids come from chat text and gate events: `x/../victim` must name a session of that name, not
+    reach `victim` (or any other route)."""
+    async with api_server.client() as agent:
+        await agent.send("keep me", client_id="victim")
+        for call in (lambda: agent.delete_session("x/../victim"), lambda: agent.stop("x/../victim"),
+                     lambda: agent.session("victim?limit=1"), lambda: agent.session(".."),
+                     lambda: agent.resolve_gate("../sessions/victim", "approve")):
+            with pytest.raises(AgentError) as e:
+                await call()
+            assert e.value.status == 404, e.value
+        # Not the health route's JSON taken for an empty event stream: a refusal.
+        with pytest.raises(AgentError) as e:
+            async for _ in agent.stream("x/../../health"):
+                pass
+        assert e.value.status == 400 and "not a valid session id" in e.value.message
+        assert [m["content"] for m in (await agent.session("victim"))["messages"]] == ["keep me", "echo: keep me"]
+
+
+async def test_a_stream_from_something_that_is_not_aiops_is_refused() -> None:
+    async def not_aiops(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", not_aiops)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with AgentClient(f"http://127.0.0.1:{port}", token="") as agent:
+            with pytest.raises(AgentError) as e:
+                await agent.stream("api-x").open()
+        assert e.value.code == "not_an_event_stream" and "application/json" in e.value.message
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_lost_connection_is_an_error_not_the_end_of_the_stream(aiops_serve: ServeProcess) -> None:
+    """A script reading events must be able to tell a server that went away (events missed) from
+    one that ended the stream."""
+    aiops_serve.fake.script(Reply.hang())
+    async with AgentClient(aiops_serve.url, token="") as agent:
+        with pytest.raises(AgentError) as e:
+            async with agent.stream("api-cut") as events:
+                await agent.submit("this hangs", client_id="api-cut")
+                await aiops_serve.fake.wait_for_requests_async(1)  # the turn runs: the stream is open
+                aiops_serve.proc.kill()
+                async for _ in events:
+                    pass
+        assert (e.value.status, e.value.code) == (0, "stream_cut")
+        assert "may have been missed" in e.value.message
+        await asyncio.to_thread(aiops_serve.proc.wait, 10)
+        with pytest.raises(AgentError) as e:  # and a call to a server that is gone says so, as an AgentError
+            await agent.send("anyone there?")
+        assert (e.value.status, e.value.code) == (0, "connection_error")
+        assert aiops_serve.url in e.value.message
+
+
+async def test_agent_client_argument_mistakes_are_clear(api_server_factory: ApiServerFactory) -> None:
+    srv, _, _ = await gated_server(api_server_factory)
+    async with AgentClient(srv.url, token="wrong", gate_policy=lambda g: "approve") as agent:
+        with pytest.raises(AgentError) as e:
+            await agent.send("note", auto_resolve=True)
+        assert (e.value.status, e.value.code) == (401, "unauthorized")
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "x"})))
+    async with srv.client("ops", gate_policy=lambda g: ("deny",)) as ops:
+        with pytest.raises(ValueError, match=r"gate policy returned \('deny',\)"):
+            await ops.send("note", client_id="api-policy", auto_resolve=True)
+        await ops.stop("api-policy")
+        srv.fake.script(Reply.text("no hurry"))
+        reply = await ops.send("whenever", timeout=None)  # None: as long as the server allows
+        assert (reply["status"], reply["text"]) == ("complete", "no hurry")
 
 
 async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp_path: Any) -> None:
