@@ -22,7 +22,7 @@ from aiops.engine import events as ev
 from aiops.engine.backends import Backend, make_backend
 from aiops.engine.commands import CommandContext, CommandRegistry, parse_input
 from aiops.engine.events import EventBus
-from aiops.engine.gatekeeper import Gatekeeper
+from aiops.engine.gatekeeper import SESSION_DELETED, Gatekeeper
 from aiops.engine.lock import DataDirLock
 from aiops.engine.plugins import (
     Plugin,
@@ -455,10 +455,12 @@ class Engine:
         live = await self.session(ref)
         if live is None:
             return False
+        # Its gates first, so that they (and an operator answering one late) say why they closed.
+        self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
         self.stop_turn(live.id, clear_queue=True)
         if live.current and live.current.task:
             await asyncio.wait([live.current.task], timeout=10)
-        self.gatekeeper.broker.cancel_session(live.id)
+        self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
         self._sessions.pop(live.id, None)
         try:
             ok = await self.store.delete_session(live.id)

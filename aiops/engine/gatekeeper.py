@@ -38,6 +38,9 @@ class GateOutcome:
     decision: str = "allow"  # allow | approved | denied | timeout | cancelled | rate_limited | policy
 
 
+# Who closed what a deleted session left: its grants (audited) and its open gates.
+SESSION_DELETED = "session deleted"
+
 class Gatekeeper:
     def __init__(self, engine: Engine, rules: GatesConfig, limits: LimitsConfig) -> None:
         self.engine = engine
@@ -105,7 +108,7 @@ class Gatekeeper:
         for grant in self.broker.revoke_session_grants(session_id):
             await self.engine.store.add_audit(
                 "grant_revoked", session_id=session_id, gate_id=grant.gate_id, tool=grant.tool,
-                operation=grant.operation, actor="session deleted",
+                operation=grant.operation, actor=SESSION_DELETED,
                 data={"grant": grant.to_dict(), "revoked_from_session": session_id})
 
     @staticmethod

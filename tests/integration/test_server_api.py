@@ -409,12 +409,30 @@ async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_t
         with pytest.raises(AgentError) as e:
             await ops.resolve_gate("g000000000000", "deny")
         assert (e.value.status, e.value.code) == (404, "not_found")
+        with pytest.raises(AgentError) as e:
+            await ops.resolve_gate("g" * 5000, "deny")
+        assert e.value.status == 404 and len(e.value.message) < 100  # the id quoted, not all of it
         assert await ops.gates() == []
 
     names = [e["event"] for e in events]
     assert names.index("gate_resolved") < names.index("tool_result") < names.index("done")
     assert plugin.written == ["hello"]
     assert events[-1]["data"]["text"] == "noted"
+
+
+async def test_a_gate_closed_by_deleting_its_session_says_so(api_server_factory: ApiServerFactory) -> None:
+    srv, plugin, _ = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "never"})))
+    async with srv.client("ops") as ops, ops.stream("api-doomed") as stream:
+        await ops.submit("write a note", client_id="api-doomed")
+        gate = (await next_event(stream, "gate"))["data"]
+        await ops.delete_session("api-doomed")
+        resolved = (await next_event(stream, "gate_resolved"))["data"]
+        assert (resolved["decision"], resolved["by"]) == ("cancelled", "session deleted")
+        with pytest.raises(AgentError) as e:  # an operator answering it late is told why it closed
+            await ops.resolve_gate(gate["id"], "approve")
+        assert e.value.status == 409 and "cancelled by session deleted" in e.value.message
+    assert plugin.written == []
 
 
 async def test_a_denied_gate_does_not_run_the_tool(api_server_factory: ApiServerFactory) -> None:

@@ -57,8 +57,11 @@ def our_error(body: Any) -> tuple[str, str]:
     (b'{"text": "hi', "malformed JSON body: Unterminated string starting at line 1 column 10"),
     (b"", "body is empty"),
     (b"\xff\xfe{}", "malformed JSON body"),
-    (b'["text"]', "must be a JSON object"),
-    (b'"hi"', "must be a JSON object"),
+    (b'["text"]', "must be a JSON object, not an array"),  # JSON's names, not Python's
+    (b'"hi"', "must be a JSON object, not a string"),
+    (b"null", "must be a JSON object, not null"),
+    (b"3.5", "must be a JSON object, not a number"),
+    (b"true", "must be a JSON object, not a boolean"),
     # Valid JSON that Python's parser refuses: each was a 500.
     pytest.param(b'{"text": "hi", "timeout": ' + b"9" * 5000 + b"}", "a number has more than 4300 digits",
                  id="5000-digit-number"),

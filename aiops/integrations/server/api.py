@@ -504,7 +504,7 @@ async def resolve_gate(request: web.Request) -> web.Response:
     try:
         broker.resolve(gate_id, body.decision, body.scope, by=request["principal"])
     except GateNotFound:
-        raise HttpError(404, "not_found", f"no gate {gate_id!r}") from None
+        raise HttpError(404, "not_found", f"no gate {gate_id[:40]!r}") from None
     except GateAlreadyResolved as e:
         raise HttpError(409, "already_resolved", str(e)) from None
     gate = broker.get(gate_id)

@@ -298,9 +298,20 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(parts), first
 
 
+def json_type(value: Any) -> str:
+    """A parsed JSON value's type as JSON names it (a client never wrote `NoneType`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {str: "a string", list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
+
+
 def validate(model: type[M], data: Any, what: str = "request body") -> M:
     if not isinstance(data, dict):
-        raise HttpError(400, "invalid_request", f"the {what} must be a JSON object, not {type(data).__name__}")
+        raise HttpError(400, "invalid_request", f"the {what} must be a JSON object, not {json_type(data)}")
     try:
         return model.model_validate(data)
     except ValidationError as e:
