@@ -58,11 +58,15 @@ class TurnResult:
     text: str
     error: dict[str, Any] | None = None
     usage: Usage | None = None
+    # "length" when the answer was cut at the model's output limit; None for a natural end.
+    finish_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"turn_id": self.turn_id, "status": self.status, "text": self.text}
         if self.error:
             d["error"] = self.error
+        if self.finish_reason:
+            d["finish_reason"] = self.finish_reason
         if self.usage is not None and (counts := self.usage.counts()) is not None:
             d["usage"] = counts  # only real counts: none at all when nothing was counted
         return d
@@ -128,6 +132,7 @@ class TurnRunner:
         self._started: dict[str, float] = {}  # call id -> when it began (monotonic)
         self._at_gate: set[str] = set()  # calls in the gate check, maybe waiting for an operator
         self._executing: set[str] = set()  # calls whose tool is running
+        self._finish = "stop"  # the last model call's finish reason
 
     @property
     def partial(self) -> str:
@@ -170,7 +175,9 @@ class TurnRunner:
         self._pub(ev.TURN, {"status": "started", "model": self.model_key})
         try:
             await self._loop()
-            result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage)
+            # A reply cut at the model's output limit says so: chat clients show it as cut off.
+            result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage,
+                                finish_reason="length" if self._finish == "length" else None)
         except asyncio.CancelledError:
             cur = asyncio.current_task()
             if cur is not None:
@@ -186,6 +193,8 @@ class TurnRunner:
         done = {"text": result.text, "status": result.status, "model": self.model_key}
         if result.error:
             done["error"] = result.error
+        if result.finish_reason:
+            done["finish_reason"] = result.finish_reason
         if (usage := self.usage.counts()) is not None:
             done["usage"] = usage
         self._pub(ev.DONE, done)
@@ -294,6 +303,7 @@ class TurnRunner:
             if self.segments and self.segments[-1]:
                 self._tok("\n\n")
             completion = await self._stream(backend, context, [] if text_mode else specs, system)
+            self._finish = completion.finish_reason
             calls = list(completion.tool_calls)
             visible = completion.text
             if not calls and t.tools_enabled and (text_mode or looks_like_tool_call(visible)):

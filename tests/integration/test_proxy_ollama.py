@@ -263,6 +263,16 @@ def test_a_client_that_hangs_up_cancels_the_turn(served: ServeProcess, fake: Fak
         ("user", "complete"), ("assistant", "cancelled"), ("notice", "complete")]
 
 
+def test_an_answer_cut_at_the_models_output_limit_is_done_reason_length(client: ollama.Client,
+                                                                         fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("Steps one to", finish_reason="length"), Reply.text("Steps", finish_reason="length"))
+    assert client.chat(model="aiops", messages=[{"role": "user", "content": "all steps"}],
+                       stream=False).done_reason == "length"
+    parts = list(client.generate(model="aiops", prompt="all steps, streamed", stream=True))
+    assert parts[-1].done and parts[-1].done_reason == "length"
+    assert client.generate(model="aiops", prompt="short", stream=False).done_reason == "stop"
+
+
 def test_only_an_empty_prompt_is_the_load_probe(served: ServeProcess, fake: FakeOpenAI) -> None:
     """Ollama's own rule: no prompt and no system prompt. Spaces, or a system prompt alone, are a
     turn with no question: a 400 as on /api/chat, not an empty answer."""

@@ -251,6 +251,21 @@ def test_json_output_modes_are_refused_for_agent_turns(client: openai.OpenAI, fa
     assert r.choices[0].message.content == f"echo: {TITLE_TASK}"
 
 
+def test_an_answer_cut_at_the_models_output_limit_says_length(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    """Clients tell a truncated answer by finish_reason "length" (LangChain, Continue)."""
+    fake.script(Reply.text("The first three of the nine steps are", finish_reason="length"),
+                Reply.text("Steps one to", chunks=2, finish_reason="length"))
+    r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "all nine steps"}])
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == (
+        "The first three of the nine steps are", "length")
+    chunks = list(client.chat.completions.create(model="aiops", stream=True,
+                                                 messages=[{"role": "user", "content": "again, streamed"}]))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    # A natural end is still "stop".
+    assert client.chat.completions.create(model="aiops", messages=[
+        {"role": "user", "content": "short one"}]).choices[0].finish_reason == "stop"
+
+
 def test_bad_input_is_an_openai_400(served: ServeProcess) -> None:
     url = served.url + "/v1/chat/completions"
     cases = [

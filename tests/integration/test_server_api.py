@@ -121,6 +121,16 @@ async def test_submit_with_wait_answers_with_the_text_and_creates_an_api_session
     assert [(s["client_id"], s["kind"]) for s in listed] == [(body["client_id"], "api")]
 
 
+async def test_an_answer_cut_at_the_models_output_limit_says_so(api_server: ApiServer) -> None:
+    api_server.fake.script(Reply.text("Steps one to", finish_reason="length"))
+    async with api_server.client() as agent, agent.stream("api-cut-short") as stream:
+        reply = await agent.send("all steps", client_id="api-cut-short")
+        done = (await next_event(stream, "done"))["data"]
+        assert (reply["status"], reply["text"], reply["finish_reason"]) == ("complete", "Steps one to", "length")
+        assert done["finish_reason"] == "length"
+        assert "finish_reason" not in await agent.send("a natural end", client_id="api-cut-short")
+
+
 async def test_submit_wait_times_out_and_the_turn_goes_on(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.hang())
     async with api_server.client() as agent:

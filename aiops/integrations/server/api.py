@@ -138,6 +138,8 @@ class SubmitResult(BaseModel):
     turn_id: str
     error: ErrorObject | None = None
     usage: UsageOut | None = None
+    finish_reason: Literal["length"] | None = Field(
+        None, description="`length` when the answer was cut at the model's output limit; absent otherwise.")
 
 
 class SessionInfo(BaseModel):

@@ -377,7 +377,7 @@ async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> 
                 if done.status == "error":
                     frames += _ndjson({"error": turn_error(request, done.error, "model_error")[1]})
                 else:
-                    frames += _ndjson(shape.final("", done.usage))
+                    frames += _ndjson(shape.final("", done.usage, done.finish_reason))
                 await channel.finish(frames)
             if channel.gone:
                 return resp
@@ -408,7 +408,8 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
     if result.status == "error":
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
-    resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None))
+    resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None,
+                                         result.finish_reason or "stop"))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

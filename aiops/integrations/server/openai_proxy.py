@@ -168,12 +168,12 @@ def _usage(counts: dict[str, int] | None) -> dict[str, int] | None:
 
 
 def completion_object(cid: str, created: int, model: str, text: str,
-                      usage: dict[str, int] | None) -> dict[str, Any]:
+                      usage: dict[str, int] | None, finish_reason: str = "stop") -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": FINGERPRINT,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "logprobs": None, "finish_reason": "stop"}],
+                     "logprobs": None, "finish_reason": finish_reason}],
     }
     if (u := _usage(usage)) is not None:
         body["usage"] = u
@@ -315,7 +315,7 @@ async def _stream(request: web.Request, started: StartedTurn, cid: str, created:
                 if done.status == "error":
                     frames += error_frame(*turn_error(request, done.error, "error"))
                 else:
-                    frames += chunks.delta({}, "stop")
+                    frames += chunks.delta({}, done.finish_reason)
                     if chunks.include_usage:
                         frames += chunks.usage(done.usage)
                 await channel.finish(frames + DONE_FRAME)
@@ -349,7 +349,9 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
     if result.status == "error":
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(502, code, message, headers={SESSION_HEADER: started.session_id})
-    resp = web.json_response(completion_object(cid, created, req.model, result.text, result.usage.counts() if result.usage else None))
+    resp = web.json_response(completion_object(cid, created, req.model, result.text,
+                                               result.usage.counts() if result.usage else None,
+                                               result.finish_reason or "stop"))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

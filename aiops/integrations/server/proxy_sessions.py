@@ -693,7 +693,8 @@ async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | No
                 usage = d.get("usage") or {}
                 return TurnResult(started.turn.id, d.get("status", "complete"), d.get("text") or "",
                                   d.get("error"), Usage(usage.get("prompt_tokens", 0),
-                                                        usage.get("completion_tokens", 0)))
+                                                        usage.get("completion_tokens", 0)),
+                                  d.get("finish_reason"))
     return await started.turn.wait()
 
 
@@ -761,6 +762,7 @@ class Done:
     text: str
     usage: dict[str, int] | None
     error: dict[str, Any] | None
+    finish_reason: str = "stop"  # or "length": cut at the model's output limit
 
 
 async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIterator[tuple[str, Done | None]]:
@@ -819,7 +821,8 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
             status_ = e.data.get("status", "complete")
             if status_ == "cancelled" and settings.status_lines:
                 out.append(status(status_line(_NO, "the answer was stopped")))
-            return Done(status_, final, e.data.get("usage"), e.data.get("error") or error)
+            return Done(status_, final, e.data.get("usage"), e.data.get("error") or error,
+                        e.data.get("finish_reason") or "stop")
         return None
 
     while True:
