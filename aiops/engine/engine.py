@@ -196,7 +196,9 @@ class Engine:
                 if self.drop_queued_turn(live, t):
                     dropped.append((live.id, t))
             if live.current and live.current.task:
-                live.current.task.cancel()
+                live.current.stop_requested = True
+                if live.current.started:  # else its runner ends it as it begins (see stop_turn)
+                    live.current.task.cancel()
         if turns:
             await asyncio.wait(turns, timeout=10)
         for sid, t in dropped:
@@ -721,14 +723,19 @@ class Engine:
         if clear_queue:
             for t in list(live.queue):
                 self.drop_queued_turn(live, t)
-        turn = live.current
+        # The running turn; or, when none runs yet, the one its worker is about to start (just
+        # submitted: a stop right after Enter must not let it run).
+        turn = live.current or (live.queue[0] if live.queue else None)
         # A turn already being stopped is not stopped again: only the stop that ended it says so.
-        if turn and turn.task and not turn.task.done() and not turn.stop_requested:
+        if turn and not (turn.task and turn.task.done()) and not turn.stop_requested:
             turn.stop_requested = True
             # Gates first, as a stop (not as a side effect of the cancelled wait), so they are
             # attributed to the stop and the turn can say how many it cancelled.
             turn.cancelled_gates += self.gatekeeper.broker.cancel_turn(turn.id)
-            turn.task.cancel()
+            if turn.started and turn.task:
+                turn.task.cancel()
+            # else its runner finds stop_requested as it begins: a task cancelled before its first
+            # step would end without recording anything or publishing its `done`.
             return True
         return False
 

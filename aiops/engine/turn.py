@@ -85,6 +85,9 @@ class Turn:
     tools_enabled: bool = True
     cancelled_gates: int = 0  # gates of this turn cancelled by a stop
     stop_requested: bool = False  # a stop has cancelled it: later stops report nothing to stop
+    # The runner has begun. A task cancelled before its first step never runs a line of it (no
+    # record, no `done`), so a stop that comes earlier is left for the runner to find.
+    started: bool = False
     future: asyncio.Future[TurnResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[TurnResult] | None = None
 
@@ -170,10 +173,13 @@ class TurnRunner:
 
     async def run(self) -> TurnResult:
         t = self.turn
+        t.started = True
         self.live.state = "running"
         self.engine._session_changed(self.live)
         self._pub(ev.TURN, {"status": "started", "model": self.model_key})
         try:
+            if t.stop_requested:
+                raise asyncio.CancelledError  # stopped before it began: ends as any stopped turn
             await self._loop()
             # A reply cut at the model's output limit says so: chat clients show it as cut off.
             result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage,

@@ -204,7 +204,7 @@ async def test_a_second_stop_does_not_cut_the_record_of_the_first_short(engine_f
     await asyncio.wait_for(plugin.slow_started.wait(), 10)
     assert engine.stop_turn("api-stop-twice")
     assert (await turn.wait(10)).status == "cancelled"
-    assert second_stop == [True]
+    assert second_stop == [False]  # already being stopped: it says so, and cuts nothing short
     events = await collect_until(sub, DONE)
     assert [e.data.get("text") for e in events if e.name == NOTICE] == ["turn cancelled: stopped slow"]
     assert events[-1].data["status"] == "cancelled"
@@ -212,6 +212,31 @@ async def test_a_second_stop_does_not_cut_the_record_of_the_first_short(engine_f
     assert [m.role for m in history] == ["user", "assistant", "tool", "notice"]
     fake_openai.script(Reply.text("fine"))
     assert (await engine.run("api-stop-twice", "still there?", kind="api", timeout=10)).text == "fine"
+
+
+async def test_a_stop_at_any_moment_after_submit_ends_the_turn_with_its_record_and_done(engine_factory,
+                                                                                      fake_openai):
+    """A stop can come before the turn's task has run a single step (an Esc right after Enter, a
+    client hanging up as its message is accepted). A task cancelled then never runs: the turn
+    ended without a record or a `done`, and its session stayed 'running' for good."""
+    engine: Engine = await engine_factory()
+    fake_openai.responder = lambda body: Reply.hang()
+    for k in range(6):
+        sid = f"api-stop-{k}"
+        sub = engine.bus.subscribe(session_id=sid, names=[DONE])
+        turn = await engine.submit(sid, "go", kind="api")
+        for _ in range(k):  # the worker starts the turn's task after a step or two
+            await asyncio.sleep(0)
+        assert engine.stop_turn(sid), k
+        assert (await asyncio.wait_for(turn.wait(), 10)).status == "cancelled", k
+        assert (await asyncio.wait_for(sub.get(), 10)).data["status"] == "cancelled", k
+        sub.close()
+        history = await engine.history(sid)
+        assert history[0].role == "user" and history[-1].role == "notice", (k, history)
+        live = await engine.session(sid)
+        assert live is not None and live.current is None, k  # idle again: a next message runs
+    fake_openai.responder = None
+    assert (await engine.run("api-stop-0", "still there?", kind="api", timeout=10)).text == "echo: still there?"
 
 
 async def test_a_dropped_stream_keeps_what_the_user_saw_marked_incomplete(engine_factory,
