@@ -689,3 +689,50 @@ async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: 
         r = await chat.post("/v1/chat/completions", json={
             "model": "aiops", "user": "chat-0", "messages": [{"role": "user", "content": "new"}]})
         assert r.headers["X-Aiops-Session"] == "chat:user-chat-0" and list(index._forks) == ["chat:user-chat-0"]
+
+
+async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_unanswered(
+        api_server: ApiServer) -> None:
+    """handler_cancellation: a client that hangs up cancels its request wherever it is, even while
+    the engine records its message. Whatever the moment, no question is left recorded without a
+    turn that answers it (or says it was cancelled): such a message would never be answered, and
+    the client's retry would fork away from it."""
+    from aiops.integrations.server.owners import Caller
+    from aiops.integrations.server.proxy_sessions import (
+        ClientMessage,
+        ConversationId,
+        ProxySessions,
+        cancel_turn,
+        published_models,
+    )
+
+    engine = api_server.engine
+    sessions = ProxySessions(engine)
+    model = published_models(engine)[0]
+    who = Caller("loopback:test", True)
+    N = 250
+    for n in range(N):
+        conv = ConversationId(f"hangup-{n}", "header")
+        task = asyncio.ensure_future(sessions.start(conv, [ClientMessage("user", f"question {n}")], model, who))
+        await asyncio.sleep(n * 0.0001)  # hang up a little later each time: at every await of the start
+        task.cancel()
+        try:
+            started = await task
+        except asyncio.CancelledError:
+            continue
+        if started.sub is not None:  # it had finished: the hang-up reaches the turn, as the proxy's does
+            started.sub.close()
+        await cancel_turn(engine, started.session_id, started.turn, "the client disconnected")
+    for _ in range(200):  # let every turn that was queued end
+        if all(not (live := engine._sessions.get(f"hangup-{n}")) or live.current is None and not live.queue
+               for n in range(N)):
+            break
+        await asyncio.sleep(0.05)
+    unanswered = []
+    for n in range(N):
+        if await engine.session(f"hangup-{n}") is None:
+            continue  # hung up before anything was recorded
+        history = await engine.history(f"hangup-{n}")
+        if history and history[-1].role == "user":
+            unanswered.append((n, [(m.role, m.content) for m in history]))
+    assert unanswered == []

@@ -548,12 +548,23 @@ class ProxySessions:
             imported = await self._import(session_id, missing)
         # Subscribed before submitting, so not even a command's instant `done` is missed.
         sub = engine.bus.subscribe(session_id, names=events)
+        submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
+                                                     model=turn_model(model), is_operator=False))
         try:
-            turn = await engine.submit(session_id, messages[-1].text, kind="proxy", model=turn_model(model),
-                                       is_operator=False)
+            # Shielded: a client hanging up (its handler cancelled) while the engine records the
+            # message would leave a question that no turn answers, and the retry would fork.
+            turn = await asyncio.shield(submit)
+        except asyncio.CancelledError:
+            sub.close()
+            try:
+                turn = await submit  # the engine finishes accepting it ...
+            except Exception:  # noqa: BLE001 - refused after all: nothing to cancel
+                raise asyncio.CancelledError from None
+            # ... then the turn is cancelled as any hang-up cancels it, and says so.
+            await cancel_turn(engine, session_id, turn, "the client disconnected")
+            raise
         except BaseException as e:
-            if sub is not None:
-                sub.close()
+            sub.close()
             if isinstance(e, EngineError):
                 raise HttpError(400, "invalid_request", str(e)) from None
             raise
