@@ -8,8 +8,10 @@ what to draw. Panes post typed messages back (send, answer a gate, load earlier,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -113,6 +115,9 @@ class AiopsApp(App[int]):
         self.lock = lock
         # Only the console process tunes the collector (run_console): never a test's process.
         self.settle_gc = False
+        # SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) quit as ctrl+q does; set by
+        # run_console only, so an app under test leaves the test runner's signals alone.
+        self.quit_on_signals = False
         console = cfg.app.console
         self.keymap_overrides: dict[str, str] = dict(console.keymap)
         self.ring_bell = console.bell
@@ -197,7 +202,26 @@ class AiopsApp(App[int]):
             self.notify(f"unknown theme {theme!r}; themes: {', '.join(sorted(self.available_themes))}",
                         severity="warning", timeout=10)
         self.set_interval(2, self._refresh_clients)
+        if self.quit_on_signals:
+            self._quit_on_signals()
         self.run_worker(self._start_services(), name="services", group="services", exit_on_error=False)
+
+    def _quit_on_signals(self) -> None:
+        """Without this, SIGTERM killed the console where it stood: the terminal left in raw mode
+        on the alternate screen, client streams cut instead of ended, turns left for the next
+        start to record as interrupted."""
+        loop = asyncio.get_running_loop()
+        for name in ("SIGTERM", "SIGHUP"):
+            sig = getattr(signal, name, None)  # no SIGHUP on Windows
+            try:
+                if sig is not None:
+                    loop.add_signal_handler(sig, self._signalled, sig)
+            except NotImplementedError:  # Windows event loops catch no signals
+                pass
+
+    def _signalled(self, sig: int) -> None:
+        log.info("%s received: quitting", signal.Signals(sig).name)
+        self.exit()
 
     async def _start_services(self) -> None:
         try:
@@ -781,6 +805,7 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
         with _terminal_quiet(cfg):
             app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
             app.settle_gc = True
+            app.quit_on_signals = True
             code = app.run()
         log.info("console closed after %.0f s", time.monotonic() - started)
         return code or 0

@@ -6,8 +6,10 @@ Without tmux the test is skipped, except under CI=true, where it fails: CI must 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,11 +17,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from aiops.engine.lock import DataDirLock
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import FakeOpenAI, Reply
 
 pytestmark = pytest.mark.tmux
 
@@ -108,3 +111,37 @@ def test_aiops_runs_in_a_real_terminal_and_quits_cleanly(tmux, tmp_path):
     lock = DataDirLock(data / "aiops.lock")
     lock.acquire()  # released on exit
     lock.release()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_quits_the_console_as_ctrl_q_does(tmux, tmp_path, sig):
+    """`kill`, a service manager stopping it, a closed terminal or a dropped SSH session: the
+    terminal is restored, a client's stream gets its turn's end, and nothing is left for the next
+    start to find interrupted."""
+    with FakeOpenAI() as fake:
+        fake.script(Reply.hang())
+        config = make_config_dir(tmp_path, {"local": openai_model_entry(fake)}, "local")
+        data = tmp_path / "data"
+        env = {k: v for k, v in os.environ.items() if k not in ("AIOPS_OPERATOR_TOKEN", "TMUX", "TMUX_PANE")}
+        env.update(TERM="xterm-256color")
+        command = (f"{AIOPS} --config-dir {config} --data-dir {data} console --port 0; "
+                   f"echo AIOPS-EXIT:$?; sleep 60")
+        subprocess.run([tmux.exe, "-L", tmux.socket, "new-session", "-d", "-s", "aiops", "-x", "100",
+                        "-y", "30", "sh", "-c", command], check=True, env=env, timeout=20)
+        tmux.wait_for(lambda s: "http://127.0.0.1:" in s and "Palette" in s, "the console and its server")
+        info = json.loads((data / "aiops.lock").read_text())
+        url = info["url"]
+        with httpx.stream("GET", f"{url}/api/v1/stream/api-sig", timeout=30) as stream:
+            r = httpx.post(f"{url}/api/v1/submit", json={"text": "this hangs", "client_id": "api-sig"})
+            assert r.status_code == 202
+            fake.wait_for_requests(1, timeout=10)
+            os.kill(info["pid"], sig)
+            body = "".join(stream.iter_text())  # ends when the server ends it: no exception
+        assert "event: done" in body and '"status": "cancelled"' in body
+        screen = tmux.wait_for(lambda s: "AIOPS-EXIT:" in s, "aiops to exit")
+        lines = [line for line in screen.splitlines() if line.strip()]
+        assert lines == ["AIOPS-EXIT:0"], screen  # back on the normal screen, nothing printed over it
+        assert tmux("display", "-p", "-t", "aiops", "#{alternate_on}").strip() == "0"
+    log = (data / "aiops.log").read_text()
+    assert f"{sig.name} received: quitting" in log and "console closed" in log
+    assert "did not stop cleanly" not in log
