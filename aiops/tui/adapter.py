@@ -238,7 +238,7 @@ class EngineAdapter:
         error: str | None = None
         if server:
             try:
-                from aiops.integrations.server.run import start_server
+                from aiops.integrations.server.run import BindRefused, ServerStartError, start_server
             except ImportError as e:
                 error = f"the HTTP server is not available in this build ({e})"
             else:
@@ -247,6 +247,9 @@ class EngineAdapter:
                     self.server = await start_server(self.engine, self.engine.config,
                                                      host or cfg.host, cfg.port if port is None else port)
                     urls = list(getattr(self.server, "urls", []) or [])
+                except (ServerStartError, BindRefused) as e:  # a port in use, a refused bind: said, not a bug
+                    log.error("the server did not start: %s", e)
+                    error = str(e)
                 except Exception as e:  # noqa: BLE001 - the console stays useful without a server
                     log.exception("the server did not start")
                     error = f"{type(e).__name__}: {e}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -444,6 +445,21 @@ def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake
     assert done.returncode == 2
     assert "refusing to listen on 0.0.0.0" in done.stderr and "auth token" in done.stderr
     assert "aiops serving" not in done.stdout
+
+
+def test_a_port_in_use_is_one_line_that_says_what_to_do(tmp_path: Any, fake_openai: Any) -> None:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        done = run_serve(server_config_dir(tmp_path, fake_openai), tmp_path / "data", port=port)
+    finally:
+        held.close()
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"port {port} is in use by another program" in lines[0], done.stderr
+    assert "--port 0 picks a free one" in lines[0] and "Traceback" not in done.stderr
 
 
 def test_a_non_loopback_bind_with_a_token_serves_and_needs_it(aiops_serve_factory: ServeFactory,

@@ -4,6 +4,8 @@ the console, and the chat UI's HTTP response completes with the tool's result.""
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 
 import openai
 
@@ -44,3 +46,27 @@ async def test_a_gate_from_the_openai_proxy_is_approved_in_the_console(make_app,
         assert response.choices[0].finish_reason == "stop"
         assert notes.notes == ["from the chat UI"]
         await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
+
+
+async def test_a_port_in_use_is_said_in_one_line_and_the_console_runs_without_a_server(
+        make_app, monkeypatch, caplog):
+    monkeypatch.delenv("AIOPS_OPERATOR_TOKEN", raising=False)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        app = make_app(server=True)
+        app.port = port
+        with caplog.at_level(logging.ERROR, logger="aiops"):
+            async with app.run_test(size=SIZE, notifications=True) as pilot:
+                await ready(pilot)
+                await wait_for(pilot, lambda: any("in use" in n.message for n in app._notifications),
+                               "the notice")
+                (note,) = [n.message for n in app._notifications if "in use" in n.message]
+                assert f"port {port} is in use by another program" in note and "Error" not in note
+                assert "server failed" in screen_text(app)
+    finally:
+        held.close()
+    records = [r for r in caplog.records if "did not start" in r.getMessage()]
+    assert len(records) == 1 and records[0].exc_info is None  # said, not a traceback

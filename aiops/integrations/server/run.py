@@ -9,6 +9,7 @@ end the open streams and give the remaining requests `shutdown_timeout` seconds.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import re
@@ -209,8 +210,15 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
             await site.start()
         except OSError as e:
             await runner.cleanup()
-            raise ServerStartError(f"cannot listen on {_url(host or '0.0.0.0', p)}: "
-                                   f"{e.strerror or e}") from None
+            where = _url(host or "0.0.0.0", p)
+            if e.errno == errno.EADDRINUSE:
+                raise ServerStartError(f"cannot listen on {where}: port {p} is in use by another program; stop "
+                                       f"it, or choose another port (--port, or port/extra_ports in aiops.toml; "
+                                       f"--port 0 picks a free one)") from None
+            if e.errno == errno.EACCES:
+                raise ServerStartError(f"cannot listen on {where}: permission denied (ports below 1024 need "
+                                       f"privileges; choose another with --port)") from None
+            raise ServerStartError(f"cannot listen on {where}: {e.strerror or e}") from None
         handle.sites.append(site)
     for addr in runner.addresses:
         url = _url(str(addr[0]), int(addr[1]))
