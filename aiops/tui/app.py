@@ -45,7 +45,7 @@ from aiops.tui.widgets.chat import ChatView
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
-from aiops.tui.widgets.log import LogView
+from aiops.tui.widgets.log import EarlyRecords, LogView
 from aiops.tui.widgets.prompt_tree import PromptPane
 from aiops.tui.widgets.sessions import SessionsList
 from aiops.tui.widgets.status import StatusBar
@@ -118,6 +118,7 @@ class AiopsApp(App[int]):
         # SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) quit as ctrl+q does; set by
         # run_console only, so an app under test leaves the test runner's signals alone.
         self.quit_on_signals = False
+        self.early_records = EarlyRecords()
         console = cfg.app.console
         self.keymap_overrides: dict[str, str] = dict(console.keymap)
         self.ring_bell = console.bell
@@ -189,6 +190,10 @@ class AiopsApp(App[int]):
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
+    def on_load(self) -> None:
+        # Before anything starts: the log pane shows what start-up logged even if it mounts later.
+        self.early_records.install()
+
     def on_mount(self) -> None:
         bad = unknown_ids(self.keymap_overrides)
         if bad:
@@ -234,6 +239,7 @@ class AiopsApp(App[int]):
         self.post_message(started)
 
     async def on_unmount(self) -> None:
+        self.early_records.take()  # (already taken when the log pane mounted)
         self.adapter.disconnect()
         try:
             await self.adapter.stop()

@@ -317,6 +317,22 @@ async def test_log_records_go_to_the_log_pane(make_app):
         await wait_for(pilot, lambda: "a record for the viewer" in region_text(app, "#side"), "the record")
 
 
+async def test_the_log_pane_shows_what_was_logged_before_it_was_there(make_app, monkeypatch):
+    """Start-up runs alongside the first paint: its warnings (a keymap entry that names nothing,
+    a token variable that is unset) came before the pane and were lost."""
+    monkeypatch.delenv("AIOPS_TEST_UNSET_TOKEN", raising=False)
+    app = make_app(server=True, extra_files={"aiops.toml": (
+        '[console.keymap]\n"no.such.binding" = "z"\n'
+        '[auth.tokens.ops]\ntoken_env = "AIOPS_TEST_UNSET_TOKEN"\nrole = "operator"\n')})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.main.show_pane("log")
+        await wait_for(pilot, lambda: "no.such.binding" in region_text(app, "#side")
+                       and "AIOPS_TEST_UNSET_TOKEN" in region_text(app, "#side"), "the start-up warnings")
+        shown = region_text(app, "#side")
+        assert shown.count("no.such.binding") == 1  # once: not from both the buffer and the pane
+
+
 def test_nothing_logs_to_the_terminal_while_the_console_draws(tmp_path, fake_openai, capsys):
     from tests.tui.conftest import console_config
 

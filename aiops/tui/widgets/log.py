@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from rich.text import Text
@@ -25,6 +26,13 @@ class LogLine(Message):
         self.created = created
 
 
+def _line(record: logging.LogRecord) -> LogLine:
+    text = record.getMessage()
+    if record.exc_info:
+        text += "\n" + logging.Formatter().formatException(record.exc_info)
+    return LogLine(record.levelname, record.name, text, record.created)
+
+
 class ConsoleLogHandler(logging.Handler):
     """Posts records to the log pane; safe from any thread (Textual's post_message is)."""
 
@@ -34,12 +42,29 @@ class ConsoleLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            text = record.getMessage()
-            if record.exc_info:
-                text += "\n" + logging.Formatter().formatException(record.exc_info)
-            self.view.post_message(LogLine(record.levelname, record.name, text, record.created))
+            self.view.post_message(_line(record))
         except Exception:  # noqa: BLE001 - logging must never raise
             self.handleError(record)
+
+
+class EarlyRecords(logging.Handler):
+    """Keeps what is logged before the log pane is mounted: start-up (the engine, the server, a
+    token variable that is unset) runs alongside the first paint, and its warnings were lost."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger().getEffectiveLevel() or logging.INFO)
+        self.records: deque[logging.LogRecord] = deque(maxlen=MAX_LINES)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def install(self) -> None:
+        logging.getLogger().addHandler(self)
+
+    def take(self) -> list[logging.LogRecord]:
+        """Stop collecting; what was collected, oldest first."""
+        logging.getLogger().removeHandler(self)
+        return list(self.records)
 
 
 class LogView(RichLog):
@@ -57,6 +82,12 @@ which keeps what this view drops after {MAX_LINES} lines. **c** clears the view.
         super().__init__(max_lines=MAX_LINES, min_width=20, wrap=True, markup=False, highlight=False, **kw)
 
     def on_mount(self) -> None:
+        # What start-up logged before this pane existed first, then everything as it comes; no
+        # await in between, so nothing logged on the loop falls between the two.
+        early: EarlyRecords | None = getattr(self.app, "early_records", None)
+        if early is not None:
+            for record in early.take():
+                self.on_log_line(_line(record))
         self._handler = ConsoleLogHandler(self, logging.getLogger().getEffectiveLevel() or logging.INFO)
         logging.getLogger().addHandler(self._handler)
 
