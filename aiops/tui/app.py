@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,6 +133,7 @@ class AiopsApp(App[int]):
         self.live_turn: dict[str, str] = {}
         self.live_events: dict[str, list[EngineEvent]] = {}
         self._user_events: dict[str, EngineEvent] = {}
+        self._typed_here: deque[str] = deque(maxlen=500)  # turns this console's input submitted
         self._details: GateDetailsScreen | None = None
         # Where the operator was when they jumped to a gate: answering it brings them back there,
         # so that what they type next cannot land in the inbox and answer the next gate.
@@ -369,7 +371,7 @@ class AiopsApp(App[int]):
             self.chat_input.put_back(msg.text)
             return
         try:
-            await self.adapter.submit(self.selected, msg.text)
+            self._typed_here.append(await self.adapter.submit(self.selected, msg.text))
         except Exception as e:  # noqa: BLE001 - EngineError and friends: say it where the user looks
             if self._drawing:
                 self.notify(str(e), severity="error", timeout=8)
@@ -381,7 +383,9 @@ class AiopsApp(App[int]):
         if sid is None:
             return
         turn = self.live_turn.get(sid)
-        prompt = self._user_events.get(turn or "")
+        # Only a prompt typed here comes back to the input: a chat UI's or a script's would be one
+        # Enter away from being sent again, as the operator, into their conversation.
+        prompt = self._user_events.get(turn or "") if turn in self._typed_here else None
         if self.adapter.stop_turn(sid):
             if prompt is not None:
                 self.chat_input.put_back(prompt.data.get("text", ""))

@@ -124,6 +124,20 @@ async def test_escape_cancels_the_running_turn_and_puts_the_prompt_back(make_app
         await wait_text(pilot, "echo: a very long job")
 
 
+async def test_escape_on_another_clients_turn_stops_it_but_leaves_the_input_alone(make_app, fake_openai):
+    """Their prompt in the operator's input would be one Enter away from being sent again, as the
+    operator, into their conversation."""
+    fake_openai.script(Reply.hang(after_chunks=2))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await app.adapter.engine.submit(app.selected, "a script's long question", kind="api")
+        await wait_for(pilot, lambda: app.chat_input.busy, "the turn to run")
+        await pilot.press("escape")
+        await wait_text(pilot, "turn cancelled")
+        assert app.chat_input.text == ""
+
+
 async def test_a_tool_call_stopped_with_escape_shows_cancelled_live_and_from_history(make_app, fake_openai,
                                                                                       notes):
     fake_openai.responder = call_tool_when("slowly", ("slow_read", {}))
