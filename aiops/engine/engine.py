@@ -196,6 +196,8 @@ class Engine:
                 if self.drop_queued_turn(live, t):
                     dropped.append((live.id, t))
             if live.current and live.current.task:
+                # Its gates say why they closed (not that a task was cancelled somewhere).
+                self.gatekeeper.broker.cancel_turn(live.current.id, by="shutdown")
                 live.current.stop_requested = True
                 if live.current.started:  # else its runner ends it as it begins (see stop_turn)
                     live.current.task.cancel()
@@ -714,8 +716,9 @@ class Engine:
                                             "model": turn.model or live.model_key(self)}, turn.id)
         return True
 
-    def stop_turn(self, ref: str, *, clear_queue: bool = False) -> bool:
-        """Cancel the running turn of a session (its pending gates are cancelled too)."""
+    def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool:
+        """Cancel the running turn of a session (its pending gates are cancelled too, `by` saying
+        why in their record: "stop", "client disconnected", …)."""
         live = self._sessions.get(ref) or next(
             (s for s in self._sessions.values() if str(s.row.short_id) == ref), None)
         if live is None:
@@ -731,7 +734,7 @@ class Engine:
             turn.stop_requested = True
             # Gates first, as a stop (not as a side effect of the cancelled wait), so they are
             # attributed to the stop and the turn can say how many it cancelled.
-            turn.cancelled_gates += self.gatekeeper.broker.cancel_turn(turn.id)
+            turn.cancelled_gates += self.gatekeeper.broker.cancel_turn(turn.id, by=by)
             if turn.started and turn.task:
                 turn.task.cancel()
             # else its runner finds stop_requested as it begins: a task cancelled before its first

@@ -259,7 +259,7 @@ class GateBroker:
             # Whatever interrupts the wait (cancellation, a failing audit write), the gate ends
             # resolved, never left pending in an inbox.
             if not entry.future.done():
-                by = "task-cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
+                by = "interrupted" if isinstance(exc, asyncio.CancelledError) else "error"
                 self._settle(entry, Resolution("cancelled", "once", by, self._clock()))
             if opened_recorded:
                 self._record_later(gate, entry.future.result())

@@ -509,7 +509,7 @@ async def test_hanging_up_while_a_gate_waits_cancels_the_turn_and_the_gate(
                 if "waiting for operator approval" in line:
                     break  # leaving the block hangs up while the gate waits
         resolved = await asyncio.wait_for(next_sse_event(lines, "gate_resolved"), 15)
-        assert resolved["decision"] == "cancelled"
+        assert (resolved["decision"], resolved["by"]) == ("cancelled", "the client disconnected")
         await asyncio.wait_for(next_sse_event(lines, "done"), 15)
         assert (await h.get(srv.url + "/api/v1/gates", headers=tokens.header("ops"))).json()["gates"] == []
         msgs = (await h.get(srv.url + "/api/v1/sessions/walk-away", headers=tokens.header("ops"))).json()["messages"]

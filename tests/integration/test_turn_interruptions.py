@@ -169,7 +169,7 @@ async def test_stop_while_a_gate_waits_cancels_the_gate_and_the_call(engine_fact
 
     events = await collect_until(sub, DONE)
     resolved = [e.data for e in events if e.name == GATE_RESOLVED]
-    assert [(g["id"], g["decision"]) for g in resolved] == [(gate["id"], "cancelled")]
+    assert [(g["id"], g["decision"], g["by"]) for g in resolved] == [(gate["id"], "cancelled", "stop")]
     (result,) = [e.data for e in events if e.name == TOOL_RESULT]
     assert result["name"] == "update_system_prompt" and result["gate"] == "cancelled"
     assert result["status"] == "cancelled" and result["is_error"]
@@ -185,6 +185,25 @@ async def test_stop_while_a_gate_waits_cancels_the_gate_and_the_call(engine_fact
     assert any(m.role == "gate" and m.content.startswith("cancelled") for m in history)
     # The gate is gone from the inbox.
     assert not engine.gatekeeper.broker.pending("api-stop-gate")
+
+
+async def test_shutting_down_while_a_gate_waits_says_so_in_the_gates_record(engine_factory, fake_openai,
+                                                                            tmp_path: Path):
+    from aiops.config import SHIPPED_PROMPT_DIR
+
+    folder = tmp_path / "prompt"
+    shutil.copytree(SHIPPED_PROMPT_DIR / "default", folder)
+    engine: Engine = await engine_factory(models={
+        "m": openai_model_entry(fake_openai, system_prompt_folder=str(folder))})
+    fake_openai.script(Reply.tool_calls(("update_system_prompt", {
+        "section": "role", "operation": "append", "content": "x"})))
+    sub = engine.bus.subscribe(session_id=None)
+    await engine.submit("api-quit-gate", "change your role", kind="api")
+    gate = (await next_event(sub, GATE)).data
+    await engine.stop()
+    resolved = [e.data for e in await collect_until(sub, DONE) if e.name == GATE_RESOLVED]
+    # Not "task-cancelled": the operator reading the audit learns the gate closed with aiops.
+    assert [(g["id"], g["decision"], g["by"]) for g in resolved] == [(gate["id"], "cancelled", "shutdown")]
 
 
 async def test_a_second_stop_does_not_cut_the_record_of_the_first_short(engine_factory, fake_openai):

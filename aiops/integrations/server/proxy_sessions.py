@@ -717,7 +717,7 @@ async def cancel_turn(engine: Engine, session_id: str, turn: Turn, why: str) -> 
     if live is None:
         return
     if live.current is turn:
-        engine.stop_turn(session_id)
+        engine.stop_turn(session_id, by=why)
     elif engine.drop_queued_turn(live, turn):
         await engine.record(session_id, Message("notice", f"turn cancelled before it started: {why}",
                                                 turn_id=turn.id, meta={"kind": "cancelled"}))

@@ -186,8 +186,10 @@ class GateLine(Static):
         by = info.get("by") or ""
         summary = info.get("summary") or info.get("tool") or ""
         scope_txt = " for the session" if scope == "session" and decision == "approved" else ""
-        by_txt = f" by {by}" if by else ""
-        super().__init__(Content.assemble(("⚑ ", "bold"), f"{decision}{scope_txt}{by_txt}: ", summary),
+        # "timeout by timeout" says one thing twice; "cancelled by client disconnected" reads as why.
+        by_txt = "" if not by or by == decision else (f" ({by})" if decision == "cancelled" else f" by {by}")
+        label = "timed out" if decision == "timeout" else decision
+        super().__init__(Content.assemble(("⚑ ", "bold"), f"{label}{scope_txt}{by_txt}: ", summary),
                          classes=f"msg gate-line {decision}")
         self.info = info
 
