@@ -460,8 +460,11 @@ class AiopsApp(App[int]):
         data = msg.data
         sid = data.get("client_id") or msg.session_id
         if data.get("change") == "deleted":
+            shown = self.sessions_list.sessions.get(sid, {})
             self.sessions_list.remove(sid)
             if sid == self.selected:
+                # Said, not just done: the chat the operator was reading changes under them.
+                self.notify(f"session {shown.get('short_id') or sid} ({sid}) was deleted", timeout=6)
                 console = [s for s in self.sessions_list.sessions.values() if s.get("kind") == "console"]
                 if console:
                     await self.select_session(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])

@@ -70,3 +70,15 @@ async def test_a_port_in_use_is_said_in_one_line_and_the_console_runs_without_a_
         held.close()
     records = [r for r in caplog.records if "did not start" in r.getMessage()]
     assert len(records) == 1 and records[0].exc_info is None  # said, not a traceback
+
+
+async def test_the_shown_session_deleted_by_another_client_is_said(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await app.adapter.engine.run("api-doomed", "hello", kind="api", timeout=10)
+        await wait_for(pilot, lambda: "api-doomed" in app.sessions_list.sessions, "the api session")
+        await app.select_session("api-doomed")
+        await app.adapter.engine.delete_session("api-doomed")  # a script's DELETE
+        await wait_for(pilot, lambda: app.selected != "api-doomed", "another session shown")
+        assert any("(api-doomed) was deleted" in n.message for n in app._notifications)
