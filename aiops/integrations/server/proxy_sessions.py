@@ -25,11 +25,12 @@ conversation. This module maps one onto the other:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -464,6 +465,22 @@ class StartedTurn:
 _SEEN_MAX = 4096  # compact views kept (a few KB each at most)
 
 
+async def _finish(job: Coroutine[Any, Any, None]) -> None:
+    """Run `job` to its end even if the caller is cancelled meanwhile, once or more."""
+    task = asyncio.ensure_future(job)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+
+
+async def _cancel_accepted(engine: Engine, session_id: str, submit: asyncio.Future[Turn]) -> None:
+    try:
+        turn = await submit
+    except Exception:  # noqa: BLE001 - refused after all: nothing to cancel
+        return
+    await cancel_turn(engine, session_id, turn, "the client disconnected")
+
+
 class ProxySessions:
     """Maps conversations to sessions; one lock per conversation root serialises resolution."""
 
@@ -546,6 +563,10 @@ class ProxySessions:
         imported = 0
         if missing:
             imported = await self._import(session_id, missing)
+        # The session exists from here on (claimed, perhaps imported into): indexed whatever follows.
+        known = self._forks.setdefault(conv.root, [])
+        if session_id not in known:
+            known.append(session_id)
         # Subscribed before submitting, so not even a command's instant `done` is missed.
         sub = engine.bus.subscribe(session_id, names=events)
         submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
@@ -556,21 +577,15 @@ class ProxySessions:
             turn = await asyncio.shield(submit)
         except asyncio.CancelledError:
             sub.close()
-            try:
-                turn = await submit  # the engine finishes accepting it ...
-            except Exception:  # noqa: BLE001 - refused after all: nothing to cancel
-                raise asyncio.CancelledError from None
-            # ... then the turn is cancelled as any hang-up cancels it, and says so.
-            await cancel_turn(engine, session_id, turn, "the client disconnected")
+            # The engine finishes accepting the message, then the turn is cancelled as any
+            # hang-up cancels it; neither is cut short by a second cancel (a shutdown, say).
+            await _finish(_cancel_accepted(engine, session_id, submit))
             raise
         except BaseException as e:
             sub.close()
             if isinstance(e, EngineError):
                 raise HttpError(400, "invalid_request", str(e)) from None
             raise
-        known = self._forks.setdefault(conv.root, [])
-        if session_id not in known:
-            known.append(session_id)
         return StartedTurn(session_id, turn, sub, forked, imported)
 
     async def _choose(self, conv: ConversationId, client: list[Entry],
