@@ -244,7 +244,7 @@ async def test_a_reader_that_falls_behind_is_dropped_with_an_error_event(
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", srv.handle.port))
     reader, writer = await asyncio.open_connection(sock=sock)
     try:
-        writer.write(b"GET /api/v1/stream/api-slowpoke HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /api/v1/stream/api-slowpoke HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         await writer.drain()
         await reader.readuntil(b": connected\n\n")
         async with srv.client() as agent:

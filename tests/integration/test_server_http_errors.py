@@ -230,9 +230,9 @@ async def test_an_oversized_body_is_413_and_the_server_keeps_serving(api_server_
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
         try:
             body_part = b"x" * 3000 if b"Length" in framing else b"bb8\r\n" + b"x" * 3000 + b"\r\n0\r\n\r\n"
-            writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                          + framing + b"\r\n" + body_part)
-            writer.write(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(b"GET /api/v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             async with asyncio.timeout(10):
                 answer = await reader.read()  # to the end: the server closes
         finally:
@@ -246,7 +246,7 @@ async def test_a_body_that_never_arrives_is_408(api_server_factory: ApiServerFac
     srv = await api_server_factory(server={"request_timeout": 0.2})
     reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
     try:
-        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"text\"")
         await writer.drain()
         async with asyncio.timeout(10):
@@ -266,7 +266,7 @@ async def test_headers_that_never_finish_get_the_connection_closed(api_server_fa
     srv = await api_server_factory(server={"request_timeout": 0.5})
     reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
     try:
-        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: localhost\r\nContent-Ty")
         await writer.drain()
         async with asyncio.timeout(10):
             assert await reader.read(4096) == b""  # closed by the server
@@ -334,7 +334,7 @@ async def test_an_authorization_header_that_is_not_utf8_is_a_401_and_health_stay
     async def raw(path: str, auth: bytes) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)
         try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n".encode()
                          + b"Authorization: " + auth + b"\r\n\r\n")
             async with asyncio.timeout(10):
                 return (await reader.read()).split(b"\r\n", 1)[0]
@@ -506,12 +506,12 @@ async def test_a_malformed_request_is_a_400_and_one_log_line_without_its_bytes(
     srv = await api_server_factory(tokens=tokens)
     caplog.set_level(logging.DEBUG)
     secret = tokens.secrets["ops"]
-    for raw in (f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}\x00\r\n\r\n",
-                "GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nBad Header: 1\r\n\r\n",
+    for raw in (f"GET /api/v1/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {secret}\x00\r\n\r\n",
+                "GET /api/v1/sessions HTTP/1.1\r\nHost: localhost\r\nBad Header: 1\r\n\r\n",
                 # aiohttp's message quotes the first 100 bytes of a header line that is too long
-                f"GET /api/v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n",
+                f"GET /api/v1/sessions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {secret}{'a' * 9000}\r\n\r\n",
                 # ...and the whole request target of a URL it cannot parse
-                f"GET http://[bad/?api_key={secret} HTTP/1.1\r\nHost: x\r\n\r\n",
+                f"GET http://[bad/?api_key={secret} HTTP/1.1\r\nHost: localhost\r\n\r\n",
                 # a scanner's first bytes: aiohttp logs those at DEBUG, and so do we
                 f"\x16\x03\x01{secret}\r\n\r\n"):
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.handle.port)

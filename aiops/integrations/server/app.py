@@ -40,6 +40,7 @@ from aiops.integrations.server.auth import (
     Authenticator,
     Identity,
     Token,
+    addressed_to_loopback,
     bearer,
     is_loopback_peer,
     load_tokens,
@@ -87,6 +88,16 @@ AUTH_KEY = web.AppKey("aiops_auth", Authenticator)
 STATE_KEY = web.AppKey("aiops_state", ServerState)
 AUTHENTICATED_KEY = web.RequestKey("aiops_authenticated", bool)  # a valid token (or loopback, open mode)
 STREAMING_KEY = web.RequestKey("aiops_streaming", bool)  # headers sent: errors can no longer be answered
+ORIGINS_KEY = web.AppKey("aiops_cors_origins", re.Pattern)  # cors_origins, compiled (see cors.py)
+
+
+def allowed_origin(request: web.Request) -> str | None:
+    """The request's Origin when `cors_origins` allows it (None: no Origin, or not allowed)."""
+    pattern = request.app.get(ORIGINS_KEY)
+    origin = request.headers.get("Origin")
+    if pattern is None or not origin or not pattern.match(origin.lower()):
+        return None
+    return origin
 
 
 # ---- errors -----------------------------------------------------------------------------------------
@@ -355,10 +366,20 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     authn = request.app[AUTH_KEY]
     public = (request.method, request.path) in state.public
     peer = request.remote
+    if (origin := request.headers.get("Origin")) is not None and allowed_origin(request) is None:
+        # A web page's request (browsers name the page's origin). Without this, any site the
+        # operator visits could POST to a loopback server without tokens (a "simple" request
+        # needs no preflight) and run turns as the operator. Ollama answers such origins 403 too.
+        raise HttpError(403, "forbidden", f"requests from web pages of {origin[:80]!r} are refused: list the "
+                                          f"origin in cors_origins ([server] in aiops.toml) to allow them")
     if authn.open:
         if not is_loopback_peer(peer):
             raise HttpError(403, "forbidden", "no auth token is configured, so only loopback callers are "
                                               "served")
+        if not addressed_to_loopback(request.host):
+            raise HttpError(403, "forbidden", f"no auth token is configured, so only requests addressed to a "
+                                              f"loopback name (localhost, 127.0.0.1, [::1]) are served, not "
+                                              f"{request.host[:80]!r}; configure tokens to serve other names")
         ident = Identity(OPERATOR, f"loopback:{peer}", True)
     else:
         presented = bearer(request.headers.get("Authorization"))

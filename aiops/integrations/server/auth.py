@@ -94,6 +94,26 @@ def is_loopback_peer(addr: str | None) -> bool:
     return ip.is_loopback
 
 
+@functools.lru_cache(maxsize=256)
+def addressed_to_loopback(host: str | None) -> bool:
+    """Whether a request's Host (`name[:port]`, `[v6]:port`) names this machine's loopback.
+
+    A server without tokens trusts loopback callers; a web page can make the browser a loopback
+    caller by pointing its own name at 127.0.0.1 (DNS rebinding), and its requests then carry
+    that name as their Host. Loopback names and addresses are what local clients use."""
+    if not host:
+        return True  # HTTP/1.0 without Host: aiohttp falls back to the local address
+    name = host.strip()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    name = name.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    return is_loopback_peer(name)
+
+
 def check_bind(host: str, tokens: list[Token], auth: AuthConfig, env: Mapping[str, str]) -> None:
     """Refuse a non-loopback bind when no token is configured."""
     if tokens or is_loopback_host(host):

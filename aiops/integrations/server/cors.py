@@ -13,13 +13,12 @@ Patterns are origins (`http://localhost:3000`) where `*` stands for any run of c
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Sequence
 
 from aiohttp import web
 
-from aiops.integrations.server.app import Handler
+from aiops.integrations.server.app import ORIGINS_KEY, Handler, allowed_origin
 
 _METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 # What browser clients send: the token, JSON bodies, the session and chat-id headers.
@@ -27,22 +26,22 @@ _HEADERS = "Authorization, Content-Type, X-Aiops-Session, X-OpenWebUI-Chat-Id"
 _EXPOSE = "X-Aiops-Session"
 _MAX_AGE = "600"
 
-ORIGINS_KEY = web.AppKey("aiops_cors_origins", re.Pattern)
+
+def _pattern(origin: str) -> str:
+    """One origin pattern as a regex: literal but for `*`; a trailing `:*` also matches no port
+    (`http://localhost:*` covers `http://localhost`, port 80). Browsers send origins lower-case."""
+    origin = origin.lower()
+    tail = ""
+    if origin.endswith(":*"):
+        origin, tail = origin[:-2], r"(?::[0-9]+)?"
+    return ".*".join(re.escape(part) for part in origin.split("*")) + tail
 
 
 def compile_origins(patterns: Sequence[str]) -> re.Pattern[str] | None:
-    """One regex for every pattern (matched whole, case-sensitively as browsers send origins)."""
+    """One regex for every pattern, matched whole."""
     if not patterns:
         return None
-    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns))
-
-
-def _allowed(request: web.Request) -> str | None:
-    pattern = request.app.get(ORIGINS_KEY)
-    origin = request.headers.get("Origin")
-    if pattern is None or not origin or not pattern.match(origin):
-        return None
-    return origin
+    return re.compile("(?:" + "|".join(_pattern(p) for p in patterns) + r")\Z")
 
 
 @web.middleware
@@ -50,7 +49,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Answer an allowed origin's preflight here, before authentication; every other request goes
     on (its response gets the headers in `add_headers`)."""
     if (request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
-            and (origin := _allowed(request)) is not None):
+            and (origin := allowed_origin(request)) is not None):
         return web.Response(status=204, headers={
             "Access-Control-Allow-Origin": origin,
             "Access-Control-Allow-Methods": _METHODS,
@@ -63,7 +62,7 @@ async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: streams included, whose headers leave before the handler returns."""
-    origin = _allowed(request)
+    origin = allowed_origin(request)
     if origin is not None:
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Expose-Headers"] = _EXPOSE

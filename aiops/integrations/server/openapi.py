@@ -23,7 +23,9 @@ _PARAM = re.compile(r"\{(\w+)\}")
 STATUS_TEXT = {
     400: "Malformed JSON, a wrong type or an invalid value (the message names the field)",
     401: "Missing or invalid bearer token",
-    403: "The caller's role may not do this, or the session belongs to another caller",
+    403: ("The caller's role may not do this, the session belongs to another caller, or the request came "
+          "from a web page whose origin cors_origins does not allow (or, without tokens, was addressed to a "
+          "name that is not loopback)"),
     404: "No such session, gate or route",
     408: "The request body did not arrive in time",
     409: "The gate was already resolved",
@@ -31,7 +33,7 @@ STATUS_TEXT = {
     500: "Internal error (details in the server log)",
     503: "The server is shutting down",
 }
-COMMON_ERRORS = (401, 413, 500, 503)
+COMMON_ERRORS = (401, 403, 413, 500, 503)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_
 
 log = logging.getLogger(__name__)
 
+CORS_WITHOUT_TOKENS = ("cors_origins without tokens: every web page of %s can use this server as an operator "
+                       "(read every session, approve gates); configure a token to require one")
+
 
 # aiohttp's descriptions of a fault ("Invalid header value char", "Bad status line"); anything
 # else (a quoted line, the raw request target of InvalidURLError) may hold the request's bytes.
@@ -191,6 +194,8 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
     if tokens is None:
         tokens = load_tokens(cfg.app.auth, env)
     check_bind(host, tokens, cfg.app.auth, env)
+    if server.cors_origins and not tokens:
+        log.warning(CORS_WITHOUT_TOKENS, ", ".join(server.cors_origins))
     app = create_app(engine, cfg, tokens=tokens)
     _install_log_filters()
     raise_open_file_limit()
@@ -247,6 +252,8 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
     unset = unset_token_vars(cfg.app.auth, env)
     for var in unset:
         print(f"aiops: warning: auth token not configured: {var} is unset", file=sys.stderr)
+    if cfg.app.server.cors_origins and not tokens:
+        print("aiops: warning: " + CORS_WITHOUT_TOKENS % ", ".join(cfg.app.server.cors_origins), file=sys.stderr)
     try:
         check_bind(host, tokens, cfg.app.auth, env)
     except BindRefused as e:
