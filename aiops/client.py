@@ -47,7 +47,8 @@ MAX_WAIT = 3600.0  # the server's limit on a waited submit's `timeout`
 
 class AgentError(Exception):
     """The server answered with an error (`status`, and our `code` and `message`), or it could not
-    be reached or went away (`status` 0, code `connection_error`; on a stream, `stream_cut`)."""
+    be reached, went away or did not answer in time (`status` 0, code `connection_error`, on a
+    stream `stream_cut`, or `timeout`)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"{status} {code}: {message}")
@@ -220,22 +221,33 @@ class AgentClient:
         return self._http
 
     def _url(self, path: str) -> URL:
-        # Already encoded (ids by _segment): taken as it is, so `%2E%2E` stays a name, not `..`.
-        return URL(self.base_url + path, encoded=True)
+        # The path is already encoded (ids by _segment) and taken as it is, so `%2E%2E` stays a
+        # name, not `..`; the base URL is parsed as usual (a non-ASCII host, a path prefix).
+        base = URL(self.base_url)
+        return base.with_path(base.raw_path.rstrip("/") + path, encoded=True)
 
     async def _call(self, method: str, path: str, *, body: dict[str, Any] | None = None,
                     params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
         http = self._require_session()
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        limit = timeout or self.timeout
         try:
             async with http.request(method, self._url(path), json=body, params=query or None,
-                                    timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as resp:
+                                    timeout=aiohttp.ClientTimeout(total=limit)) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
                     raise _error_from(resp.status, text)
-                return json.loads(text) if text else {}
+                try:
+                    return json.loads(text) if text else {}
+                except ValueError:
+                    raise AgentError(resp.status, "invalid_response",
+                                     f"{resp.url} answered {resp.content_type or 'no content type'}, not JSON "
+                                     f"(is {self.base_url} an aiops server?): {text.strip()[:200]}") from None
         except aiohttp.ClientError as e:
             raise _unreachable(self.base_url, e) from e
+        except TimeoutError:
+            raise AgentError(0, "timeout", f"{self.base_url}: no answer to {method} {path} within {limit:g} s "
+                                           f"(AgentClient(timeout=…) sets the limit)") from None
 
     # -- turns --
 

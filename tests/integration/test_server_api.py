@@ -591,9 +591,17 @@ async def test_agent_client_sends_each_id_as_one_path_segment(api_server: ApiSer
         assert [m["content"] for m in (await agent.session("victim"))["messages"]] == ["keep me", "echo: keep me"]
 
 
-async def test_a_stream_from_something_that_is_not_aiops_is_refused() -> None:
+async def test_something_that_is_not_aiops_or_does_not_answer_is_an_agent_error() -> None:
+    """A reverse proxy's HTML page, a JSON answer where a stream belongs, a server that hangs:
+    each an AgentError saying so, as the docs promise, not a JSONDecodeError or a bare timeout."""
     async def not_aiops(request: web.Request) -> web.Response:
+        if request.path.endswith("/health"):
+            return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+        if request.path.endswith("/sessions"):
+            await released.wait()
         return web.json_response({"status": "ok"})
+
+    released = asyncio.Event()
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", not_aiops)
@@ -603,10 +611,18 @@ async def test_a_stream_from_something_that_is_not_aiops_is_refused() -> None:
     await site.start()
     port = runner.addresses[0][1]
     try:
-        async with AgentClient(f"http://127.0.0.1:{port}", token="") as agent:
+        async with AgentClient(f"http://127.0.0.1:{port}", token="", timeout=0.5) as agent:
             with pytest.raises(AgentError) as e:
                 await agent.stream("api-x").open()
-        assert e.value.code == "not_an_event_stream" and "application/json" in e.value.message
+            assert e.value.code == "not_an_event_stream" and "application/json" in e.value.message
+            with pytest.raises(AgentError) as e:
+                await agent.health()
+            assert (e.value.status, e.value.code) == (200, "invalid_response")
+            assert "text/html" in e.value.message and "502 Bad Gateway" in e.value.message
+            with pytest.raises(AgentError) as e:
+                await agent.sessions()
+            assert (e.value.status, e.value.code) == (0, "timeout") and "within 0.5 s" in e.value.message
+        released.set()
     finally:
         await runner.cleanup()
 
