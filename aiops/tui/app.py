@@ -14,7 +14,6 @@ import logging
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,7 +132,8 @@ class AiopsApp(App[int]):
         self.live_turn: dict[str, str] = {}
         self.live_events: dict[str, list[EngineEvent]] = {}
         self._user_events: dict[str, EngineEvent] = {}
-        self._typed_here: deque[str] = deque(maxlen=500)  # turns this console's input submitted
+        # Turns this console's input submitted, until they end: turn id -> (session id, text typed).
+        self._typed_here: dict[str, tuple[str, str]] = {}
         self._details: GateDetailsScreen | None = None
         # Where the operator was when they jumped to a gate: answering it brings them back there,
         # so that what they type next cannot land in the inbox and answer the next gate.
@@ -371,7 +371,10 @@ class AiopsApp(App[int]):
             self.chat_input.put_back(msg.text)
             return
         try:
-            self._typed_here.append(await self.adapter.submit(self.selected, msg.text))
+            turn_id = await self.adapter.submit(self.selected, msg.text)
+            self._typed_here[turn_id] = (self.selected, msg.text)
+            while len(self._typed_here) > 500:
+                self._typed_here.pop(next(iter(self._typed_here)))
         except Exception as e:  # noqa: BLE001 - EngineError and friends: say it where the user looks
             if self._drawing:
                 self.notify(str(e), severity="error", timeout=8)
@@ -383,12 +386,14 @@ class AiopsApp(App[int]):
         if sid is None:
             return
         turn = self.live_turn.get(sid)
+        if turn is None:  # Esc right after Enter, before the turn began: the one typed here last
+            turn = next((t for t, (s, _) in reversed(self._typed_here.items()) if s == sid), None)
         # Only a prompt typed here comes back to the input: a chat UI's or a script's would be one
         # Enter away from being sent again, as the operator, into their conversation.
-        prompt = self._user_events.get(turn or "") if turn in self._typed_here else None
+        typed = self._typed_here.get(turn or "")
         if self.adapter.stop_turn(sid):
-            if prompt is not None:
-                self.chat_input.put_back(prompt.data.get("text", ""))
+            if typed is not None:
+                self.chat_input.put_back(typed[1])
             self.notify("turn cancelled", timeout=3)
 
     # ---- engine events ---------------------------------------------------------------------------------
@@ -451,6 +456,8 @@ class AiopsApp(App[int]):
                 self.live_turn.pop(sid, None)
                 self.live_events.pop(sid, None)
                 self._user_events.pop(tid, None)
+        if name == ev.DONE and tid:
+            self._typed_here.pop(tid, None)
         if name in (ev.TURN, ev.DONE):
             if sid == self.selected:
                 self.chat_input.busy = sid in self.live_turn

@@ -124,6 +124,20 @@ async def test_escape_cancels_the_running_turn_and_puts_the_prompt_back(make_app
         await wait_text(pilot, "echo: a very long job")
 
 
+async def test_escape_right_after_enter_still_puts_the_prompt_back(make_app, fake_openai):
+    """Before the turn has begun (no `turn` event yet) a stop ends it all the same: the prompt
+    comes back then too."""
+    fake_openai.script(Reply.hang())
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "rotate every log")
+        await pilot.press("escape")
+        await wait_text(pilot, "turn cancelled")
+        assert app.chat_input.text == "rotate every log"
+        await wait_for(pilot, lambda: not app.chat_input.busy, "the turn to end")
+
+
 async def test_escape_on_another_clients_turn_stops_it_but_leaves_the_input_alone(make_app, fake_openai):
     """Their prompt in the operator's input would be one Enter away from being sent again, as the
     operator, into their conversation."""
