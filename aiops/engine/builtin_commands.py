@@ -133,7 +133,9 @@ async def _stop(ctx: CommandContext, argv: list[str], raw: str) -> str:
         if not argv:
             return "no turn is running"  # this session has not started yet
         raise CommandError(f"no session {target!r}")
-    return "stopping the running turn" if ctx.engine.stop_turn(live.id) else "no turn is running"
+    if ctx.engine.stop_turn(live.id):
+        return "stopping the running turn"
+    return "the running turn is already being stopped" if live.current is not None else "no turn is running"
 
 
 def register_builtin_commands(engine: Engine) -> None:

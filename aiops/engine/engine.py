@@ -718,7 +718,7 @@ class Engine:
 
     def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool:
         """Cancel the running turn of a session (its pending gates are cancelled too, `by` saying
-        why in their record: "stop", "client disconnected", …)."""
+        why in their record: "stop", "the client disconnected", …)."""
         live = self._sessions.get(ref) or next(
             (s for s in self._sessions.values() if str(s.row.short_id) == ref), None)
         if live is None:
