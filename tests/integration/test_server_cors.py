@@ -4,6 +4,7 @@ authentication, and every response names them, streams included."""
 from __future__ import annotations
 
 import logging
+import socket
 
 import httpx
 import pytest
@@ -53,7 +54,8 @@ async def test_without_tokens_only_loopback_names_are_served(api_server: ApiServ
     async with httpx.AsyncClient(base_url=api_server.url, timeout=10) as h:
         r = await h.get("/api/v1/sessions", headers={"Host": "rebind.evil.example:8765"})
         assert r.status_code == 403 and "loopback name" in r.json()["error"]["message"]
-        for host in ("localhost:8765", "LOCALHOST", "127.0.0.1:8765", "127.0.0.2", "[::1]:8765", "app.localhost"):
+        for host in ("localhost:8765", "LOCALHOST", "127.0.0.1:8765", "127.0.0.2", "[::1]:8765", "app.localhost",
+                     f"{socket.gethostname()}:8765"):  # the machine's own name (127.0.1.1 on Debian)
             assert (await h.get("/api/v1/sessions", headers={"Host": host})).status_code == 200, host
 
 

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -109,9 +110,12 @@ def addressed_to_loopback(host: str | None) -> bool:
     elif name.count(":") == 1:
         name = name.rsplit(":", 1)[0]
     name = name.lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
+    if name == "localhost" or name.endswith(".localhost") or name == _HOSTNAME:
+        return True  # (this machine's own name: Debian maps it to 127.0.1.1; no page is served from it)
     return is_loopback_peer(name)
+
+
+_HOSTNAME = socket.gethostname().lower()
 
 
 def check_bind(host: str, tokens: list[Token], auth: AuthConfig, env: Mapping[str, str]) -> None:
