@@ -41,6 +41,7 @@ class GateOutcome:
 # Who closed what a deleted session left: its grants (audited) and its open gates.
 SESSION_DELETED = "session deleted"
 
+
 class Gatekeeper:
     def __init__(self, engine: Engine, rules: GatesConfig, limits: LimitsConfig) -> None:
         self.engine = engine
