@@ -155,10 +155,13 @@ class ServerConfig(_Strict):
     @classmethod
     def _origins(cls, v: list[str]) -> list[str]:
         for origin in v:
+            if origin in ("*", "null"):  # any origin (OLLAMA_ORIGINS=* for desktop apps); file:// pages
+                continue
             scheme, sep, rest = origin.partition("://")
             if not sep or not scheme or not rest or "/" in rest:
                 raise ValueError(f"{origin!r} is not an origin: write scheme://host[:port] (no path), "
-                                 f"* matching anything, e.g. http://localhost:* or chrome-extension://*")
+                                 f"* matching anything, e.g. http://localhost:* or chrome-extension://*; "
+                                 f'"*" alone allows every origin, "null" pages opened from files')
         return v
 
     def is_loopback(self) -> bool:

@@ -128,7 +128,20 @@ async def test_origin_patterns_match_whole_origins_literally(api_server_factory:
         assert (r.headers.get("access-control-allow-origin") == origin) is allowed, origin
 
 
-@pytest.mark.parametrize("origin", ["*", "localhost:3000", "http://localhost:3000/app", "://x"])
+async def test_every_origin_and_file_pages_can_be_allowed_as_ollama_origins_star_does(
+        api_server_factory: ApiServerFactory) -> None:
+    """Desktop chat apps built on web views (their users set OLLAMA_ORIGINS=* for Ollama) send an
+    app's own origin, or "null" from a file:// page."""
+    srv = await api_server_factory(tokens=Tokens.make(ops="operator"), server={"cors_origins": ["*"]})
+    for origin in ("app://chatbox", "null", "https://anything.example"):
+        r = await preflight(srv, "/api/chat", origin)
+        assert r.status_code == 204 and r.headers["access-control-allow-origin"] == origin, origin
+    only_files = await api_server_factory(tokens=Tokens.make(ops="operator"), server={"cors_origins": ["null"]})
+    assert (await preflight(only_files, "/api/chat", "null")).status_code == 204
+    assert (await preflight(only_files, "/api/chat", "app://chatbox")).status_code == 403
+
+
+@pytest.mark.parametrize("origin", ["localhost:3000", "http://localhost:3000/app", "://x", "**x"])
 def test_an_entry_that_is_not_an_origin_is_a_config_error(tmp_path, fake_openai, origin: str) -> None:
     cfg_dir = server_config_dir(tmp_path, fake_openai, server={"cors_origins": [origin]})
     with pytest.raises(ConfigError) as e:
