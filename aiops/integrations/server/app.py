@@ -378,7 +378,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                                               "served")
         if not addressed_to_loopback(request.host):
             raise HttpError(403, "forbidden", f"no auth token is configured, so only requests addressed to a "
-                                              f"loopback name (localhost, 127.0.0.1, [::1]) are served, not "
+                                              f"loopback name (localhost, 127.0.0.1, [::1], this machine's name) are served, not "
                                               f"{request.host[:80]!r}; configure tokens to serve other names")
         ident = Identity(OPERATOR, f"loopback:{peer}", True)
     else:
