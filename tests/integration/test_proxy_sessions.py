@@ -740,3 +740,34 @@ async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_u
         if history and history[-1].role == "user":
             unanswered.append((n, [(m.role, m.content) for m in history]))
     assert unanswered == []
+
+
+async def test_a_non_streaming_answer_cut_by_a_shutdown_is_a_503_not_an_empty_answer(
+        api_server_factory: ApiServerFactory) -> None:
+    """A shutdown stops running turns; a non-streaming client must not take the (partial, here
+    empty) text for the whole answer. Each surface says so in its own shape, and the SDK is told
+    not to retry against a server that is going away."""
+    srv = await api_server_factory()
+    srv.fake.script(Reply.hang(), Reply.hang())
+    openai_client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x")
+    ollama_client = ollama.AsyncClient(host=srv.url, headers={"X-Aiops-Session": "cut-ollama"})
+    openai_call = asyncio.create_task(openai_client.chat.completions.create(
+        model="aiops", messages=[{"role": "user", "content": "a long job"}],
+        extra_headers={"X-Aiops-Session": "cut-openai"}))
+    ollama_call = asyncio.create_task(ollama_client.chat(
+        model="aiops", stream=False, messages=[{"role": "user", "content": "another long job"}]))
+    await srv.fake.wait_for_requests_async(2)
+    await srv.stop()
+    with pytest.raises(openai.APIStatusError) as cut:
+        await openai_call
+    assert cut.value.status_code == 503
+    assert cut.value.response.headers["x-should-retry"] == "false"
+    assert cut.value.response.headers["X-Aiops-Session"] == "cut-openai"
+    assert "shut down before the answer was done" in cut.value.message
+    with pytest.raises(ollama.ResponseError) as cut_ollama:
+        await ollama_call
+    assert cut_ollama.value.status_code == 503
+    assert "shut down before the answer was done" in cut_ollama.value.error
+    assert len(srv.fake.requests) == 2  # neither client retried
+    await openai_client.close()
+    await ollama_client.__aexit__(None, None, None)

@@ -43,6 +43,7 @@ from aiops.integrations.server.proxy_sessions import (
     StartedTurn,
     answer_background_task,
     cancel_turn,
+    check_not_cut_by_shutdown,
     conversation_id,
     find_model,
     install,
@@ -408,6 +409,7 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
     if result.status == "error":
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
+    check_not_cut_by_shutdown(request, result, started.session_id)
     resp = web.json_response(shape.final(result.text, result.usage.counts() if result.usage else None,
                                          result.finish_reason or "stop"))
     resp.headers[SESSION_HEADER] = started.session_id

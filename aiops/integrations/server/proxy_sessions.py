@@ -44,7 +44,7 @@ from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
-from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, HttpError
+from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError
 from aiops.integrations.server.owners import Caller, caller, claim, forbidden, owner_of
 
 log = logging.getLogger(__name__)
@@ -190,6 +190,15 @@ def turn_error(request: web.Request, error: dict[str, Any] | None, default_code:
     message = shown_to(caller(request), str(err.get("message", "the turn failed")),
                        configured_hosts(request.app[ENGINE_KEY]))
     return str(err.get("code", default_code)), message
+
+
+def check_not_cut_by_shutdown(request: web.Request, result: TurnResult, session_id: str) -> None:
+    """A non-streaming answer that a shutdown stopped is a 503, not a 200 whose (partial, often
+    empty) text looks like the whole answer. The partial answer stays recorded in the session."""
+    if result.status == "cancelled" and request.app[STATE_KEY].closing:
+        raise HttpError(503, "shutting_down", "the server shut down before the answer was done; the "
+                        "partial answer is kept in the session", headers={SESSION_HEADER: session_id,
+                                                                          "x-should-retry": "false"})
 
 
 # ---- status lines and text normalisation ---------------------------------------------------------------
