@@ -309,6 +309,29 @@ async def test_an_operator_may_continue_a_client_conversation_and_a_client_may_n
     assert [m["content"] for m in planted if m["role"] == "user"] == ["planted"]
 
 
+async def test_a_client_token_cannot_take_another_clients_conversation_name_through_the_api(
+        api_server_factory: ApiServerFactory) -> None:
+    """bot2 creating `bot:user-alice` through /api/v1 would own it, and lock bot's proxy conversation
+    for `user: alice` out with a 403. Ids with ':' belong to the token they name."""
+    srv = await two_clients(api_server_factory)
+    async with srv.client("bot2") as bot2, srv.client("bot") as bot, srv.client("ops") as ops:
+        with pytest.raises(AgentError) as e:
+            await bot2.submit("squatting", client_id="bot:user-alice")
+        assert (e.value.status, e.value.code) == (403, "reserved_id")
+        assert "'bot2:'" in e.value.message
+        assert await ops.sessions() == []  # nothing was created
+        # Its own namespace, and names without ':', stay open to it; bot uses its own likewise.
+        assert (await bot2.send("mine", client_id="bot2:notes", timeout=30))["status"] == "complete"
+        assert (await bot2.send("plain", client_id="plain-name", timeout=30))["status"] == "complete"
+        assert (await bot.send("via api", client_id="bot:from-api", timeout=30))["status"] == "complete"
+        # The operator names anything.
+        assert (await ops.send("ops", client_id="bot2:ops-made", timeout=30))["status"] == "complete"
+    async with httpx.AsyncClient() as h:
+        r = await h.post(srv.url + "/v1/chat/completions", headers=srv.headers("bot"), json={
+            "model": "aiops", "user": "alice", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.headers["x-aiops-session"] == "bot:user-alice"
+
+
 # ---- across a restart, against `aiops serve` -------------------------------------------------------------
 
 

@@ -44,6 +44,7 @@ from aiops.integrations.server.owners import (
     Caller,
     caller,
     check_access,
+    check_name_free,
     claim,
     forbidden,
     owner_of,
@@ -326,6 +327,7 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
         # A message that starts a turn: its new session is created owned before anything runs, so
         # even the first event on a stream that subscribed early is known to be its own. (A
         # message of only `!commands`, or one asking for a model that is refused, creates none.)
+        check_name_free(who, client_id)
         await claim(engine, client_id, who, kind="api", model=body.model)
     return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
 

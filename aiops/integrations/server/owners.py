@@ -10,6 +10,8 @@ before ownership was recorded) are operator-only.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -34,6 +36,34 @@ def caller(request: web.Request) -> Caller:
 
 def owner_of(live: LiveSession) -> str | None:
     return live.row.owner
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:@-]")
+
+
+def safe_name(value: str, limit: int = 80) -> str:
+    """`value` as a piece of a session id; a changed or shortened one gets a hash of the original,
+    so two values never share a name."""
+    clean = _UNSAFE.sub("_", value.strip())[:limit]
+    if clean != value.strip():
+        clean += "-" + hashlib.sha256(value.encode()).hexdigest()[:8]
+    return clean
+
+
+def namespace(who: Caller) -> str:
+    """The prefix of the session names a client token chooses (`<token>:`, e.g. its proxy
+    conversations); operators, who may use every session anyway, name sessions directly."""
+    return "" if who.operator else safe_name(who.principal, 40) + ":"
+
+
+def check_name_free(who: Caller, ref: str) -> None:
+    """403 when a client token would create a session in another token's namespace: `webui:user-bob`
+    made through /api/v1 by another client token would lock webui's proxy conversation out."""
+    own = namespace(who)
+    if own and ":" in ref and not ref.startswith(own):
+        raise HttpError(403, "reserved_id",
+                        f"session id {ref[:40]!r} is reserved: an id with ':' names another client's "
+                        f"conversations; a new session of this token may use ':' only after {own!r}")
 
 
 def forbidden(ref: str) -> HttpError:

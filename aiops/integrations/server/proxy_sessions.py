@@ -45,7 +45,7 @@ from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError
-from aiops.integrations.server.owners import Caller, caller, claim, forbidden, owner_of
+from aiops.integrations.server.owners import Caller, caller, claim, forbidden, namespace, owner_of, safe_name
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +370,6 @@ class _Seen:
 # ---- identity ---------------------------------------------------------------------------------------
 
 
-_SAFE_ID = re.compile(r"[^A-Za-z0-9._:@-]")
 # The API's client-id pattern: a fork's id (`<root>+2`) can be sent back as it was received.
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 
@@ -387,11 +386,6 @@ def _fitted(root: str) -> str:
     return root[:_ROOT_MAX - 9] + "-" + hashlib.sha256(root.encode()).hexdigest()[:8]
 
 
-def _safe(value: str, limit: int = 80) -> str:
-    clean = _SAFE_ID.sub("_", value.strip())[:limit]
-    if clean != value.strip():
-        clean += "-" + hashlib.sha256(value.encode()).hexdigest()[:8]
-    return clean
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,19 +398,13 @@ class ConversationId:
         return self.source == "header"
 
 
-def _namespace(who: Caller) -> str:
-    """The prefix of a client token's conversation names; operators (who may use every session
-    anyway) name sessions directly."""
-    return "" if who.operator else _safe(who.principal, 40) + ":"
-
-
 def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
                     user: str | None = None) -> ConversationId:
     """The conversation's root session id. Names a client chose (header, chat id, `user`) are
     namespaced by a client token's name, so one client token cannot continue another's
     conversation by naming it; a name already carrying the caller's namespace (a session id the
     server sent back) is taken as it is."""
-    ns = _namespace(caller(request))
+    ns = namespace(caller(request))
     header = request.headers.get(SESSION_HEADER, "").strip()
     if header:
         if not _SESSION_ID.match(header) or header.isdigit():
@@ -434,9 +422,9 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
         return ConversationId(root, "header")
     chat = request.headers.get(OPENWEBUI_CHAT_HEADER, "").strip()
     if chat:
-        return ConversationId(_fitted(ns + "owui-" + _safe(chat)), "openwebui")
+        return ConversationId(_fitted(ns + "owui-" + safe_name(chat)), "openwebui")
     if user and user.strip():
-        return ConversationId(_fitted(ns + "user-" + _safe(user)), "user")
+        return ConversationId(_fitted(ns + "user-" + safe_name(user)), "user")
     h = hashlib.sha256(str(request.get("principal") or f"addr:{request.remote}").encode())
     first_user = next((m.text for m in messages if m.role == "user"), "")
     # Not the system message: chat UIs fill it from templates ({{CURRENT_DATETIME}}) that change
