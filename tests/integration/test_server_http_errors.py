@@ -530,3 +530,79 @@ async def test_a_malformed_request_is_a_400_and_one_log_line_without_its_bytes(
         assert r.getMessage().startswith("malformed HTTP request from 127.0.0.1 (400):"), r.getMessage()
     assert secret not in caplog.text and "Traceback" not in caplog.text
     await still_serving(srv, tokens.header("ops"))
+
+
+_SURFACES = [  # path, a valid body, extra headers: each surface once
+    ("/api/v1/submit", b'{"text": "%s", "client_id": "api-enc"}', {}),
+    ("/v1/chat/completions", b'{"model": "aiops", "messages": [{"role": "user", "content": "%s"}]}',
+     {"X-Aiops-Session": "enc-v1"}),
+    ("/api/chat", b'{"model": "aiops", "stream": false, "messages": [{"role": "user", "content": "%s"}]}',
+     {"X-Aiops-Session": "enc-ollama"}),
+]
+
+
+def _message(body: Any) -> str:
+    err = body["error"]
+    return err if isinstance(err, str) else err["message"]
+
+
+async def test_a_body_whose_content_encoding_does_not_decode_is_a_400_without_a_traceback(
+        api_server: ApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Corrupt gzip or deflate was a 500 and two ERROR tracebacks per request: any caller could
+    fill the log with them."""
+    import gzip
+
+    caplog.set_level(logging.DEBUG)
+    bodies = {"gzip": b"\x1f\x8b\x08\x00garbage-not-gzip", "deflate": b"\x78\x9cgarbage-not-deflate"}
+    for path, template, headers in _SURFACES:
+        for encoding, raw in [*bodies.items(), ("gzip", gzip.compress(template % b"hi") + b"junk")]:
+            status, body, _ = await call(api_server, "POST", path, data=raw, headers={
+                "Content-Type": "application/json", "Content-Encoding": encoding, **headers})
+            assert status == 400, (path, encoding, body)
+            assert f"the request body could not be decoded (Content-Encoding: {encoding})" in _message(body)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "Traceback" not in caplog.text
+    # A body that does decode is taken as the JSON it holds.
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit", data=gzip.compress(
+        b'{"text": "zipped", "wait": true}'), headers={"Content-Type": "application/json",
+                                                       "Content-Encoding": "gzip"})
+    assert (status, body["text"]) == (200, "echo: zipped")
+    await still_serving(api_server)
+
+
+async def test_utf8_encoded_surrogates_are_invalid_utf8_on_every_surface(api_server: ApiServer) -> None:
+    """Bytes ED A0 80 (a surrogate written out as CESU-8/WTF-8 do) are not UTF-8: they were taken
+    as a lone surrogate and the proxies failed with a 500 hashing it."""
+    for path, template, headers in _SURFACES:
+        status, body, _ = await call(api_server, "POST", path, data=template % b"hi \xed\xa0\x80",
+                                     headers={"Content-Type": "application/json", **headers})
+        assert status == 400 and _message(body) == "malformed JSON body: not valid UTF-8", (path, body)
+        if path.startswith("/api/v1"):
+            assert body["error"]["code"] == "invalid_json"
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions")
+    assert status == 200 and body["sessions"] == []
+    await still_serving(api_server)
+
+
+async def test_a_chat_id_header_that_is_not_utf8_names_a_session_of_its_own(api_server: ApiServer) -> None:
+    """Open WebUI's chat id in Latin-1 ("chat-été") was a 500; now it names a session like any other
+    id with characters outside an id's, and two such ids never share one."""
+    ids = []
+    first = b'{"role": "user", "content": "hi"}'
+    more = first + b', {"role": "assistant", "content": "echo: hi"}, {"role": "user", "content": "more"}'
+    for raw_id, messages in ((b"chat-\xe9t\xe9", first), (b"chat-\xe8t\xe8", first), (b"chat-\xe9t\xe9", more)):
+        reader, writer = await asyncio.open_connection("127.0.0.1", api_server.handle.port)
+        body = b'{"model": "aiops", "messages": [' + messages + b"]}"
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"X-OpenWebUI-Chat-Id: " + raw_id + b"\r\nConnection: close\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        async with asyncio.timeout(30):
+            response = await reader.read()
+        writer.close()
+        head = response.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+        assert head.startswith("HTTP/1.1 200"), response[:300]
+        ids.append(next(line.split(": ", 1)[1] for line in head.split("\r\n")
+                        if line.lower().startswith("x-aiops-session:")))
+    assert ids[0].startswith("owui-chat-_t_-") and ids[1].startswith("owui-chat-_t_-")
+    assert ids[0] != ids[1] and ids[2] == ids[0]  # the same chat continues in its session

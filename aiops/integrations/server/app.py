@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from aiohttp.web_exceptions import NotAppKeyWarning
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from aiops.config import Config
@@ -228,6 +229,12 @@ async def read_body(request: web.Request) -> bytes:
     except TimeoutError:
         raise HttpError(408, "request_timeout",
                         f"the request body did not arrive within {timeout:g} s") from None
+    except RequestPayloadError as e:
+        # A Content-Encoding (gzip, deflate, br) whose data does not decode: the client's fault.
+        cause = e.__cause__ or e
+        raise HttpError(400, "invalid_body", f"the request body could not be decoded "
+                        f"(Content-Encoding: {request.headers.get('Content-Encoding', 'none')}): "
+                        f"{getattr(cause, 'message', None) or cause}") from None
 
 
 # A `\uD800`-`\uDFFF` escape: json.loads turns a pair of them into one character, but leaves a
@@ -273,7 +280,9 @@ async def read_json(request: web.Request) -> Any:
     try:
         # As json.loads(raw) does, with one decoder made once (json.loads with an option builds one
         # per call, on every request's path).
-        data = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+        # Strict, unlike json.loads' "surrogatepass": encoded surrogates (CESU-8, WTF-8) are not
+        # UTF-8, and no encoder after this one (SQLite's, hashlib's) would accept them.
+        data = _DECODER.decode(raw.decode(json.detect_encoding(raw)))
     except _NotJson as e:
         raise HttpError(400, "invalid_json", f"malformed JSON body: {e} is not JSON (a number must be "
                                              f"finite)") from None

@@ -46,7 +46,9 @@ def safe_name(value: str, limit: int = 80) -> str:
     so two values never share a name."""
     clean = _UNSAFE.sub("_", value.strip())[:limit]
     if clean != value.strip():
-        clean += "-" + hashlib.sha256(value.encode()).hexdigest()[:8]
+        # surrogatepass: a header's non-UTF-8 bytes reach us as lone surrogates (aiohttp decodes
+        # with surrogateescape); they are "_" in the name and still tell two values apart here.
+        clean += "-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     return clean
 
 
