@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -735,6 +736,23 @@ def test_aiops_serve_answers_and_exits_cleanly_on_sigterm(aiops_serve: ServeProc
     status, body = _post(aiops_serve.url + "/api/v1/submit", {"text": "hi", "wait": True})
     assert (status, body["status"], body["text"]) == (200, "complete", "hello from a subprocess")
     assert aiops_serve.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize(("sig", "delays"), [(signal.SIGTERM, (0.02, 0.05, 0.1)), (signal.SIGINT, (0.05,))])
+def test_a_second_signal_during_the_stop_still_exits_0(aiops_serve_factory: ServeFactory, sig: int,
+                                                         delays: tuple[float, ...]) -> None:
+    """Ctrl-C pressed twice, or a service manager repeating its SIGTERM: the stop goes on and the
+    exit stays clean. (The second signal used to kill the process when it came as the stop ended.)"""
+    for delay in delays:
+        serve = aiops_serve_factory()
+        serve.fake.script(Reply.hang())  # type: ignore[union-attr]
+        assert _post(serve.url + "/api/v1/submit", {"text": "a long job"})[0] == 202
+        serve.fake.wait_for_requests(1)  # type: ignore[union-attr]
+        serve.proc.send_signal(sig)
+        time.sleep(delay)
+        serve.proc.send_signal(sig)  # a no-op once the process has exited
+        assert serve.proc.wait(30) == 0, (delay, serve.stderr)
+        assert "Traceback" not in serve.stderr
 
 
 async def test_shutdown_cancels_running_turns_cleanly_and_loses_nothing(

@@ -294,8 +294,8 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
         await handle.close_listeners()
         await engine.stop()
         await handle.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        # The handlers stay until the loop closes: a second signal during the stop only sets
+        # `stopping` again (see serve for the rest of the exit).
     log.info("stopped")
     return 0
 
@@ -314,4 +314,8 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     try:
         return asyncio.run(_serve(cfg, host, port, lock))
     finally:
+        # Stopped (or failed) already: a second Ctrl-C, or a service manager's repeated SIGTERM,
+        # arriving during the last of the exit must not turn it into a killed process.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         lock.release()
