@@ -830,4 +830,9 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
         log.info("console closed after %.0f s", time.monotonic() - started)
         return code or 0
     finally:
+        # Closed already: a second SIGTERM (a service manager repeating itself) or SIGHUP (the
+        # terminal going as it closes) during the last of the exit must not make it a killed one.
+        for name in ("SIGTERM", "SIGHUP"):
+            if (sig := getattr(signal, name, None)) is not None:
+                signal.signal(sig, signal.SIG_IGN)
         lock.release()
