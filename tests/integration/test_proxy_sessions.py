@@ -771,3 +771,27 @@ async def test_a_non_streaming_answer_cut_by_a_shutdown_is_a_503_not_an_empty_an
     assert len(srv.fake.requests) == 2  # neither client retried
     await openai_client.close()
     await ollama_client.__aexit__(None, None, None)
+
+
+async def test_a_refused_at_model_is_a_400_on_both_surfaces_and_leaves_no_session(api_server: ApiServer) -> None:
+    """`@nope hi` was answered as a failed turn (502 on /v1, 500 on /api/chat, or an error chunk),
+    and left an empty proxy session in the console's list."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0)
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(model="aiops", stream=stream,
+                                                 messages=[{"role": "user", "content": "@nope hi"}])
+        assert e.value.code == "unknown_model" and "unknown model 'nope'; models: local" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        await client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "@local"}])
+    assert "@local needs a prompt after it" in e.value.message
+    async with ollama.AsyncClient(host=api_server.url) as ollama_client:
+        with pytest.raises(ollama.ResponseError) as refused:
+            await ollama_client.chat(model="aiops", messages=[{"role": "user", "content": "@nope hi"}])
+    assert refused.value.status_code == 400 and "unknown model 'nope'" in refused.value.error
+    assert await sessions(api_server) == {}
+    # A model that exists runs the turn on it, as before.
+    reply = await client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "@local hi"}])
+    assert reply.choices[0].message.content == "echo: hi"
+    assert len(await sessions(api_server)) == 1
+    await client.close()

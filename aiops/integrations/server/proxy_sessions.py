@@ -38,6 +38,7 @@ from aiohttp import web
 
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
+from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
@@ -478,6 +479,20 @@ async def _cancel_accepted(engine: Engine, session_id: str, submit: asyncio.Futu
     await cancel_turn(engine, session_id, turn, "the client disconnected")
 
 
+def _check_turn_model(engine: Engine, text: str) -> None:
+    """A leading `@model` the engine would refuse is the request's fault (400), and is refused
+    before a session is made for it: the engine's answer came as a 502/500 and left an empty one."""
+    parsed = parse_input(text, engine.commands.raw_names())
+    if parsed.model is None:
+        return
+    if not parsed.text and not parsed.commands:
+        raise HttpError(400, "invalid_request", f"@{parsed.model} needs a prompt after it",
+                        param="messages")
+    if why := engine.check_model(parsed.model):
+        code = "unknown_model" if parsed.model not in engine.config.models.models else "model_disabled"
+        raise HttpError(400, code, why, param="messages")
+
+
 class ProxySessions:
     """Maps conversations to sessions; one lock per conversation root serialises resolution."""
 
@@ -538,6 +553,7 @@ class ProxySessions:
         submit the new message. Sessions `who` may not use are never continued; new ones are
         owned by `who`."""
         check_conversation(messages)
+        _check_turn_model(self.engine, messages[-1].text)
         await self._load_index()
         lock = await self._lock(conv.root)
         try:
