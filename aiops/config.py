@@ -181,6 +181,17 @@ class TokenConfig(_Strict):
 class AuthConfig(_Strict):
     tokens: dict[str, TokenConfig] = Field(default_factory=dict)
 
+    @field_validator("tokens")
+    @classmethod
+    def _names_without_colon(cls, tokens: dict[str, TokenConfig]) -> dict[str, TokenConfig]:
+        # A client token's conversations are named `<token>:<name>`; with ':' in token names,
+        # `team`'s namespace would hold `team:web`'s.
+        for name in tokens:
+            if ":" in name or not name.strip():
+                raise ValueError(f"token name {name!r}: use a non-empty name without ':' (a client "
+                                 f"token's sessions are named '<token>:…')")
+        return tokens
+
 
 class ConsoleConfig(_Strict):
     bell: bool = True

@@ -115,3 +115,14 @@ def test_an_extra_port_out_of_range_is_refused_naming_file_and_key(tmp_path, por
     with pytest.raises(ConfigError) as e:
         load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
     assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and "server.extra_ports" in str(e.value)
+
+
+@pytest.mark.parametrize("name", ['"team:web"', '" "'])
+def test_a_token_name_with_a_colon_is_refused_naming_file_and_key(tmp_path, name):
+    """A client token's sessions are named `<token>:…`: token `team` would own `team:web`'s."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "aiops.toml").write_text(f'[auth.tokens.{name}]\ntoken_env = "T"\nrole = "client"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and "auth.tokens" in str(e.value)
+    assert "without ':'" in str(e.value)
