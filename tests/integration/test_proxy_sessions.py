@@ -768,7 +768,6 @@ async def test_a_non_streaming_answer_cut_by_a_shutdown_is_a_503_not_an_empty_an
         await ollama_call
     assert cut_ollama.value.status_code == 503
     assert "shut down before the answer was done" in cut_ollama.value.error
-    assert len(srv.fake.requests) == 2  # neither client retried
     await openai_client.close()
     await ollama_client.__aexit__(None, None, None)
 

@@ -145,7 +145,8 @@ def error_body(surface: Surface, err: HttpError) -> dict[str, Any]:
 
 # The openai SDK retries a 409 or a 5xx twice by default. A proxied turn that failed has run, its
 # tools included, and a retry would look like a regenerated message: it would run again, in a fork.
-# `x-should-retry: false` is the SDK's own switch; 408, 429 and 503 (nothing ran) stay retryable.
+# `x-should-retry: false` is the SDK's own switch; 408, 429 and 503 `unavailable` (nothing ran)
+# stay retryable. (A 503 `shutting_down`, a turn the shutdown cut, sets the header itself.)
 _NO_RETRY = frozenset({409, 500, 502})
 
 
@@ -239,7 +240,7 @@ async def read_body(request: web.Request) -> bytes:
 
 # A `\uD800`-`\uDFFF` escape: json.loads turns a pair of them into one character, but leaves a
 # lone one as a surrogate, which no UTF-8 encoder (SQLite's, hashlib's, a socket's) accepts.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _lone_surrogate(value: Any) -> bool:
@@ -277,12 +278,13 @@ async def read_json(request: web.Request) -> Any:
     raw = await read_body(request)
     if not raw.strip():
         raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
+    encoding = json.detect_encoding(raw)  # UTF-8, or UTF-16/32 by their BOM or NUL bytes, as json.loads
     try:
-        # As json.loads(raw) does, with one decoder made once (json.loads with an option builds one
-        # per call, on every request's path).
         # Strict, unlike json.loads' "surrogatepass": encoded surrogates (CESU-8, WTF-8) are not
-        # UTF-8, and no encoder after this one (SQLite's, hashlib's) would accept them.
-        data = _DECODER.decode(raw.decode(json.detect_encoding(raw)))
+        # Unicode, and no encoder after this one (SQLite's, hashlib's) would accept them.
+        text = raw.decode(encoding)
+        # One decoder made once: json.loads with an option builds one per call.
+        data = _DECODER.decode(text)
     except _NotJson as e:
         raise HttpError(400, "invalid_json", f"malformed JSON body: {e} is not JSON (a number must be "
                                              f"finite)") from None
@@ -291,14 +293,15 @@ async def read_json(request: web.Request) -> Any:
         raise HttpError(400, "invalid_json", f"malformed JSON body: {e.msg.removesuffix(' at')} at line "
                                              f"{e.lineno} column {e.colno}") from None
     except UnicodeDecodeError:
-        raise HttpError(400, "invalid_json", "malformed JSON body: not valid UTF-8") from None
+        name = encoding.upper().removesuffix("-SIG")  # "UTF-8", "UTF-16-LE", …
+        raise HttpError(400, "invalid_json", f"malformed JSON body: not valid {name}") from None
     except ValueError:
         # The only other ValueError of json.loads: an integer past Python's conversion limit.
         raise HttpError(400, "invalid_json", f"malformed JSON body: a number has more than "
                                              f"{sys.get_int_max_str_digits()} digits") from None
     except RecursionError:
         raise HttpError(400, "invalid_json", "malformed JSON body: arrays or objects nested too deeply") from None
-    if _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(data):
+    if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(data):
         raise HttpError(400, "invalid_json", "malformed JSON body: a string holds an unpaired UTF-16 "
                                              "surrogate escape (\\uD800-\\uDFFF), which is not valid Unicode")
     return data

@@ -50,17 +50,16 @@ class MalformedRequestFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        quiet = False
         if isinstance(exc, RequestPayloadError) and isinstance(exc.__cause__, HttpProcessingError):
-            # A body that does not decode (bad gzip): the handler answered 400 already, and aiohttp
-            # logs it once more as it drains the rest of the body.
-            exc, quiet = exc.__cause__, True
+            # A body that does not decode (bad gzip): the handler answered 400 already; this is
+            # aiohttp failing again as it drains the rest of the body. Nothing to add.
+            return False
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
             first = next((line.strip() for line in exc.message.splitlines() if line.strip()), "")
             first = first.rstrip(":").strip()
             fault = first if _FAULT.fullmatch(first) else type(exc).__name__
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-            level = min(record.levelno, logging.DEBUG if quiet else logging.INFO)
+            level = min(record.levelno, logging.INFO)
             record.levelno, record.levelname = level, logging.getLevelName(level)
             record.msg, record.args = "malformed HTTP request from %s (%d): %s", (remote, exc.code, fault)
             record.exc_info = record.exc_text = None
