@@ -108,21 +108,16 @@ def test_config_paths_prints_the_lock_file_and_the_users_prompt_tree(tmp_path, c
     assert f"lock file      {lock}  (free" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("ports", ["[70000]", "[0]", "[-1]"])
-def test_an_extra_port_out_of_range_is_refused_naming_file_and_key(tmp_path, ports):
+@pytest.mark.parametrize(("toml", "key", "says"), [
+    *[(f"[server]\nextra_ports = {ports}\n", "server.extra_ports", "") for ports in ("[70000]", "[0]", "[-1]")],
+    # A client token's sessions are named `<token>:…`: token `team` would own `team:web`'s.
+    *[(f'[auth.tokens.{name}]\ntoken_env = "T"\nrole = "client"\n', "auth.tokens", "without ':'")
+      for name in ('"team:web"', '" "')],
+])
+def test_a_bad_server_setting_is_refused_naming_file_and_key(tmp_path, toml, key, says):
     (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "aiops.toml").write_text(f"[server]\nextra_ports = {ports}\n")
+    (tmp_path / "cfg" / "aiops.toml").write_text(toml)
     with pytest.raises(ConfigError) as e:
         load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
-    assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and "server.extra_ports" in str(e.value)
-
-
-@pytest.mark.parametrize("name", ['"team:web"', '" "'])
-def test_a_token_name_with_a_colon_is_refused_naming_file_and_key(tmp_path, name):
-    """A client token's sessions are named `<token>:…`: token `team` would own `team:web`'s."""
-    (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "aiops.toml").write_text(f'[auth.tokens.{name}]\ntoken_env = "T"\nrole = "client"\n')
-    with pytest.raises(ConfigError) as e:
-        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
-    assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and "auth.tokens" in str(e.value)
-    assert "without ':'" in str(e.value)
+    assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and key in str(e.value)
+    assert says in str(e.value)
