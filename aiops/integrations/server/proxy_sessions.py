@@ -387,8 +387,6 @@ def _fitted(root: str) -> str:
     return root[:_ROOT_MAX - 9] + "-" + hashlib.sha256(root.encode()).hexdigest()[:8]
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class ConversationId:
     root: str  # session id of the conversation's first session; forks are root+N
