@@ -30,6 +30,7 @@ from aiops.integrations.server.app import (
     AUTHENTICATED_KEY,
     CONFIG_KEY,
     HttpError,
+    check_model,
     get_config,
     get_engine,
     mark_public,
@@ -290,9 +291,8 @@ async def _session_info(engine: Engine, live: LiveSession) -> SessionInfo:
 async def submit(request: web.Request) -> web.Response:
     body = await parse_body(request, SubmitRequest)
     engine = get_engine(request)
-    if body.model is not None and (why := engine.check_model(body.model)):
-        code = "unknown_model" if body.model not in engine.config.models.models else "model_disabled"
-        raise HttpError(400, code, why, param="model")
+    if body.model is not None:
+        check_model(engine, body.model, "model")
     who = caller(request)
     if body.client_id is not None and is_short_id(body.client_id):
         client_id = (await _live(engine, body.client_id, who)).id  # a shorthand id names an existing session

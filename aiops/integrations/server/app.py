@@ -190,6 +190,13 @@ def get_engine(request: web.Request) -> Engine:
     return request.app[ENGINE_KEY]
 
 
+def check_model(engine: Engine, key: str, param: str) -> None:
+    """400 `unknown_model` / `model_disabled` (the engine's words) unless `key` may run a turn."""
+    if why := engine.check_model(key):
+        code = "unknown_model" if key not in engine.config.models.models else "model_disabled"
+        raise HttpError(400, code, why, param=param)
+
+
 def get_config(request: web.Request) -> Config:
     return request.app[CONFIG_KEY]
 

@@ -45,7 +45,7 @@ from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
-from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError
+from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError, check_model
 from aiops.integrations.server.owners import Caller, caller, claim, forbidden, namespace, owner_of, safe_name
 
 log = logging.getLogger(__name__)
@@ -486,9 +486,7 @@ def _check_turn_model(engine: Engine, text: str) -> None:
     if not parsed.text and not parsed.commands:
         raise HttpError(400, "invalid_request", f"@{parsed.model} needs a prompt after it",
                         param="messages")
-    if why := engine.check_model(parsed.model):
-        code = "unknown_model" if parsed.model not in engine.config.models.models else "model_disabled"
-        raise HttpError(400, code, why, param="messages")
+    check_model(engine, parsed.model, "messages")
 
 
 class ProxySessions:
