@@ -73,6 +73,8 @@ class LiveSession:
     current: Turn | None = None
     worker: asyncio.Task[None] | None = None
     pins: int = 0
+    # Set while Engine.delete_session runs: done when the session is gone from memory and store.
+    deleting: asyncio.Future[None] | None = None
     _history: list[Message] | None = None
     _history_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -84,7 +86,8 @@ class LiveSession:
     def idle(self) -> bool:
         """Nothing running, queued or in hand: dropping it from memory loses nothing."""
         return (self.current is None and not self.queue and self.pins == 0 and self.state == "idle"
-                and (self.worker is None or self.worker.done()) and not self._history_lock.locked())
+                and (self.worker is None or self.worker.done()) and not self._history_lock.locked()
+                and self.deleting is None)
 
     def model_key(self, engine: Engine) -> str:
         key = self.row.model
@@ -332,7 +335,18 @@ class Engine:
                       model: str | None = None, meta: dict[str, Any] | None = None) -> LiveSession | None:
         """A live session by full or shorthand id; created when asked and missing (with `model`,
         which must be a usable model key: a session must not store one it cannot run on, and
-        with `meta`, written in the same transaction: an existing session's is left alone)."""
+        with `meta`, written in the same transaction: an existing session's is left alone).
+
+        A session being deleted is waited for: what comes after the delete finds no such session
+        (or a new one, when asked to create it), never the one going away."""
+        live = await self._session(ref, kind=kind, create=create, model=model, meta=meta)
+        if live is not None and live.deleting is not None:
+            await asyncio.shield(live.deleting)
+            live = await self._session(ref, kind=kind, create=create, model=model, meta=meta)
+        return live
+
+    async def _session(self, ref: str, *, kind: str, create: bool, model: str | None,
+                       meta: dict[str, Any] | None) -> LiveSession | None:
         live = self._sessions.get(ref)
         if live is not None:
             self._sessions.move_to_end(ref)
@@ -456,21 +470,29 @@ class Engine:
         return await self.store.history_page(live.id, limit=limit, before_id=before_id)
 
     async def delete_session(self, ref: str) -> bool:
-        live = await self.session(ref)
+        live = await self.session(ref)  # (a delete in progress is waited for: then it is gone)
         if live is None:
             return False
-        # Its gates first, so that they (and an operator answering one late) say why they closed.
-        self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
-        self.stop_turn(live.id, clear_queue=True)
-        if live.current and live.current.task:
-            await asyncio.wait([live.current.task], timeout=10)
-        self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
-        self._sessions.pop(live.id, None)
+        # Marked first: a message sent meanwhile waits for the deletion and starts a new session
+        # of that id, and a turn queued here just before never runs on a session going away.
+        live.deleting = asyncio.get_running_loop().create_future()
         try:
-            ok = await self.store.delete_session(live.id)
+            # Its gates first, so that they (and an operator answering one late) say why they closed.
+            self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
+            self.stop_turn(live.id, clear_queue=True)
+            if live.current and live.current.task:
+                await asyncio.wait([live.current.task], timeout=10)
+            self.gatekeeper.broker.cancel_session(live.id, by=SESSION_DELETED)
+            try:
+                ok = await self.store.delete_session(live.id)
+            finally:
+                # In memory until the row is gone: a lookup in between would admit a second copy.
+                if self._sessions.get(live.id) is live:
+                    del self._sessions[live.id]
+                self._history_changed(live.id)
+                await self.gatekeeper.forget_session(live.id)
         finally:
-            self._history_changed(live.id)
-            await self.gatekeeper.forget_session(live.id)
+            live.deleting.set_result(None)
         deleted = {"change": "deleted", "client_id": live.id, "short_id": live.row.short_id}
         if self._commanding.get(live.id):
             self._deletions[live.id] = deleted  # announced when the commands' message is answered
@@ -682,6 +704,10 @@ class Engine:
 
     async def _worker(self, live: LiveSession) -> None:
         while live.queue:
+            if live.deleting is not None:
+                # Queued by a submit that had the session in hand as the delete began.
+                self.drop_queued_turn(live, live.queue[0])
+                continue
             turn = live.queue.popleft()
             live.current = turn
             runner = TurnRunner(self, live, turn)
@@ -699,6 +725,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001
                 log.exception("turn crashed")
                 result = TurnResult(turn.id, "error", "", {"code": "internal_error", "message": str(e)})
+                # `done` ends every turn: a client waiting on this one must hear that it ended.
+                self.bus.publish(ev.DONE, live.id, {"text": "", "status": "error", "error": result.error,
+                                                    "model": turn.model or live.model_key(self)}, turn.id)
             if not turn.future.done():
                 turn.future.set_result(result)
             live.current = None

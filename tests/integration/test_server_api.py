@@ -27,7 +27,7 @@ from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -837,3 +837,69 @@ def test_the_server_modules_never_import_textual() -> None:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'textual' or m.startswith('aiops.tui')); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
+
+
+class SlowStopPlugin(Plugin):
+    """A read tool that runs until cancelled, then takes a moment to wind down (as a database
+    query being killed does): the window in which a delete waits for the turn to end."""
+
+    name = "slowstop"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = asyncio.Event()
+        self.winding_down = asyncio.Event()
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def slow_job(args: NoteArgs, ctx: ToolContext) -> str:
+            self.running.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.winding_down.set()
+                await asyncio.sleep(0.5)
+                raise
+            return "done"
+
+        api.register_tool(Tool("slow_job", "A long job", NoteArgs, "slowstop", slow_job, operation="read"))
+
+
+async def test_a_message_sent_while_its_session_is_being_deleted_goes_to_a_new_session(
+        api_server_factory: ApiServerFactory) -> None:
+    """While DELETE waits for the running turn to end, a new message to that id was queued on the
+    session going away: it then crashed ("no session") with no `done`, so a proxy stream hung and a
+    waited submit got internal_error. It now waits for the delete and starts the id afresh."""
+    import openai
+
+    for surface in ("api", "proxy"):
+        plugin = SlowStopPlugin()
+        srv = await api_server_factory(plugins=[plugin], extra_files={"plugins.toml": "[slowstop]\nenabled = true\n"})
+        srv.fake.responder = call_tool_when("slow job", ("slow_job", {"text": ""}))
+        sid = f"{surface}-doomed"
+        proxy = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        async with srv.client() as agent:
+            if surface == "api":
+                await agent.submit("start the slow job", client_id=sid)
+            else:
+                first = asyncio.create_task(proxy.chat.completions.create(
+                    model="aiops", messages=[{"role": "user", "content": "start the slow job"}],
+                    extra_headers={"X-Aiops-Session": sid}))
+            await asyncio.wait_for(plugin.running.wait(), 10)
+            deleting = asyncio.create_task(agent.delete_session(sid))
+            await asyncio.wait_for(plugin.winding_down.wait(), 10)
+            async with asyncio.timeout(15):  # it hung for good
+                if surface == "api":
+                    result = await agent.send("are you there?", client_id=sid, timeout=10)
+                    assert (result["status"], result["text"]) == ("complete", "echo: are you there?"), result
+                else:
+                    reply = await proxy.chat.completions.create(
+                        model="aiops", stream=True, messages=[{"role": "user", "content": "are you there?"}],
+                        extra_headers={"X-Aiops-Session": sid})
+                    text = "".join([c.choices[0].delta.content or "" async for c in reply])
+                    assert text == "echo: are you there?"
+                    await first
+                assert (await deleting)["deleted"] is True
+            messages = (await agent.session(sid))["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [
+            ("user", "are you there?"), ("assistant", "echo: are you there?")], surface
+        await proxy.close()
