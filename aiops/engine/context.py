@@ -14,6 +14,14 @@ INCOMPLETE_REPLY = {
     "cancelled": "[this reply was cut off: the user stopped it before it was complete]",
     "error": "[this reply was cut off: the model's stream failed before it was complete]",
 }
+# Stands in for the reply a message never got (its turn stopped or failed before any text, or was
+# cancelled while queued): the model must not take it for a question still to answer, and chat
+# templates that insist on alternating roles get their assistant turn.
+NO_REPLY = {
+    "cancelled": "[no reply: the user stopped this turn before the assistant answered]",
+    "error": "[no reply: the model's stream failed before the assistant answered]",
+}
+NO_REPLY_GIVEN = "[no reply was given to this message: its turn ended before the assistant answered]"
 
 
 def by_turn(history: list[Message], upto: str | None) -> list[Message]:
@@ -40,7 +48,8 @@ def conversation(history: list[Message]) -> list[Message]:
     Commands and notices are history but never context. An assistant message whose tool calls were
     cut short (a stopped turn) gets a placeholder result for each unanswered call, because every
     provider rejects a tool call without its result. A reply cut short (stopped, or its stream
-    failed) goes back with a note saying so.
+    failed) goes back with a note saying so, and a message that got no reply at all is followed by
+    a note in the reply's place.
     """
     out: list[Message] = []
     pending: dict[str, Message] = {}
@@ -62,9 +71,13 @@ def conversation(history: list[Message]) -> list[Message]:
             continue
         flush()
         if m.role == "assistant" and not m.content and not m.tool_calls:
-            continue
-        if m.role == "assistant" and m.status in INCOMPLETE_REPLY:
+            if m.status not in NO_REPLY:
+                continue
+            m = dataclasses.replace(m, content=NO_REPLY[m.status])
+        elif m.role == "assistant" and m.status in INCOMPLETE_REPLY:
             m = dataclasses.replace(m, content=f"{m.content}\n\n{INCOMPLETE_REPLY[m.status]}".lstrip())
+        if m.role == "user" and out and out[-1].role == "user":
+            out.append(Message("assistant", NO_REPLY_GIVEN))
         out.append(m)
         if m.role == "assistant":
             for c in m.tool_calls:

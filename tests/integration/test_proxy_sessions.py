@@ -794,3 +794,30 @@ async def test_a_refused_at_model_is_a_400_on_both_surfaces_and_leaves_no_sessio
     assert reply.choices[0].message.content == "echo: hi"
     assert len(await sessions(api_server)) == 1
     await client.close()
+
+
+async def test_a_question_withdrawn_while_queued_reaches_the_model_as_unanswered(api_server: ApiServer) -> None:
+    """A client hanging up while its message waits behind another turn cancels that turn; the
+    message stays in the history. The next turn's model saw it as a question still open (and
+    answered it); it now comes with a note in the reply's place."""
+    from aiops.engine.context import NO_REPLY_GIVEN
+
+    api_server.fake.script(Reply.text("the first answer, slowly", chunks=4, chunk_delay=0.2))
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0)
+    headers = {"X-Aiops-Session": "withdrawn"}
+    first = asyncio.create_task(ask(client, [("user", "q1")], extra_headers=headers))
+    await api_server.fake.wait_for_requests_async(1)
+    async with api_server.client() as agent, agent.stream("withdrawn") as events:
+        queued = asyncio.create_task(client.chat.completions.create(
+            model="aiops", messages=[{"role": "user", "content": "never mind this one"}], extra_headers=headers))
+        async with asyncio.timeout(10):
+            async for e in events:  # recorded, and queued behind q1's turn
+                if e["event"] == "notice" and e["data"]["text"].startswith("queued behind the running turn"):
+                    break
+    queued.cancel()  # the client hangs up
+    await first
+    await ask(client, [("user", "q3")], extra_headers=headers)
+    sent = [(m["role"], m["content"]) for m in api_server.fake.last_request.json["messages"] if m["role"] != "system"]
+    assert sent == [("user", "q1"), ("assistant", "the first answer, slowly"),
+                    ("user", "never mind this one"), ("assistant", NO_REPLY_GIVEN), ("user", "q3")]
+    await client.close()

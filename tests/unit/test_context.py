@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aiops.engine.context import CANCELLED_RESULT, INCOMPLETE_REPLY, as_text_protocol, conversation, trim
+from aiops.engine.context import (
+    CANCELLED_RESULT,
+    INCOMPLETE_REPLY,
+    NO_REPLY,
+    NO_REPLY_GIVEN,
+    as_text_protocol,
+    conversation,
+    trim,
+)
 from aiops.engine.types import Message, ToolCall
 
 
@@ -80,8 +88,26 @@ def test_a_reply_cut_short_goes_back_marked_incomplete():
     assert [(m.role, m.content) for m in conv] == [
         ("user", "q"), ("assistant", f"The disk is fu\n\n{INCOMPLETE_REPLY['error']}"),
         ("user", "again"), ("assistant", f"Rotating\n\n{INCOMPLETE_REPLY['cancelled']}"),
-        ("user", "why stop?")]
+        # Stopped before any text: the note stands in for the reply, so the question is not
+        # taken for one still to answer.
+        ("user", "why stop?"), ("assistant", NO_REPLY["cancelled"])]
     assert h[1].content == "The disk is fu"  # the history itself is untouched
+
+
+def test_a_message_that_got_no_reply_is_followed_by_a_note_in_its_place():
+    """A message whose turn was cancelled while queued (its client hung up, a !stop, a shutdown)
+    records no reply: without a note the next turn's model saw two questions in a row and
+    answered the withdrawn one too (and strict chat templates refuse two user turns in a row)."""
+    h = [Message("user", "q1"), Message("assistant", "a1"),
+         Message("user", "withdrawn"), Message("notice", "turn cancelled before it started: the client disconnected"),
+         Message("user", "also failed"), Message("assistant", "", status="error"),
+         Message("user", "!help", meta={"command": True}), Message("notice", "help text"),
+         Message("user", "q5")]
+    assert [(m.role, m.content) for m in conversation(h)] == [
+        ("user", "q1"), ("assistant", "a1"),
+        ("user", "withdrawn"), ("assistant", NO_REPLY_GIVEN),
+        ("user", "also failed"), ("assistant", NO_REPLY["error"]),
+        ("user", "q5")]
 
 
 def test_a_call_answered_by_a_stop_keeps_that_answer():
