@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aiops.engine.context import CANCELLED_RESULT
+from aiops.engine.context import CANCELLED_RESULT, NO_REPLY_GIVEN
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
@@ -132,7 +132,10 @@ def test_sigkill_mid_turn_loses_only_the_streaming_answer(setup):
     r = run_aiops(["chat", "still there?", "--session", "101"], cfg, data)
     assert r.returncode == 0, r.stderr
     sent = [m["content"] for m in fake.requests[-1].json["messages"] if m["role"] in ("user", "assistant")]
-    assert sent == ["first question", "first answer, committed", "second question", "still there?"]
+    # The question the kill cut off is there, with a note that it got no reply (not taken for an
+    # open question).
+    assert sent == ["first question", "first answer, committed", "second question", NO_REPLY_GIVEN,
+                    "still there?"]
 
 
 # ---- SIGKILL at other points of a turn ----------------------------------------------------------
