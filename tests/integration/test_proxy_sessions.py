@@ -5,6 +5,7 @@ alive, and what a chat user sees meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -800,24 +801,32 @@ async def test_a_question_withdrawn_while_queued_reaches_the_model_as_unanswered
     """A client hanging up while its message waits behind another turn cancels that turn; the
     message stays in the history. The next turn's model saw it as a question still open (and
     answered it); it now comes with a note in the reply's place."""
-    from aiops.engine.context import NO_REPLY_GIVEN
+    from aiops.engine.context import INCOMPLETE_REPLY, NO_REPLY_GIVEN
 
-    api_server.fake.script(Reply.text("the first answer, slowly", chunks=4, chunk_delay=0.2))
+    api_server.fake.script(Reply.hang(after_chunks=2, reply=Reply.text("the first answer, in parts", chunks=4)))
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0)
     headers = {"X-Aiops-Session": "withdrawn"}
     first = asyncio.create_task(ask(client, [("user", "q1")], extra_headers=headers))
     await api_server.fake.wait_for_requests_async(1)
-    async with api_server.client() as agent, agent.stream("withdrawn") as events:
-        queued = asyncio.create_task(client.chat.completions.create(
-            model="aiops", messages=[{"role": "user", "content": "never mind this one"}], extra_headers=headers))
-        async with asyncio.timeout(10):
-            async for e in events:  # recorded, and queued behind q1's turn
-                if e["event"] == "notice" and e["data"]["text"].startswith("queued behind the running turn"):
-                    break
-    queued.cancel()  # the client hangs up
-    await first
+    async with api_server.client() as agent:
+        async with agent.stream("withdrawn") as events:
+            queued = asyncio.create_task(client.chat.completions.create(
+                model="aiops", messages=[{"role": "user", "content": "never mind this one"}],
+                extra_headers=headers))
+            async with asyncio.timeout(10):
+                async for e in events:  # recorded, and queued behind q1's turn
+                    if e["event"] == "notice" and e["data"]["text"].startswith("queued behind the running turn"):
+                        break
+                queued.cancel()  # the client hangs up
+                with contextlib.suppress(asyncio.CancelledError):
+                    await queued
+                async for e in events:  # the server saw it go: the queued turn ends, never started
+                    if e["event"] == "done" and e["data"]["status"] == "cancelled":
+                        break
+        assert (await agent.stop("withdrawn"))["stopped"] is True  # then q1's turn is stopped
+    _, partial = await first
     await ask(client, [("user", "q3")], extra_headers=headers)
     sent = [(m["role"], m["content"]) for m in api_server.fake.last_request.json["messages"] if m["role"] != "system"]
-    assert sent == [("user", "q1"), ("assistant", "the first answer, slowly"),
+    assert sent == [("user", "q1"), ("assistant", f"{partial}\n\n{INCOMPLETE_REPLY['cancelled']}"),
                     ("user", "never mind this one"), ("assistant", NO_REPLY_GIVEN), ("user", "q3")]
     await client.close()
