@@ -3,6 +3,7 @@ show, ps, version), against `aiops serve` in a subprocess with the fake model se
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from datetime import datetime
@@ -359,3 +360,24 @@ def test_keep_alive_lines_carry_the_time_they_are_sent_and_a_stop_omits_unknown_
     assert last.done and last.done_reason == "stop"
     assert "the answer was stopped" in "".join(p.message.content or "" for p in parts)
     assert last.prompt_eval_count is None and last.eval_count is None  # nothing counted: omitted, not zeros
+
+
+async def test_a_stopped_non_streaming_answer_keeps_its_text_and_says_it_was_stopped(
+        served: ServeProcess, fake: FakeOpenAI) -> None:
+    full = "Rotating the logs on web-1 first"
+    fake.script(Reply.hang(after_chunks=2, reply=Reply.text(full, chunks=4)))
+    async with httpx.AsyncClient(base_url=served.url, timeout=15) as h, \
+            h.stream("GET", "/api/v1/stream/ollama-partial") as events:
+        lines = events.aiter_lines()
+        assert await anext(lines) == ": connected"
+        async with ollama.AsyncClient(host=served.url, headers={"X-Aiops-Session": "ollama-partial"}) as client:
+            answer = asyncio.create_task(client.generate(model="aiops", prompt="rotate logs", stream=False))
+            async for line in lines:
+                if line == "event: tok":  # the model has begun: stop it mid-answer
+                    break
+            assert (await h.post("/api/v1/sessions/ollama-partial/stop")).json()["stopped"] is True
+            r = await answer
+    said, line = r.response.split("\n\n")
+    assert said and full.startswith(said) and said != full
+    assert line == "*⛔ the answer was stopped*"
+    assert r.done and r.done_reason == "stop"

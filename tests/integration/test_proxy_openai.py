@@ -424,3 +424,5 @@ async def test_a_stopped_non_streaming_turn_has_no_usage(aclient: openai.AsyncOp
     r = await waiting
     assert r.choices[0].finish_reason == "stop"
     assert r.usage is None
+    # The model said nothing: the answer is the stop's status line, not an empty reply.
+    assert r.choices[0].message.content == "*⛔ the answer was stopped*"

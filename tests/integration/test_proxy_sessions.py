@@ -824,7 +824,9 @@ async def test_a_question_withdrawn_while_queued_reaches_the_model_as_unanswered
                     if e["event"] == "done" and e["data"]["status"] == "cancelled":
                         break
         assert (await agent.stop("withdrawn"))["stopped"] is True  # then q1's turn is stopped
-    _, partial = await first
+    _, answer = await first
+    partial, stopped = answer.split("\n\n")  # what the model said, then the stop's status line
+    assert stopped == "*⛔ the answer was stopped*"
     await ask(client, [("user", "q3")], extra_headers=headers)
     sent = [(m["role"], m["content"]) for m in api_server.fake.last_request.json["messages"] if m["role"] != "system"]
     assert sent == [("user", "q1"), ("assistant", f"{partial}\n\n{INCOMPLETE_REPLY['cancelled']}"),

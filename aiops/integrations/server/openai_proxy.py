@@ -37,8 +37,8 @@ from aiops.integrations.server.proxy_sessions import (
     PublishedModel,
     StartedTurn,
     answer_background_task,
+    answer_text,
     cancel_turn,
-    check_not_cut_by_shutdown,
     conversation_id,
     find_model,
     install,
@@ -350,8 +350,8 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
     if result.status == "error":
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(502, code, message, headers={SESSION_HEADER: started.session_id})
-    check_not_cut_by_shutdown(request, result, started.session_id)
-    resp = web.json_response(completion_object(cid, created, req.model, result.text,
+    text = answer_text(request, result, started.session_id)
+    resp = web.json_response(completion_object(cid, created, req.model, text,
                                                result.usage.counts() if result.usage else None,
                                                result.finish_reason or "stop"))
     resp.headers[SESSION_HEADER] = started.session_id

@@ -193,13 +193,20 @@ def turn_error(request: web.Request, error: dict[str, Any] | None, default_code:
     return str(err.get("code", default_code)), message
 
 
-def check_not_cut_by_shutdown(request: web.Request, result: TurnResult, session_id: str) -> None:
-    """A non-streaming answer that a shutdown stopped is a 503, not a 200 whose (partial, often
-    empty) text looks like the whole answer. The partial answer stays recorded in the session."""
+def answer_text(request: web.Request, result: TurnResult, session_id: str) -> str:
+    """The text of a non-streaming answer. A turn stopped midway (by the operator, a `!stop`, a
+    deleted session) says so at its end, as a stream does, instead of passing its partial (often
+    empty) text off as the whole answer. A shutdown that cut it is a 503 with no text: the client
+    should not take a half answer for a reply. The partial answer stays recorded either way."""
     if result.status == "cancelled" and request.app[STATE_KEY].closing:
         raise HttpError(503, "shutting_down", "the server shut down before the answer was done; the "
                         "partial answer is kept in the session", headers={SESSION_HEADER: session_id,
                                                                           "x-should-retry": "false"})
+    text = result.text
+    if result.status == "cancelled" and proxy_state(request).settings.status_lines:
+        line = status_line(_NO, STOPPED)
+        text = f"{text.rstrip()}\n\n{line}" if text.strip() else line
+    return text
 
 
 # ---- status lines and text normalisation ---------------------------------------------------------------
@@ -207,6 +214,7 @@ def check_not_cut_by_shutdown(request: web.Request, result: TurnResult, session_
 # Lines aiops writes into a chat answer: `*⏳ waiting for operator approval: …*` and friends. They
 # are recognised (and ignored) when the client sends the answer back as history.
 _WAIT, _OK, _NO, _TOOL = "⏳", "✅", "⛔", "🔧"
+STOPPED = "the answer was stopped"
 _STATUS_RE = re.compile(r"^\*(?:⏳|✅|⛔|🔧) [^\n]*\*[ \t]*$", re.MULTILINE)
 
 
@@ -855,7 +863,7 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
                 out.append(rest)
             status_ = e.data.get("status", "complete")
             if status_ == "cancelled" and settings.status_lines:
-                out.append(status(status_line(_NO, "the answer was stopped")))
+                out.append(status(status_line(_NO, STOPPED)))
             return Done(status_, final, e.data.get("usage"), e.data.get("error") or error,
                         e.data.get("finish_reason") or "stop")
         return None
