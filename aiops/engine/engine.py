@@ -492,7 +492,11 @@ class Engine:
                 self._history_changed(live.id)
                 await self.gatekeeper.forget_session(live.id)
         finally:
-            live.deleting.set_result(None)
+            pending, live.deleting = live.deleting, None
+            if self._sessions.get(live.id) is not live:
+                live.deleting = pending  # gone: anyone still holding this copy sees it deleted
+            # else the delete was cancelled (or failed) before the row went: the session goes on.
+            pending.set_result(None)
         deleted = {"change": "deleted", "client_id": live.id, "short_id": live.row.short_id}
         if self._commanding.get(live.id):
             self._deletions[live.id] = deleted  # announced when the commands' message is answered
@@ -584,12 +588,13 @@ class Engine:
 
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
-                     tools: bool = True) -> Turn:
+                     tools: bool = True, meta: dict[str, Any] | None = None) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn.
 
         The user message is committed before this returns, so acknowledging the returned turn to a
         client is safe. A message that holds only commands returns an already finished turn whose
-        text is the commands' output.
+        text is the commands' output. `meta` goes into a session this creates (its owner, say);
+        an existing session's is left alone.
         """
         if not text or not text.strip():
             raise EngineError("empty message")
@@ -598,10 +603,11 @@ class Engine:
             raise EngineError(why)
         with ExitStack() as pins:
             return await self._submit(pins, client_id, text, kind=kind, model=model,
-                                      is_operator=is_operator, depth=depth, tools=tools)
+                                      is_operator=is_operator, depth=depth, tools=tools, meta=meta)
 
     async def _submit(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
-                      model: str | None, is_operator: bool, depth: int, tools: bool) -> Turn:
+                      model: str | None, is_operator: bool, depth: int, tools: bool,
+                      meta: dict[str, Any] | None) -> Turn:
         """submit's body. The session is pinned from the moment it is known until its turn is
         queued: the commands and the writes in between must not see it dropped from memory."""
         cid = client_id or f"{kind}-{new_id()[:8]}"
@@ -610,7 +616,7 @@ class Engine:
         if parsed.text:
             # A refused `@model` is answered below; it must not leave a new, empty session behind.
             refused = parsed.model is not None and self.check_model(parsed.model) is not None
-            live = await self.session(cid, kind=kind, create=not refused, model=model)
+            live = await self.session(cid, kind=kind, create=not refused, model=model, meta=meta)
         else:
             # Only commands: they run without creating a session, so `!help` from a new client
             # leaves nothing behind (a command that needs a session says so, or creates it).
@@ -623,6 +629,12 @@ class Engine:
         sid = live.id if live is not None else cid
         turn_id = new_id("turn_")
         outputs: list[str] = []
+
+        def gone() -> bool:
+            """The session went away (or began to) while this message was being taken: deleted by
+            one of its commands or by someone else. Nothing more may be written to it: a write
+            behind the deletion's would fail, and a turn queued on it would never run."""
+            return live is not None and (self._sessions.get(sid) is not live or live.deleting is not None)
         if parsed.commands:
             # A command may delete this very session: its deletion is announced after the `done`
             # of this message, so that a stream ending at the deletion still gets that `done`.
@@ -638,8 +650,9 @@ class Engine:
                 ctx.failed = False
                 out = await self.commands.run(ctx, line)
                 notice = {"text": out, "command": line, "ok": not ctx.failed}
-                if live is not None and sid not in self._sessions:
-                    # The command deleted this very session: answer, but write nothing more to it.
+                if gone():
+                    # A command deleted this very session (or a delete came meanwhile): answer, but
+                    # write nothing more to it.
                     if i + 1 < len(parsed.commands) or parsed.text:
                         out += "\n(the rest of the message was not run: its session is deleted)"
                         notice["text"] = out
@@ -654,8 +667,9 @@ class Engine:
                     if not echoed:
                         await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
                         echoed = True
-                    await self.record(sid, Message("notice", out, turn_id=turn_id,
-                                                   meta={"kind": "command", "command": line}))
+                    if not gone():
+                        await self.record(sid, Message("notice", out, turn_id=turn_id,
+                                                       meta={"kind": "command", "command": line}))
                 self.bus.publish(ev.NOTICE, sid, notice, turn_id)
         if parsed.model is not None and not parsed.text:
             outputs.append(f"@{parsed.model} needs a prompt after it (or use !model {parsed.model} "
@@ -666,8 +680,13 @@ class Engine:
             return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="error", model=model)
         if not parsed.text or live is None:
             return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=model)
-        await self.record(live.id, Message("user", parsed.text, turn_id=turn_id,
-                                           meta={"model": turn_model} if turn_model else {}))
+        if not gone():
+            await self.record(live.id, Message("user", parsed.text, turn_id=turn_id,
+                                               meta={"model": turn_model} if turn_model else {}))
+        if gone():  # (a write ahead of the deletion's is deleted with the session)
+            outputs.append("this message was not run: its session was deleted meanwhile")
+            return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="cancelled",
+                                       model=live.model_key(self))
         self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)
         turn = Turn(turn_id, live.id, parsed.text, kind, model=turn_model, is_operator=is_operator,
                     depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
@@ -717,20 +736,33 @@ class Engine:
             except asyncio.CancelledError:
                 # The worker itself is being cancelled (shutdown): let the turn finish cancelling.
                 turn.task.cancel()
-                result = await turn.task
+                try:
+                    result = await turn.task
+                except Exception as e:  # noqa: BLE001 - its waiters must still hear that it ended
+                    result = self._crashed(live, turn, e)
                 if not turn.future.done():
                     turn.future.set_result(result)
                 live.current = None
                 raise
             except Exception as e:  # noqa: BLE001
-                log.exception("turn crashed")
-                result = TurnResult(turn.id, "error", "", {"code": "internal_error", "message": str(e)})
-                # `done` ends every turn: a client waiting on this one must hear that it ended.
-                self.bus.publish(ev.DONE, live.id, {"text": "", "status": "error", "error": result.error,
-                                                    "model": turn.model or live.model_key(self)}, turn.id)
+                result = self._crashed(live, turn, e)
             if not turn.future.done():
                 turn.future.set_result(result)
             live.current = None
+
+    def _crashed(self, live: LiveSession, turn: Turn, e: Exception) -> TurnResult:
+        """End a turn whose runner failed outside its own error handling (the store refusing its
+        error record, say) as the runner ends any failed turn: an `error`, then the `done` every
+        client waiting on it needs, and its session idle again rather than "running" for good."""
+        log.error("turn %s crashed", turn.id, exc_info=e)
+        error = {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
+        result = TurnResult(turn.id, "error", turn.prefix, error)
+        self.bus.publish(ev.ERROR, live.id, error, turn.id)
+        self.bus.publish(ev.DONE, live.id, {"text": result.text, "status": "error", "error": error,
+                                            "model": turn.model or live.model_key(self)}, turn.id)
+        live.state = "idle"
+        self._session_changed(live)
+        return result
 
     def drop_queued_turn(self, live: LiveSession, turn: Turn) -> bool:
         """Take a turn that has not started out of its session's queue, as cancelled. Its `done`

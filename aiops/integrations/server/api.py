@@ -48,6 +48,7 @@ from aiops.integrations.server.owners import (
     check_name_free,
     claim,
     forbidden,
+    owner_meta,
     owner_of,
 )
 
@@ -329,7 +330,8 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
         # message of only `!commands`, or one asking for a model that is refused, creates none.)
         check_name_free(who, client_id)
         await claim(engine, client_id, who, kind="api", model=body.model)
-    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator)
+    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator,
+                               meta=owner_meta(who))
 
 
 # Events that carry a failure's message: a client token reads it without the addresses of the

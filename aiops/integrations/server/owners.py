@@ -81,13 +81,18 @@ def check_access(who: Caller, live: LiveSession, ref: str) -> None:
         raise forbidden(ref)
 
 
+def owner_meta(who: Caller) -> dict[str, str]:
+    """The metadata that makes a session `who`'s own when it is created with it."""
+    return {OWNER_KEY: who.principal}
+
+
 async def claim(engine: Engine, ref: str, who: Caller, *, kind: str, model: str | None) -> LiveSession:
     """The session `ref`, created and owned by `who` when it does not exist yet; 403 when it exists
     and `who` may not use it.
 
     The owner goes into the creating INSERT itself: no second write on the proxy's hot path, and
     of two callers racing to create one id the store's transaction lets exactly one be the owner."""
-    live = await engine.session(ref, kind=kind, create=True, model=model, meta={OWNER_KEY: who.principal})
+    live = await engine.session(ref, kind=kind, create=True, model=model, meta=owner_meta(who))
     assert live is not None
     check_access(who, live, ref)
     return live

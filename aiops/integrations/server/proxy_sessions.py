@@ -46,7 +46,16 @@ from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError, check_model
-from aiops.integrations.server.owners import Caller, caller, claim, forbidden, namespace, owner_of, safe_name
+from aiops.integrations.server.owners import (
+    Caller,
+    caller,
+    claim,
+    forbidden,
+    namespace,
+    owner_meta,
+    owner_of,
+    safe_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -586,8 +595,11 @@ class ProxySessions:
             known.append(session_id)
         # Subscribed before submitting, so not even a command's instant `done` is missed.
         sub = engine.bus.subscribe(session_id, names=events)
+        # The owner again: should a delete slip in before the submit runs, the session it starts
+        # afresh is still the caller's, not an unowned one only operators may use.
         submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
-                                                     model=turn_model(model), is_operator=False))
+                                                     model=turn_model(model), is_operator=False,
+                                                     meta=owner_meta(who)))
         try:
             # Shielded: a client hanging up (its handler cancelled) while the engine records the
             # message would leave a question that no turn answers, and the retry would fork.
