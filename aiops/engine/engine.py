@@ -777,11 +777,26 @@ class Engine:
                                             "model": turn.model or live.model_key(self)}, turn.id)
         return True
 
+    def _in_memory(self, ref: str) -> LiveSession | None:
+        """The session `ref` (full or shorthand id) if it is in memory; no store lookup."""
+        live = self._sessions.get(ref)
+        if live is None and is_short_id(ref):
+            n = int(ref)
+            live = next((s for s in self._sessions.values() if s.row.short_id == n), None)
+        return live
+
+    def being_deleted(self, ref: str) -> LiveSession | None:
+        """The session `ref` while a delete of it is under way, else None. (`session()` waits for
+        such a delete to end and then finds nothing: a second delete wants to know it lost.)"""
+        live = self._in_memory(ref)
+        if live is not None and live.deleting is not None and not live.deleting.done():
+            return live
+        return None
+
     def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool:
         """Cancel the running turn of a session (its pending gates are cancelled too, `by` saying
         why in their record: "stop", "the client disconnected", …)."""
-        live = self._sessions.get(ref) or next(
-            (s for s in self._sessions.values() if str(s.row.short_id) == ref), None)
+        live = self._in_memory(ref)
         if live is None:
             return False
         if clear_queue:

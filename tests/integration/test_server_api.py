@@ -903,3 +903,30 @@ async def test_a_message_sent_while_its_session_is_being_deleted_goes_to_a_new_s
         assert [(m["role"], m["content"]) for m in messages] == [
             ("user", "are you there?"), ("assistant", "echo: are you there?")], surface
         await proxy.close()
+
+
+async def test_deletes_racing_each_other_one_deletes_the_others_answer_false(
+        api_server_factory: ApiServerFactory) -> None:
+    plugin = SlowStopPlugin()
+    srv = await api_server_factory(plugins=[plugin], extra_files={"plugins.toml": "[slowstop]\nenabled = true\n"})
+    async with srv.client() as agent:
+        # An idle session, three deletes at once.
+        await agent.send("hi", client_id="idle-one", timeout=10)
+        answers = await asyncio.gather(*(agent.delete_session("idle-one") for _ in range(3)))
+        assert sorted(a["deleted"] for a in answers) == [False, False, True]
+        assert {a["client_id"] for a in answers} == {"idle-one"}
+        # A busy one: the first delete waits for the stopped turn to wind down; two more come
+        # meanwhile, one by its shorthand id.
+        srv.fake.responder = call_tool_when("slow job", ("slow_job", {"text": ""}))
+        await agent.submit("start the slow job", client_id="busy-one")
+        await asyncio.wait_for(plugin.running.wait(), 10)
+        short = (await agent.session("busy-one"))["session"]["short_id"]
+        first = asyncio.create_task(agent.delete_session("busy-one"))
+        await asyncio.wait_for(plugin.winding_down.wait(), 10)
+        later = await asyncio.gather(agent.delete_session("busy-one"), agent.delete_session(str(short)))
+        assert (await first)["deleted"] is True
+        assert [a["deleted"] for a in later] == [False, False]
+        # Once it is gone, a delete is a plain 404.
+        with pytest.raises(AgentError) as gone:
+            await agent.delete_session("busy-one")
+        assert gone.value.status == 404

@@ -479,7 +479,15 @@ def by_turn(messages: list[Message]) -> list[Message]:
 
 async def delete_session(request: web.Request) -> web.Response:
     engine = get_engine(request)
-    live = await _live(engine, request.match_info["id"], caller(request))
+    ref, who = request.match_info["id"], caller(request)
+    if (going := engine.being_deleted(ref)) is not None:
+        # Another delete is under way: this one lost the race. Answered when the session is gone,
+        # as the winner is, rather than a 404 for a session that was there when it was asked for.
+        check_access(who, going, ref)
+        assert going.deleting is not None
+        await asyncio.shield(going.deleting)
+        return _json(SessionDeleted(client_id=going.id, deleted=False))
+    live = await _live(engine, ref, who)
     deleted = await asyncio.shield(engine.delete_session(live.id))
     return _json(SessionDeleted(client_id=live.id, deleted=deleted))
 
