@@ -84,8 +84,9 @@ def _error_from(status: int, body: str) -> AgentError:
 class EventStream:
     """The server-sent events of one session: `{"event": name, "data": {...}}` items.
 
-    Use as an async context manager to be sure the server has subscribed before you submit, or
-    iterate it directly (it connects on the first item). It ends when the server ends the stream
+    Use as an async context manager to be sure the server has subscribed before you submit (and to
+    read it in several loops), or iterate it directly (it connects on the first item; leaving that
+    loop, by `break` or an exception, closes it). It ends when the server ends the stream
     (shutdown; the session deleted, after an `error` event with code `session_deleted`; or an
     `error` event with code `slow_consumer` for a reader that fell behind). A connection lost
     midway (the server killed, the network gone) raises AgentError `stream_cut` instead: events
@@ -98,6 +99,7 @@ class EventStream:
         self._resp: aiohttp.ClientResponse | None = None
         self._buffer = b""
         self._eof = False
+        self._managed = False  # inside `async with`: that closes it, not the end of one loop
 
     async def open(self) -> Self:
         if self._resp is not None:
@@ -127,13 +129,29 @@ class EventStream:
         self._eof = True
 
     async def __aenter__(self) -> Self:
+        self._managed = True
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        return self
+        return self._items()
+
+    async def _items(self) -> AsyncIterator[dict[str, Any]]:
+        # A generator, so that a loop left early is noticed (the generator is closed when it is
+        # dropped): a stream iterated without `async with` must not keep its connection, and the
+        # server its subscription, until the client closes.
+        try:
+            while True:
+                try:
+                    item = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            if not self._managed:
+                await self.aclose()
 
     async def _readline(self) -> str | None:
         assert self._resp is not None
@@ -227,22 +245,32 @@ class AgentClient:
         return base.with_path(base.raw_path.rstrip("/") + path, encoded=True)
 
     async def _call(self, method: str, path: str, *, body: dict[str, Any] | None = None,
-                    params: dict[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
+                    params: dict[str, Any] | None = None, timeout: float | None = None,
+                    expect: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The JSON object the server answered; `expect` names keys an aiops answer always has."""
         http = self._require_session()
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         limit = timeout or self.timeout
         try:
             async with http.request(method, self._url(path), json=body, params=query or None,
                                     timeout=aiohttp.ClientTimeout(total=limit)) as resp:
-                text = await resp.text()
+                raw = await resp.read()
+                text = raw.decode("utf-8", "replace")
                 if resp.status >= 400:
                     raise _error_from(resp.status, text)
                 try:
-                    return json.loads(text) if text else {}
-                except ValueError:
+                    data = json.loads(raw) if raw else {}
+                except ValueError:  # (UnicodeDecodeError included)
+                    data = None
+                if not isinstance(data, dict):
                     raise AgentError(resp.status, "invalid_response",
-                                     f"{resp.url} answered {resp.content_type or 'no content type'}, not JSON "
-                                     f"(is {self.base_url} an aiops server?): {text.strip()[:200]}") from None
+                                     f"{resp.url} answered {resp.content_type or 'no content type'}, not a JSON "
+                                     f"object (is {self.base_url} an aiops server?): {text.strip()[:200]}")
+                if missing := [k for k in expect if k not in data]:
+                    raise AgentError(resp.status, "invalid_response",
+                                     f"{resp.url} answered without {', '.join(missing)} (is {self.base_url} an "
+                                     f"aiops server of this version?): {text.strip()[:200]}")
+                return data
         except aiohttp.ClientError as e:
             raise _unreachable(self.base_url, e) from e
         except TimeoutError:
@@ -260,7 +288,7 @@ class AgentClient:
             body["client_id"] = client_id
         if model is not None:
             body["model"] = model
-        return await self._call("POST", "/api/v1/submit", body=body)
+        return await self._call("POST", "/api/v1/submit", body=body, expect=("client_id", "status"))
 
     async def send(self, text: str, client_id: str | None = None, model: str | None = None,
                    timeout: float | None = 120.0, *, auto_resolve: bool = False,
@@ -279,7 +307,8 @@ class AgentClient:
             body["client_id"] = client_id
         if model is not None:
             body["model"] = model
-        return await self._call("POST", "/api/v1/submit", body=body, timeout=timeout + self.timeout)
+        return await self._call("POST", "/api/v1/submit", body=body, timeout=timeout + self.timeout,
+                                expect=("client_id", "status"))
 
     async def run_with_policy(self, text: str, policy: GatePolicy | None = None, *,
                               client_id: str | None = None, model: str | None = None,
@@ -317,7 +346,7 @@ class AgentClient:
                         elif e["event"] == "done":
                             out = {"client_id": accepted["client_id"], "status": data.get("status", "complete"),
                                    "text": data.get("text", ""), "turn_id": turn_id}
-                            for key in ("error", "usage"):
+                            for key in ("error", "usage", "finish_reason"):
                                 if key in data:
                                     out[key] = data[key]
                             return out
@@ -351,14 +380,15 @@ class AgentClient:
                        offset: int | None = None) -> list[dict[str, Any]]:
         """Sessions, most recently updated first (a client token sees only those it created);
         the next page starts at `offset + limit`."""
-        return (await self._call("GET", "/api/v1/sessions",
-                                 params={"kind": kind, "limit": limit, "offset": offset}))["sessions"]
+        return (await self._call("GET", "/api/v1/sessions", params={"kind": kind, "limit": limit, "offset": offset},
+                                 expect=("sessions",)))["sessions"]
 
     async def session(self, client_id: str, limit: int | None = None,
                       before: int | None = None) -> dict[str, Any]:
         """`{session, messages, has_more, next_before}`: the latest `limit` messages (before `before`)."""
         return await self._call("GET", "/api/v1/sessions/" + _segment(client_id),
-                                params={"limit": limit, "before": before})
+                                params={"limit": limit, "before": before},
+                                expect=("session", "messages", "has_more", "next_before"))
 
     async def history(self, client_id: str, page: int = 200) -> list[dict[str, Any]]:
         """Every message of a session, oldest first (read page by page)."""
@@ -383,17 +413,17 @@ class AgentClient:
     async def gates(self) -> list[dict[str, Any]]:
         """Pending gates: of every session with an operator token, of the client's own sessions
         with a client token."""
-        return (await self._call("GET", "/api/v1/gates"))["gates"]
+        return (await self._call("GET", "/api/v1/gates", expect=("gates",)))["gates"]
 
     async def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> dict[str, Any]:
         """Approve or deny a gate (operator token); returns the resolved gate."""
         return (await self._call("POST", "/api/v1/gates/" + _segment(gate_id),
-                                 body={"decision": decision, "scope": scope}))["gate"]
+                                 body={"decision": decision, "scope": scope}, expect=("gate",)))["gate"]
 
     # -- server --
 
     async def health(self) -> dict[str, Any]:
-        return await self._call("GET", "/api/v1/health")
+        return await self._call("GET", "/api/v1/health", expect=("status",))
 
     async def openapi(self) -> dict[str, Any]:
         return await self._call("GET", "/api/v1/openapi.json")

@@ -130,6 +130,10 @@ async def test_an_answer_cut_at_the_models_output_limit_says_so(api_server: ApiS
         assert (reply["status"], reply["text"], reply["finish_reason"]) == ("complete", "Steps one to", "length")
         assert done["finish_reason"] == "length"
         assert "finish_reason" not in await agent.send("a natural end", client_id="api-cut-short")
+        # The same result shape when the client answers the turn's gates itself.
+        api_server.fake.script(Reply.text("Steps one to", finish_reason="length"))
+        policed = await agent.send("all steps", client_id="api-cut-short", policy=lambda g: "approve")
+        assert (policed["status"], policed["text"], policed["finish_reason"]) == ("complete", "Steps one to", "length")
 
 
 async def test_submit_wait_times_out_and_the_turn_goes_on(api_server: ApiServer) -> None:
@@ -600,12 +604,17 @@ async def test_something_that_is_not_aiops_or_does_not_answer_is_an_agent_error(
             return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
         if request.path.endswith("/sessions"):
             await released.wait()
+        if request.path.endswith("/gates"):
+            return web.Response(body=b"\x89PNG\r\n\x1a\n\xff\xfe", content_type="application/json")
+        if "/sessions/" in request.path:
+            return web.json_response([1, 2])
         return web.json_response({"status": "ok"})
 
     released = asyncio.Event()
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", not_aiops)
+    app.router.add_post("/{tail:.*}", not_aiops)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -623,6 +632,16 @@ async def test_something_that_is_not_aiops_or_does_not_answer_is_an_agent_error(
             with pytest.raises(AgentError) as e:
                 await agent.sessions()
             assert (e.value.status, e.value.code) == (0, "timeout") and "within 0.5 s" in e.value.message
+            # Bytes that are not text, JSON that is not an object, an object of another API.
+            with pytest.raises(AgentError) as e:
+                await agent.gates()
+            assert (e.value.status, e.value.code) == (200, "invalid_response") and "not a JSON object" in e.value.message
+            with pytest.raises(AgentError) as e:
+                await agent.history("api-x")
+            assert (e.value.status, e.value.code) == (200, "invalid_response") and "[1, 2]" in e.value.message
+            with pytest.raises(AgentError) as e:
+                await agent.resolve_gate("g1", "approve")
+            assert (e.value.status, e.value.code) == (200, "invalid_response") and "without gate" in e.value.message
         released.set()
     finally:
         await runner.cleanup()
@@ -930,3 +949,39 @@ async def test_deletes_racing_each_other_one_deletes_the_others_answer_false(
         with pytest.raises(AgentError) as gone:
             await agent.delete_session("busy-one")
         assert gone.value.status == 404
+
+
+async def test_a_stream_iterated_without_async_with_is_closed_when_the_loop_is_left(api_server: ApiServer) -> None:
+    """`async for e in agent.stream(id): … break` must not leave its connection, and the server
+    its subscription and queue, open until the client closes."""
+    bus = api_server.engine.bus
+    idle = bus.subscriber_count
+
+    async def when(predicate: Any) -> None:
+        async with asyncio.timeout(10):
+            # The bus announces no subscriber coming or going: its count is all there is to watch.
+            while not predicate():  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+
+    async with api_server.client() as agent:
+        for n in range(3):
+            async def submit_once_subscribed(n: int = n) -> None:
+                await when(lambda: bus.subscriber_count > idle)
+                await agent.submit("hi", client_id=f"api-brk{n}")
+
+            submitting = asyncio.create_task(submit_once_subscribed())
+            async for e in agent.stream(f"api-brk{n}"):
+                assert e["event"] == "tok" and e["data"]["session_id"] == f"api-brk{n}"
+                break
+            await submitting
+            await when(lambda: bus.subscriber_count == idle)  # let go as the loop was left
+        # Inside `async with`, leaving one loop keeps the stream for the next.
+        async with agent.stream("api-brk0") as events:
+            await agent.submit("again", client_id="api-brk0")
+            async for _ in events:
+                break
+            async for e in events:
+                if e["event"] == "done":
+                    assert e["data"]["text"] == "echo: again"
+                    break
+            assert bus.subscriber_count > idle
