@@ -24,7 +24,17 @@ from aiops.engine.backends import ModelError
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
 from aiops.engine.tools import ToolContext, ToolOutput, canonical_call, format_validation_error
-from aiops.engine.types import Completion, Message, TextDelta, ThinkingDelta, ToolCall, Usage, new_id
+from aiops.engine.types import (
+    Completion,
+    Message,
+    TextDelta,
+    ThinkingDelta,
+    ToolCall,
+    Usage,
+    new_id,
+    valid_completion,
+    valid_text,
+)
 
 if TYPE_CHECKING:
     from aiops.engine.engine import Engine, LiveSession
@@ -374,15 +384,19 @@ class TurnRunner:
         self._guard = StreamGuard()
         self._text_parts, self._thinking_parts = [], []
         completion: Completion | None = None
+        # The model's text is made valid as it arrives (see valid_text): a stray surrogate in one
+        # token must not cut every stream of the session and fail the turn at its record.
         async for item in backend.stream(context, specs, system=system):
             if isinstance(item, TextDelta):
-                self._text_parts.append(item.text)
-                self._tok(self._guard.feed(item.text))
+                text = valid_text(item.text)
+                self._text_parts.append(text)
+                self._tok(self._guard.feed(text))
             elif isinstance(item, ThinkingDelta):
-                self._thinking_parts.append(item.text)
-                self._pub(ev.THINKING, {"text": item.text})
+                text = valid_text(item.text)
+                self._thinking_parts.append(text)
+                self._pub(ev.THINKING, {"text": text})
             elif isinstance(item, Completion):
-                completion = item
+                completion = valid_completion(item)
         if completion is None:
             raise ModelError(self.model_key, self.engine.model_config(self.model_key).display_url(),
                              "the stream ended without a completion")
@@ -409,7 +423,7 @@ class TurnRunner:
             log.warning("tool %s ended after its turn had recorded it as cut short; result dropped",
                         call.name)
             return
-        text = out.text
+        text = valid_text(out.text)  # (a tool's text comes from anywhere: an MCP server, a web page)
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(out.text) - MAX_RESULT_CHARS} more characters]"
         meta: dict[str, Any] = {"is_error": out.is_error, "duration_ms": round(duration_ms, 1)}

@@ -6,6 +6,8 @@ ever sees an OpenAI or Gemini object.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -21,6 +23,27 @@ def is_short_id(ref: str) -> bool:
     """Whether `ref` is a session's shorthand number: ASCII digits only. `str.isdigit()` alone
     also takes "³" and other Unicode digits, which `int()` refuses or reads as another number."""
     return ref.isascii() and ref.isdigit()
+
+
+# A UTF-16 surrogate on its own: JSON can carry one (`"\\ud800"`) and Python decodes it into a
+# str that neither SQLite nor a UTF-8 stream can take. (A proper pair decodes to one character.)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """`text` with each lone surrogate replaced by U+FFFD, as a UTF-8 decoder would."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def valid_data(value: Any) -> Any:
+    """`valid_text` through a decoded JSON value (keys included)."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {valid_text(k) if isinstance(k, str) else k: valid_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_data(v) for v in value]
+    return value
 
 
 def new_id(prefix: str = "") -> str:
@@ -134,6 +157,13 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
     finish_reason: str = "stop"
+
+
+def valid_completion(c: Completion) -> Completion:
+    """A model's reply as it may be stored and streamed: no lone surrogates in any of its text."""
+    calls = [dataclasses.replace(t, id=valid_text(t.id), name=valid_text(t.name), arguments=valid_data(t.arguments))
+             for t in c.tool_calls]
+    return dataclasses.replace(c, text=valid_text(c.text), thinking=valid_text(c.thinking), tool_calls=calls)
 
 
 StreamItem = TextDelta | ThinkingDelta | Completion

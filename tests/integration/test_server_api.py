@@ -136,6 +136,26 @@ async def test_an_answer_cut_at_the_models_output_limit_says_so(api_server: ApiS
         assert (policed["status"], policed["text"], policed["finish_reason"]) == ("complete", "Steps one to", "length")
 
 
+async def test_a_lone_surrogate_from_the_model_is_replaced_not_a_cut_stream(api_server: ApiServer) -> None:
+    """JSON may carry a lone UTF-16 surrogate (`"\\ud800"`); one in a model's text, thinking or
+    tool call cut every stream of the session and failed the turn when it was recorded."""
+    api_server.fake.script(
+        Reply.tool_calls(("no\ud800such_tool", {"q": "x\udfffy"}), thinking="hm \udc00", chunks=1),
+        Reply.text("hi \ud800 there", chunks=1))
+    async with api_server.client() as agent, agent.stream("api-surrogate") as stream:
+        reply = await agent.send("say it", client_id="api-surrogate")
+        events = await events_until_done(stream)
+        assert (reply["status"], reply["text"]) == ("complete", "hi \ufffd there")
+        assert "".join(e["data"]["text"] for e in events if e["event"] == "tok") == "hi \ufffd there"
+        assert [e["data"]["text"] for e in events if e["event"] == "thinking"] == ["hm \ufffd"]
+        [call] = [e["data"] for e in events if e["event"] == "tool_call"]
+        assert (call["name"], call["arguments"]) == ("no\ufffdsuch_tool", {"q": "x\ufffdy"})
+        history = await agent.history("api-surrogate")
+    assert [m["content"] for m in history if m["role"] == "assistant"][-1] == "hi \ufffd there"
+    # The model was told of the unknown tool, by its (replaced) name.
+    assert any(m["role"] == "tool" and "no\ufffdsuch_tool" in m["content"] for m in history)
+
+
 async def test_submit_wait_times_out_and_the_turn_goes_on(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.hang())
     async with api_server.client() as agent:
