@@ -604,9 +604,16 @@ def cmd_console(args: argparse.Namespace) -> int:
     return run_console(cfg, host=args.host, port=args.port, server=not args.no_server)
 
 
+def _local_url(host: str, port: int) -> str:
+    """The configured server as a client on this machine reaches it: a wildcard bind on loopback,
+    an IPv6 address in brackets."""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    url = args.url or f"http://{cfg.app.server.host}:{cfg.app.server.port}"
+    url = args.url or _local_url(cfg.app.server.host, cfg.app.server.port)
 
     async def run() -> int:
         from aiops.client import AgentClient, AgentError

@@ -426,6 +426,8 @@ async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_t
         assert (gate["tool"], gate["operation"], gate["session_id"]) == ("write_note", "write", "api-gated")
         assert gate["args"] == {"text": "hello"} and gate["client_kind"] == "api"
         assert [g["id"] for g in await bot.gates()] == [gate["id"]]  # pending, visible to every role
+        # The same object as the event's (which adds only the turn), as DESIGN.md has it.
+        assert await ops.gates() == [{k: v for k, v in gate.items() if k != "turn_id"}]
 
         with pytest.raises(AgentError) as e:
             await bot.resolve_gate(gate["id"], "approve")
@@ -739,11 +741,17 @@ async def test_aiops_attach_failures_are_one_line_not_a_traceback(api_server_fac
     cases = [(srv.url, {}, "401 unauthorized"),
              (srv.url, {"AIOPS_TOKEN": "wrong"}, "401 unauthorized"),
              (f"http://127.0.0.1:{closed.getsockname()[1]}", {}, "cannot reach the aiops server at")]
+    # No --url: the configured [server] address, an IPv6 wildcard bind here (reached on ::1).
+    v6 = tmp_path / "v6-config"
+    v6.mkdir()
+    (v6 / "aiops.toml").write_text(f'[server]\nhost = "::"\nport = {closed.getsockname()[1]}\n')
+    cases.append((None, {}, f"cannot reach the aiops server at http://[::1]:{closed.getsockname()[1]}"))
     try:
         for url, env, expect in cases:
+            where = ["--config-dir", str(v6)] if url is None else ["--config-dir", str(srv.cfg.paths.config_dir)]
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "aiops.cli", "--config-dir", str(srv.cfg.paths.config_dir),
-                "--data-dir", str(tmp_path / "attach-data"), "attach", "api-x", "--url", url,
+                sys.executable, "-m", "aiops.cli", *where,
+                "--data-dir", str(tmp_path / "attach-data"), "attach", "api-x", *(["--url", url] if url else []),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**clean_env(), **env}, cwd=tmp_path)
             out, err = await asyncio.wait_for(proc.communicate(), 30)
             assert proc.returncode == 2, (url, err)

@@ -248,8 +248,10 @@ class StreamEvent(BaseModel):
     tool_result, gate, gate_resolved, notice, error, done (see DESIGN.md); every data object
     carries `session_id` and, for events of a turn, `turn_id`. tok/thinking/notice: `{text}`;
     tool_call: `{id, name, arguments}`; tool_result: `{id, name, content, truncated, is_error,
-    duration_ms}`; gate/gate_resolved: the gate object; error: `{code, message}`; done: `{text,
-    status, model, error?, usage?}`, plus `command: true` for a message that ran only commands."""
+    duration_ms, gate?, data?, status?}`; gate/gate_resolved: the gate object; error: `{code,
+    message}`; done: `{text, status, model, error?, usage?, finish_reason?}` (`finish_reason`
+    "length": the answer was cut at the model's output limit), plus `command: true` for a message
+    that ran only commands."""
 
     model_config = ConfigDict(extra="allow")
     session_id: str | None
@@ -259,9 +261,10 @@ class StreamEvent(BaseModel):
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
-def _json(model: BaseModel, status: int = 200, *, exclude_none: bool = False) -> web.Response:
-    return web.json_response(model.model_dump(mode="json", exclude_none=exclude_none), status=status,
-                             dumps=_dumps)
+def _json(model: BaseModel, status: int = 200, *, exclude_none: bool = False,
+          exclude_unset: bool = False) -> web.Response:
+    return web.json_response(model.model_dump(mode="json", exclude_none=exclude_none, exclude_unset=exclude_unset),
+                             status=status, dumps=_dumps)
 
 
 def _dumps(obj: Any) -> str:
@@ -508,7 +511,9 @@ async def list_gates(request: web.Request) -> web.Response:
             if live is None or not who.may_use(owner_of(live)):
                 continue  # a client sees only the gates of its own sessions
         gates.append(GateOut.model_validate(g.to_dict()))
-    return _json(GateList(gates=gates))
+    # Only the fields the gate has: a pending one has no decision, scope, by or at (not nulls),
+    # the same object as in its `gate` event.
+    return _json(GateList(gates=gates), exclude_unset=True)
 
 
 async def resolve_gate(request: web.Request) -> web.Response:
