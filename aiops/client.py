@@ -84,9 +84,10 @@ def _error_from(status: int, body: str) -> AgentError:
 class EventStream:
     """The server-sent events of one session: `{"event": name, "data": {...}}` items.
 
-    Use as an async context manager to be sure the server has subscribed before you submit (and to
-    read it in several loops), or iterate it directly (it connects on the first item; leaving that
-    loop, by `break` or an exception, closes it). It ends when the server ends the stream
+    Use as an async context manager (or `await stream.open()`, then `aclose()`) to be sure the
+    server has subscribed before you submit, and to read it in several loops; or iterate it
+    directly (it connects on the first item, and leaving that loop, by `break` or an exception,
+    closes it: a later read raises AgentError `stream_closed`). It ends when the server ends the stream
     (shutdown; the session deleted, after an `error` event with code `session_deleted`; or an
     `error` event with code `slow_consumer` for a reader that fell behind). A connection lost
     midway (the server killed, the network gone) raises AgentError `stream_cut` instead: events
@@ -99,9 +100,16 @@ class EventStream:
         self._resp: aiohttp.ClientResponse | None = None
         self._buffer = b""
         self._eof = False
-        self._managed = False  # inside `async with`: that closes it, not the end of one loop
+        self._managed = False  # opened by the caller (`async with`, open()): the caller closes it
+        self._reads = 0  # __anext__ calls: a loop left early closes the stream only if none followed
+        self._left = False  # closed because the one loop over it was left
 
     async def open(self) -> Self:
+        """Connect (the server has subscribed when this returns); close with `aclose()`."""
+        self._managed = True
+        return await self._open()
+
+    async def _open(self) -> Self:
         if self._resp is not None:
             return self
         http = self._client._require_session()
@@ -129,7 +137,6 @@ class EventStream:
         self._eof = True
 
     async def __aenter__(self) -> Self:
-        self._managed = True
         return await self.open()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -139,18 +146,22 @@ class EventStream:
         return self._items()
 
     async def _items(self) -> AsyncIterator[dict[str, Any]]:
-        # A generator, so that a loop left early is noticed (the generator is closed when it is
-        # dropped): a stream iterated without `async with` must not keep its connection, and the
-        # server its subscription, until the client closes.
+        # A generator, so that a loop left early is noticed (asyncio closes a dropped generator, a
+        # little later, in a task of its own): a stream iterated without being opened must not
+        # keep its connection, and the server its subscription, until the client closes. Not if a
+        # read came meanwhile (anext(), another loop): that caller is still reading.
+        mark = self._reads
         try:
             while True:
                 try:
                     item = await self.__anext__()
                 except StopAsyncIteration:
                     return
+                mark = self._reads
                 yield item
         finally:
-            if not self._managed:
+            if not self._managed and self._reads == mark and not self._eof:
+                self._left = True
                 await self.aclose()
 
     async def _readline(self) -> str | None:
@@ -172,10 +183,15 @@ class EventStream:
         return line.rstrip(b"\r").decode("utf-8")
 
     async def __anext__(self) -> dict[str, Any]:
+        self._reads += 1
+        if self._left:
+            raise AgentError(0, "stream_closed", f"the event stream of {self.client_id} was closed when the loop "
+                                                 f"over it was left; to read it in several loops, use `async with "
+                                                 f"agent.stream(...)` or `await stream.open()`")
         if self._resp is None:
             if self._eof:
                 raise StopAsyncIteration
-            await self.open()
+            await self._open()
         name: str | None = None
         data: list[str] = []
         while True:

@@ -332,15 +332,17 @@ class Engine:
     # ---- sessions ----
 
     async def session(self, ref: str, *, kind: str = "api", create: bool = False,
-                      model: str | None = None, meta: dict[str, Any] | None = None) -> LiveSession | None:
+                      model: str | None = None, meta: dict[str, Any] | None = None,
+                      wait_for_delete: bool = True) -> LiveSession | None:
         """A live session by full or shorthand id; created when asked and missing (with `model`,
         which must be a usable model key: a session must not store one it cannot run on, and
         with `meta`, written in the same transaction: an existing session's is left alone).
 
         A session being deleted is waited for: what comes after the delete finds no such session
-        (or a new one, when asked to create it), never the one going away."""
+        (or a new one, when asked to create it), never the one going away. With `wait_for_delete`
+        false it is returned as it is (`deleting` set): a second delete wants to know it lost."""
         live = await self._session(ref, kind=kind, create=create, model=model, meta=meta)
-        if live is not None and live.deleting is not None:
+        if live is not None and live.deleting is not None and wait_for_delete:
             await asyncio.shield(live.deleting)
             live = await self._session(ref, kind=kind, create=create, model=model, meta=meta)
         return live
@@ -686,7 +688,7 @@ class Engine:
         if gone():  # (a write ahead of the deletion's is deleted with the session)
             outputs.append("this message was not run: its session was deleted meanwhile")
             return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="cancelled",
-                                       model=live.model_key(self))
+                                       model=live.model_key(self), command=bool(parsed.commands))
         self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)
         turn = Turn(turn_id, live.id, parsed.text, kind, model=turn_model, is_operator=is_operator,
                     depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
@@ -700,16 +702,18 @@ class Engine:
         return turn
 
     def _finished_turn(self, turn_id: str, session_id: str, kind: str, text: str,
-                       status: str = "complete", model: str | None = None) -> Turn:
+                       status: str = "complete", model: str | None = None, command: bool = True) -> Turn:
         """The turn of a message that ran no model: its commands' output (or why it was refused).
         Its `done` has the fields of any turn's (`model`: the session's, or a new one's), plus
-        `command: true`."""
+        `command: true` unless the message was text that a delete kept from running."""
         live = self._sessions.get(session_id)
         model_key = live.model_key(self) if live is not None else (model or self.config.models.default_model)
         turn = Turn(turn_id, session_id, "", kind)
         error = {"code": "bad_request", "message": text} if status == "error" else None
         turn.future.set_result(TurnResult(turn_id, status, text, error))
-        data: dict[str, Any] = {"text": text, "status": status, "model": model_key, "command": True}
+        data: dict[str, Any] = {"text": text, "status": status, "model": model_key}
+        if command:
+            data["command"] = True
         if error is not None:
             data["error"] = error
             self.bus.publish(ev.ERROR, session_id, error, turn_id)
@@ -784,14 +788,6 @@ class Engine:
             n = int(ref)
             live = next((s for s in self._sessions.values() if s.row.short_id == n), None)
         return live
-
-    def being_deleted(self, ref: str) -> LiveSession | None:
-        """The session `ref` while a delete of it is under way, else None. (`session()` waits for
-        such a delete to end and then finds nothing: a second delete wants to know it lost.)"""
-        live = self._in_memory(ref)
-        if live is not None and live.deleting is not None and not live.deleting.done():
-            return live
-        return None
 
     def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool:
         """Cancel the running turn of a session (its pending gates are cancelled too, `by` saying

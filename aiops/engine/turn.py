@@ -33,6 +33,7 @@ from aiops.engine.types import (
     Usage,
     new_id,
     valid_completion,
+    valid_data,
     valid_text,
 )
 
@@ -102,7 +103,9 @@ class Turn:
     task: asyncio.Task[TurnResult] | None = None
 
     async def wait(self, timeout: float | None = None) -> TurnResult:
-        return await asyncio.wait_for(asyncio.shield(self.future), timeout)
+        # (asyncio.timeout: Python 3.11's wait_for can swallow a cancellation of the waiter)
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(self.future)
 
     @property
     def done(self) -> bool:
@@ -429,15 +432,16 @@ class TurnRunner:
         meta: dict[str, Any] = {"is_error": out.is_error, "duration_ms": round(duration_ms, 1)}
         if decision:
             meta["gate"] = decision
-        if out.data is not None:
-            meta["data"] = out.data
+        result_data = valid_data(out.data)  # (structured output can hold undecodable names too)
+        if result_data is not None:
+            meta["data"] = result_data
         data = {"id": call.id, "name": call.name, "content": text[:PREVIEW_CHARS],
                 "truncated": len(text) > PREVIEW_CHARS, "is_error": out.is_error,
                 "duration_ms": meta["duration_ms"]}
         if decision:
             data["gate"] = decision
-        if out.data is not None:
-            data["data"] = out.data
+        if result_data is not None:
+            data["data"] = result_data
         if status != "complete":
             data["status"] = status
         try:

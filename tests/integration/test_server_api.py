@@ -24,7 +24,7 @@ import aiops
 from aiops.client import AgentClient, AgentError, EventStream
 from aiops.engine.events import CONTRACT_EVENTS
 from aiops.engine.plugins import Plugin, PluginAPI
-from aiops.engine.tools import Tool, ToolContext
+from aiops.engine.tools import Tool, ToolContext, ToolOutput
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
@@ -1005,11 +1005,15 @@ async def test_a_stream_iterated_without_async_with_is_closed_when_the_loop_is_l
                 await agent.submit("hi", client_id=f"api-brk{n}")
 
             submitting = asyncio.create_task(submit_once_subscribed())
-            async for e in agent.stream(f"api-brk{n}"):
+            stream = agent.stream(f"api-brk{n}")
+            async for e in stream:
                 assert e["event"] == "tok" and e["data"]["session_id"] == f"api-brk{n}"
                 break
             await submitting
             await when(lambda: bus.subscriber_count == idle)  # let go as the loop was left
+        with pytest.raises(AgentError) as closed:  # and a read after that says why nothing comes
+            await anext(stream)
+        assert closed.value.code == "stream_closed" and "async with" in closed.value.message
         # Inside `async with`, leaving one loop keeps the stream for the next.
         async with agent.stream("api-brk0") as events:
             await agent.submit("again", client_id="api-brk0")
@@ -1020,3 +1024,53 @@ async def test_a_stream_iterated_without_async_with_is_closed_when_the_loop_is_l
                     assert e["data"]["text"] == "echo: again"
                     break
             assert bus.subscriber_count > idle
+
+
+async def test_an_opened_stream_is_read_in_several_loops_and_by_anext(api_server: ApiServer) -> None:
+    """`await stream.open()` subscribes before the submit as `async with` does, and the stream is
+    the caller's to close: leaving one loop does not end it."""
+    api_server.fake.script(Reply.text("one two three four", chunks=4, chunk_delay=0.02))  # four toks
+    async with api_server.client() as agent:
+        events = await agent.stream("api-loops").open()
+        try:
+            await agent.submit("count", client_id="api-loops")
+            seen = []
+            async for e in events:
+                seen.append(e)
+                break
+            async for e in events:
+                seen.append(e)
+                break
+            async with asyncio.timeout(10):
+                while seen[-1]["event"] != "done":
+                    seen.append(await anext(events))
+            assert [e["event"] for e in seen] == ["tok"] * 4 + ["done"]  # nothing lost between the loops
+            assert "".join(e["data"]["text"] for e in seen[:4]) == "one two three four"
+        finally:
+            await events.aclose()
+
+
+class ListingPlugin(Plugin):
+    """A read tool whose structured result holds a file name decoded with surrogateescape, as
+    os.listdir gives non-UTF-8 names (an MCP server's structured content can hold them too)."""
+
+    name = "listing"
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def list_dir(args: NoteArgs, ctx: ToolContext) -> ToolOutput:
+            name = b"caf\xe9.log".decode("utf-8", "surrogateescape")  # 'caf\udce9.log'
+            return ToolOutput(f"1 file: {name}", data={"files": [name]})
+
+        api.register_tool(Tool("list_dir", "List a directory", NoteArgs, "listing", list_dir, operation="read"))
+
+
+async def test_a_lone_surrogate_in_a_tools_structured_result_does_not_cut_the_stream(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await api_server_factory(plugins=[ListingPlugin()], extra_files={"plugins.toml": "[listing]\nenabled = true\n"})
+    srv.fake.responder = call_tool_when("list", ("list_dir", {"text": "/var/log"}))
+    async with srv.client() as agent, agent.stream("api-listing") as events:
+        await agent.submit("list the logs", client_id="api-listing")
+        seen = await events_until_done(events)
+    [result] = [e["data"] for e in seen if e["event"] == "tool_result"]
+    assert result["content"] == "1 file: caf\ufffd.log" and result["data"] == {"files": ["caf\ufffd.log"]}
+    assert seen[-1]["data"]["status"] == "complete"

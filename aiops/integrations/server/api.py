@@ -403,8 +403,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
             # The subscription exists once these headers arrive: a client may submit then.
             await resp.write(b": connected\n\n")
             while True:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that lands as the event arrives, and a reader that hung up then kept its
+                # handler and subscription until the next keep-alive write failed.
                 try:
-                    event = await asyncio.wait_for(sub.get(), keepalive)
+                    async with asyncio.timeout(keepalive):
+                        event = await sub.get()
                 except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
                     continue
@@ -483,14 +487,15 @@ def by_turn(messages: list[Message]) -> list[Message]:
 async def delete_session(request: web.Request) -> web.Response:
     engine = get_engine(request)
     ref, who = request.match_info["id"], caller(request)
-    if (going := engine.being_deleted(ref)) is not None:
+    live = await engine.session(ref, wait_for_delete=False)
+    if live is None:
+        raise HttpError(404, "not_found", f"no session {ref!r}")
+    check_access(who, live, ref)
+    if live.deleting is not None:
         # Another delete is under way: this one lost the race. Answered when the session is gone,
         # as the winner is, rather than a 404 for a session that was there when it was asked for.
-        check_access(who, going, ref)
-        assert going.deleting is not None
-        await asyncio.shield(going.deleting)
-        return _json(SessionDeleted(client_id=going.id, deleted=False))
-    live = await _live(engine, ref, who)
+        await asyncio.shield(live.deleting)
+        return _json(SessionDeleted(client_id=live.id, deleted=False))
     deleted = await asyncio.shield(engine.delete_session(live.id))
     return _json(SessionDeleted(client_id=live.id, deleted=deleted))
 
