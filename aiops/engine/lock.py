@@ -6,7 +6,7 @@ process exits, however it exits, so a crash never leaves a stale lock behind; th
 A clean release empties the file: content found by the next holder means the last one died
 without stopping (SIGKILL, a crash), and since when it had run (`died_since`). The new holder
 keeps that time in the file until it has recorded what was left open (`recovered`), so a holder
-that dies before that passes it on.
+that dies, or stops, before that passes it on.
 """
 
 from __future__ import annotations
@@ -116,10 +116,13 @@ class DataDirLock:
         if fd is None:
             return
         _held.discard(self.path.parent.resolve())
-        try:
-            os.ftruncate(fd, 0)
-        except OSError:
-            pass
+        # A holder that never got to record what a dead one left open (a start refused or
+        # interrupted before that) leaves the file as it is: it still says since when to look.
+        if "recover_since" not in self.info:
+            try:
+                os.ftruncate(fd, 0)
+            except OSError:
+                pass
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

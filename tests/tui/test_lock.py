@@ -62,6 +62,14 @@ def test_the_next_holder_learns_whether_the_last_one_died_without_stopping(tmp_p
     killed_while_holding()
     with DataDirLock(path) as after_two:
         assert after_two.died_since == first_run
+    # So does one that stops cleanly before that (a start refused: a bad bind, a Ctrl-C).
+    with DataDirLock(path) as refused:
+        assert refused.died_since == first_run
+    with DataDirLock(path) as after_refused:
+        assert after_refused.died_since == first_run
+        after_refused.recovered()
+    with DataDirLock(path) as recovered:
+        assert recovered.died_since is None
 
 
 def test_only_the_holder_of_the_data_dir_rotates_its_log(tmp_path):
