@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar, copy_context
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,18 @@ def _warm_backend_imports(types: set[str]) -> None:
 
 class EngineError(Exception):
     """A request the engine refuses; the message is for the user."""
+
+
+class EngineStopping(Exception):
+    """The engine is stopping (or stopped): it takes no new message. Not an EngineError: the
+    request was fine, and may be sent again once aiops is back (the server answers 503)."""
+
+
+STOPPING = "aiops is shutting down"
+# Set inside an admission: the work it brackets may take in its message to the end, even once
+# a stop has begun (the stop waits for it), nested calls included.
+_ADMITTED: ContextVar[bool] = ContextVar("aiops_admitted", default=False)
+ADMISSION_WAIT = 10.0  # seconds a stop waits for messages being taken in
 
 
 @dataclass
@@ -142,6 +155,9 @@ class Engine:
         self._commanding: dict[str, int] = {}  # sessions whose message's commands are running
         self._deletions: dict[str, dict[str, Any]] = {}  # deletions announced when they end
         self._prompts: Any = None
+        self._stopping = False
+        self._admitted = 0  # admissions open (see admission)
+        self._admissions_over: asyncio.Event | None = None  # set by the last, while a stop waits
         self.started = False
         self.started_at = time.time()
 
@@ -187,8 +203,41 @@ class Engine:
         lock.recovered()
         return len(turns), len(gates)
 
+    @contextmanager
+    def admission(self) -> Iterator[None]:
+        """Bracket the taking in of a new message (a session made, a history imported, the
+        submit): refused with EngineStopping once a stop has begun, and waited for by the stop,
+        so that a turn it queues is stopped and recorded like every other, never left half
+        taken in, nor started on a closed store."""
+        if _ADMITTED.get():
+            yield  # inside one already (a proxy request's own submit)
+            return
+        if self._stopping:
+            raise EngineStopping(STOPPING)
+        token = _ADMITTED.set(True)
+        self._admitted += 1
+        try:
+            yield
+        finally:
+            _ADMITTED.reset(token)
+            self._admitted -= 1
+            if not self._admitted and self._admissions_over is not None:
+                self._admissions_over.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     async def stop(self) -> None:
         """Cancel running turns cleanly (recorded as cancelled), stop plugins, close the store."""
+        self._stopping = True
+        if self._admitted:
+            self._admissions_over = asyncio.Event()
+            try:
+                async with asyncio.timeout(ADMISSION_WAIT):
+                    await self._admissions_over.wait()
+            except TimeoutError:
+                log.warning("stopping with %d message(s) still being taken in", self._admitted)
         turns = [live.current.task for live in self._sessions.values()
                  if live.current is not None and live.current.task is not None]
         dropped: list[tuple[str, Turn]] = []
@@ -603,7 +652,7 @@ class Engine:
         if model is not None and (why := self.check_model(model)):
             # Before anything runs: a new session would store this model, an existing one run on it.
             raise EngineError(why)
-        with ExitStack() as pins:
+        with self.admission(), ExitStack() as pins:
             return await self._submit(pins, client_id, text, kind=kind, model=model,
                                       is_operator=is_operator, depth=depth, tools=tools, meta=meta)
 
@@ -694,8 +743,12 @@ class Engine:
                     depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
         live.queue.append(turn)
         if live.worker is None or live.worker.done():
-            live.worker = asyncio.get_running_loop().create_task(self._worker(live),
-                                                                 name=f"aiops-session-{live.id}")
+            # Outside this admission: the worker's turns (and a delegation's submit from one of
+            # them) are not part of taking in this message.
+            context = copy_context()
+            context.run(_ADMITTED.set, False)
+            live.worker = asyncio.get_running_loop().create_task(self._worker(live), name=f"aiops-session-{live.id}",
+                                                                 context=context)
         elif live.current is not None:
             self.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
                         turn_id, persist=False)

@@ -824,6 +824,50 @@ async def test_shutdown_cancels_running_turns_cleanly_and_loses_nothing(
     assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in messages)
 
 
+async def test_a_shutdown_amid_new_proxy_conversations_leaves_none_half_taken_in(
+        aiops_serve_factory: ServeFactory) -> None:
+    """Proxy requests still choosing, importing and submitting when SIGTERM came went on after
+    the engine had stopped: 500s (the store closed under them), half-imported histories, and
+    questions acknowledged with a 200 that no record ever ended. Each is now either refused
+    (503) or taken in whole and then stopped like every running turn."""
+    first = aiops_serve_factory()
+    assert first.fake is not None
+    first.fake.responder = lambda body: Reply.text("a slow answer in many parts", chunks=10, chunk_delay=0.3)
+
+    def conversation(i: int) -> list[dict[str, str]]:  # begun elsewhere: aiops imports two exchanges
+        return [{"role": "user", "content": f"c{i} q1"}, {"role": "assistant", "content": f"c{i} a1"},
+                {"role": "user", "content": f"c{i} q2"}, {"role": "assistant", "content": f"c{i} a2"},
+                {"role": "user", "content": f"c{i} now"}]
+
+    async def chat(http: aiohttp.ClientSession, i: int) -> tuple[int, str | None]:
+        async with http.post(first.url + "/v1/chat/completions",
+                             json={"model": "aiops", "stream": True, "messages": conversation(i)}) as r:
+            await r.read()
+            return r.status, r.headers.get("X-Aiops-Session")
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        chats = [asyncio.create_task(chat(http, i)) for i in range(60)]
+        await first.fake.wait_for_requests_async(3)  # some turns run, others are being taken in
+        first.proc.send_signal(signal.SIGTERM)
+        answers = await asyncio.gather(*chats)
+    assert await asyncio.to_thread(first.proc.wait, 30) == 0
+    assert {status for status, _ in answers} <= {200, 503}, answers
+    assert "Traceback" not in first.stderr and " ERROR " not in (first.data_dir / "aiops.log").read_text()
+    taken = {sid for status, sid in answers if status == 200}
+    assert taken
+
+    second = aiops_serve_factory(config_dir=first.config_dir, data_dir=first.data_dir)
+    async with AgentClient(second.url, token="") as agent:
+        assert {s["client_id"] for s in await agent.sessions(limit=1000)} == taken  # no empty leftovers
+        for sid in taken:
+            messages = [m for m in await agent.history(sid) if m["role"] in ("user", "assistant", "notice")]
+            i = messages[0]["content"].split()[0]
+            assert [m["content"] for m in messages[:5]] == [f"{i} q1", f"{i} a1", f"{i} q2", f"{i} a2", f"{i} now"]
+            # The question taken in has an end: its stopped answer, or a notice that it never ran.
+            ending = messages[5:]
+            assert ending and (ending[0]["status"] == "cancelled" or "cancelled" in ending[-1]["content"]), ending
+
+
 async def test_after_a_sigkill_the_restart_records_what_was_cut_off(
         aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI, tmp_path: Any) -> None:
     """A SIGTERM records each running turn as cancelled; a SIGKILL cannot. The next start finds

@@ -323,6 +323,11 @@ async def submit(request: web.Request) -> web.Response:
 
 async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
     """Submit to a session the caller may use; a session it creates is recorded as its own."""
+    with engine.admission():  # (a shutdown waits for the message to be taken in, or refuses it)
+        return await _submit_admitted(engine, client_id, body, who)
+
+
+async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)

@@ -33,7 +33,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from aiops.config import Config
-from aiops.engine.engine import Engine
+from aiops.engine.engine import Engine, EngineStopping
 from aiops.engine.events import Subscription
 from aiops.integrations.server.auth import (
     CLIENT,
@@ -371,6 +371,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(request, _from_http_exception(request, e))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except EngineStopping:  # a request that came as the engine began to stop
+        if request.get(STREAMING_KEY):
+            raise
+        return error_response(request, HttpError(503, "unavailable", "the server is shutting down"))
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
         if request.get(STREAMING_KEY):

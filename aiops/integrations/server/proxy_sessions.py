@@ -567,15 +567,19 @@ class ProxySessions:
         owned by `who`."""
         check_conversation(messages)
         _check_turn_model(self.engine, messages[-1].text)
-        await self._load_index()
-        lock = await self._lock(conv.root)
-        try:
-            async with lock:
-                return await self._start_locked(conv, messages, model, who, events)
-        finally:
-            self._unlock(conv.root)
-            if self._forks.get(conv.root) == []:
-                del self._forks[conv.root]  # refused, or every session of it gone
+        # One admission from the first look at the sessions to the submit: a shutdown that
+        # begins meanwhile waits for it, rather than closing the store under a half-imported
+        # history or a message accepted with no turn to end it.
+        with self.engine.admission():
+            await self._load_index()
+            lock = await self._lock(conv.root)
+            try:
+                async with lock:
+                    return await self._start_locked(conv, messages, model, who, events)
+            finally:
+                self._unlock(conv.root)
+                if self._forks.get(conv.root) == []:
+                    del self._forks[conv.root]  # refused, or every session of it gone
 
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
                             model: PublishedModel, who: Caller, events: Iterable[str] | None) -> StartedTurn:
