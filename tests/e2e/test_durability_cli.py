@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -306,3 +307,75 @@ def test_a_second_aiops_on_the_same_data_dir_is_told_where_the_first_runs(setup)
         first.send_signal(signal.SIGTERM)
         first.wait(10)
         _reap(first)
+
+
+# ---- a tool that will not stop ----------------------------------------------------------------------
+
+# A plugin whose tool blocks a thread (a synchronous library called through asyncio.to_thread):
+# cancelling the task does not stop the thread, and Python waits for every such thread at exit.
+THREAD_PLUGIN = """
+import asyncio
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from aiops.engine.plugins import Plugin
+from aiops.engine.tools import Tool
+
+
+class Args(BaseModel):
+    marker: str
+
+
+class BlockingPlugin(Plugin):
+    name = "blocking"
+
+    async def setup(self, api):
+        async def blocking_tool(args, ctx):
+            Path(args.marker).write_text("running")
+            await asyncio.to_thread(time.sleep, 300)
+            return "woke up"
+
+        api.register_tool(Tool("blocking_tool", "blocks a thread", Args, "test", blocking_tool))
+"""
+
+
+def test_serve_exits_soon_after_a_sigterm_though_a_tool_blocks_a_thread(tmp_path: Path,
+                                                                        fake_openai: FakeOpenAI) -> None:
+    """It logged "stopped" at once, then sat until the thread woke (minutes; for good with a tool
+    that swallows cancellation), ignoring further signals: a service manager ends up killing it."""
+    from tests.support.server import start_serve
+
+    site = tmp_path / "site"
+    dist = site / "aiops_blocking_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (site / "aiops_blocking_plugin.py").write_text(THREAD_PLUGIN)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-blocking-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[aiops.plugins]\nblocking = aiops_blocking_plugin:BlockingPlugin\n")
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n\n[blocking]\nenabled = true\n"})
+    marker = tmp_path / "marker"
+    fake_openai.script(Reply.tool_calls(("blocking_tool", {"marker": str(marker)})))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    serve = start_serve(cfg, tmp_path / "data", env=env, fake=fake_openai)
+    try:
+        req = urllib.request.Request(serve.url + "/api/v1/submit", method="POST",
+                                     data=json.dumps({"text": "run it", "client_id": "api-blocked"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["status"] == "accepted"
+        _wait_until("the tool runs", marker.exists, serve.proc)
+        started = time.monotonic()
+        serve.proc.send_signal(signal.SIGTERM)
+        assert serve.proc.wait(60) == 0
+    finally:
+        _reap(serve.proc)
+    assert time.monotonic() - started < 30  # the turn's 5 s grace, then the exit's 5 s
+    assert "Traceback" not in serve.stderr
+    assert "still running after the stop" in (tmp_path / "data" / "aiops.log").read_text()
+    # What was stored is complete: the call is recorded as cut short, then the turn's end.
+    rows = _committed(tmp_path / "data" / "aiops.sqlite3")
+    assert [(r[3], r[7]) for r in rows] == [("user", "complete"), ("assistant", "complete"),
+                                            ("tool", "cancelled"), ("notice", "complete")]
+    assert str(rows[-1][4]).startswith("turn cancelled")

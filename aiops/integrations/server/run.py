@@ -15,8 +15,10 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,11 +312,64 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     except AlreadyRunning as e:
         print(f"aiops: {e}", file=sys.stderr)
         return 2
+    left = 0
     try:
-        return asyncio.run(_serve(cfg, host, port, lock))
+        rc, left = _run_to_exit(_serve(cfg, host, port, lock))
+        return rc
     finally:
-        # Stopped (or failed) already: a second Ctrl-C, or a service manager's repeated SIGTERM,
-        # arriving during the last of the exit must not turn it into a killed process.
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
         lock.release()
+        if left:
+            # Everything is stopped and stored; what is left is a tool that ignores cancellation
+            # or a thread blocked in one, which Python would wait for without end at exit (a
+            # service manager would SIGKILL the process in the end). Leave without them.
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+
+
+EXIT_GRACE = 5.0  # seconds the exit waits for tasks and threads still running after the stop
+
+
+def _run_to_exit(main: Any) -> tuple[int, int]:
+    """Run `main` on a new loop, then wind the loop down as asyncio.run does, but bounded: tasks
+    still running are cancelled and given EXIT_GRACE, the default executor's threads as long.
+    Returns main's exit status and how many tasks and threads were still running after that."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    # Our own default executor (asyncio.to_thread's): its threads are waited for below, bounded.
+    # (loop.shutdown_default_executor joins them without a limit, even when cancelled, on 3.11.)
+    executor = ThreadPoolExecutor(thread_name_prefix="aiops-worker")
+    loop.set_default_executor(executor)
+    rc, left = 1, 0
+    try:
+        rc = loop.run_until_complete(main)
+    finally:
+        try:
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in tasks:
+                t.cancel()
+            if tasks:
+                _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=EXIT_GRACE))
+                left += len(pending)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            executor.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + EXIT_GRACE
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and not thread.daemon:
+                    thread.join(max(0.0, deadline - time.monotonic()))
+                    left += thread.is_alive()
+            if left:
+                log.warning("exiting with %d task(s) or thread(s) still running after the stop (a tool "
+                            "that ignores cancellation, or blocks a thread?); not waiting for them", left)
+        finally:
+            # Stopped (or failed) already: a second Ctrl-C, or a service manager's repeated
+            # SIGTERM, arriving during the last of the exit must not turn it into a killed
+            # process. (The loop's own handlers go first, or closing it would restore the
+            # defaults after this.)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
+            asyncio.set_event_loop(None)
+            loop.close()
+    return rc, left
