@@ -832,3 +832,26 @@ async def test_a_question_withdrawn_while_queued_reaches_the_model_as_unanswered
     assert sent == [("user", "q1"), ("assistant", f"{partial}\n\n{INCOMPLETE_REPLY['cancelled']}"),
                     ("user", "never mind this one"), ("assistant", NO_REPLY_GIVEN), ("user", "q3")]
     await client.close()
+
+
+async def test_a_stopped_answer_the_client_never_got_does_not_fork_its_conversation(api_server: ApiServer) -> None:
+    """A non-streaming request whose client gave up (or that a shutdown answered 503) leaves its
+    partial answer recorded as stopped; the client never saw it, and sends its next message
+    without it. That is still the same conversation, not an edit to fork from."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0)
+    sid, a1 = await ask(client, [("user", "q1")])
+    api_server.fake.script(Reply.hang(after_chunks=2, reply=Reply.text("a partial answer, never delivered", chunks=4)))
+    with api_server.engine.bus.subscribe(sid, names=("tok", "done")) as events:
+        waiting = asyncio.create_task(ask(client, [("user", "q1"), ("assistant", a1), ("user", "q2")]))
+        assert (await events.get()).name == "tok"  # the model has begun: the client gives up
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        async with asyncio.timeout(10):
+            while (e := await events.get()) is not None and e.name != "done":
+                pass
+    stopped = [m for m in await history(api_server, sid) if m["role"] == "assistant" and m["status"] == "cancelled"]
+    assert len(stopped) == 1 and stopped[0]["content"]  # recorded, with the text the client never got
+    again, _ = await ask(client, [("user", "q1"), ("assistant", a1), ("user", "q2"), ("user", "q3")])
+    assert again == sid and list(await sessions(api_server)) == [sid]
+    await client.close()

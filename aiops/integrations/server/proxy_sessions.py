@@ -303,8 +303,11 @@ class _TurnText:
     answer: list[str] = field(default_factory=list)
 
 
-def session_view(history: Iterable[Message]) -> list[Entry]:
+def session_view(history: Iterable[Message], *, without_stopped: bool = False) -> list[Entry]:
     """A session's conversation as the client saw it: per turn, the user text and the answer.
+
+    `without_stopped`: as a client sees it that never got the stopped answers (a non-streaming
+    request the shutdown answered 503, or one whose client gave up): without them.
 
     Grouped by turn, not by commit order: a message sent while a turn runs is stored before that
     turn's answer, but the client shows each question followed by its answer (as `by_turn` gives
@@ -325,7 +328,7 @@ def session_view(history: Iterable[Message]) -> list[Entry]:
             if not turns:
                 continue
             turn = turns[-1]
-        if m.role == "assistant" and m.content:
+        if m.role == "assistant" and m.content and not (without_stopped and m.status == "cancelled"):
             turn.answer.append(m.content)
         elif m.role == "notice" and m.meta.get("kind") == "command" and turn.turn_id == m.turn_id:
             turn.outputs.append(m.content)
@@ -383,6 +386,8 @@ class _Seen:
     kind: str
     owner: str | None
     view: list[Signature]
+    # The view without stopped answers, when there are any: a client may never have got them.
+    unstopped: list[Signature] | None = None
 
 
 # ---- identity ---------------------------------------------------------------------------------------
@@ -679,6 +684,9 @@ class ProxySessions:
                 continue  # a first message never continues an existing conversation
             if len(ours) == len(client) and is_prefix_sig(ours, client):
                 return sid, len(client)
+            alt = seen.unstopped
+            if alt is not None and len(alt) == len(client) and is_prefix_sig(alt, client):
+                return sid, len(client)  # all of it but a stopped answer the client never got
             if (best is None or len(ours) > best[1]) and is_prefix_sig(ours, client):
                 best = (sid, len(ours))
         if not client and conv.explicit and root_used:
@@ -697,7 +705,10 @@ class ProxySessions:
         if live is None:
             self._seen.pop(sid, None)
             return None
-        seen = _Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(await live.history(engine))))
+        history = await live.history(engine)
+        stopped = any(m.role == "assistant" and m.status == "cancelled" and m.content for m in history)
+        seen = _Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(history)),
+                     signatures(session_view(history, without_stopped=True)) if stopped else None)
         self._seen[sid] = seen
         self._seen.move_to_end(sid)
         while len(self._seen) > _SEEN_MAX:
@@ -709,8 +720,9 @@ class ProxySessions:
         live = await self.engine.session(sid)
         if live is None:
             return False
-        ours = session_view(await live.history(self.engine))
-        return len(ours) == held and is_prefix(ours, client)
+        history = await live.history(self.engine)
+        return any(len(ours) == held and is_prefix(ours, client)
+                   for ours in (session_view(history), session_view(history, without_stopped=True)))
 
     async def _free_id(self, root: str, known: Sequence[str]) -> str:
         if await self.engine.session(root) is None:
