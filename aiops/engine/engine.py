@@ -66,9 +66,21 @@ class EngineStopping(Exception):
 
 
 STOPPING = "aiops is shutting down"
-# Set inside an admission: the work it brackets may take in its message to the end, even once
-# a stop has begun (the stop waits for it), nested calls included.
-_ADMITTED: ContextVar[bool] = ContextVar("aiops_admitted", default=False)
+# The admission the current task is inside: the work it brackets may take in its message to the
+# end, even once a stop has begun (the stop waits for it), nested calls included. An object, not a
+# flag: a task born inside one (a listener's, say) outlives it, and must not count as inside it.
+_ADMITTED: ContextVar[_Admission | None] = ContextVar("aiops_admitted", default=None)
+
+
+class _Admission:
+    """One open admission of one engine; a context that outlives it (a task born inside) no
+    longer counts as inside it."""
+    __slots__ = ("engine", "open")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.open = engine, True
+
+
 ADMISSION_WAIT = 10.0  # seconds a stop waits for messages being taken in
 
 
@@ -209,16 +221,17 @@ class Engine:
         submit): refused with EngineStopping once a stop has begun, and waited for by the stop,
         so that a turn it queues is stopped and recorded like every other, never left half
         taken in, nor started on a closed store."""
-        if _ADMITTED.get():
-            yield  # inside one already (a proxy request's own submit)
-            return
-        if self._stopping:
+        outer = _ADMITTED.get()
+        nested = outer is not None and outer.open and outer.engine is self
+        if self._stopping and not nested:
             raise EngineStopping(STOPPING)
-        token = _ADMITTED.set(True)
-        self._admitted += 1
+        mine = _Admission(self)
+        token = _ADMITTED.set(mine)
+        self._admitted += 1  # nested ones too: one may outlive its outer admission
         try:
             yield
         finally:
+            mine.open = False
             _ADMITTED.reset(token)
             self._admitted -= 1
             if not self._admitted and self._admissions_over is not None:
@@ -746,7 +759,7 @@ class Engine:
             # Outside this admission: the worker's turns (and a delegation's submit from one of
             # them) are not part of taking in this message.
             context = copy_context()
-            context.run(_ADMITTED.set, False)
+            context.run(_ADMITTED.set, None)
             live.worker = asyncio.get_running_loop().create_task(self._worker(live), name=f"aiops-session-{live.id}",
                                                                  context=context)
         elif live.current is not None:

@@ -379,3 +379,34 @@ def test_serve_exits_soon_after_a_sigterm_though_a_tool_blocks_a_thread(tmp_path
     assert [(r[3], r[7]) for r in rows] == [("user", "complete"), ("assistant", "complete"),
                                             ("tool", "cancelled"), ("notice", "complete")]
     assert str(rows[-1][4]).startswith("turn cancelled")
+
+
+def test_serve_interrupted_while_a_plugin_starts_exits_though_the_plugin_blocks_a_thread(
+        tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """Ctrl-C during start-up (no signal handlers yet: a KeyboardInterrupt) with a plugin's setup
+    blocked in a thread: the exit must not wait for that thread either."""
+    site = tmp_path / "site"
+    dist = site / "aiops_slowstart_plugin-0.1.dist-info"
+    dist.mkdir(parents=True)
+    marker = tmp_path / "marker"
+    (site / "aiops_slowstart_plugin.py").write_text(
+        "import asyncio, time\nfrom pathlib import Path\nfrom aiops.engine.plugins import Plugin\n\n\n"
+        "class SlowStart(Plugin):\n    name = 'slowstart'\n\n    async def setup(self, api):\n"
+        f"        Path({str(marker)!r}).write_text('starting')\n"
+        "        await asyncio.to_thread(time.sleep, 300)  # a synchronous client connecting\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-slowstart-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[aiops.plugins]\nslowstart = aiops_slowstart_plugin:SlowStart\n")
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n\n[slowstart]\nenabled = true\n"})
+    env = _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(tmp_path / "data"), "serve",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        _wait_until("the plugin starts", marker.exists, proc)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        _reap(proc)
+    assert time.monotonic() - started < 20
+    assert "still running after the stop" in (tmp_path / "data" / "aiops.log").read_text()

@@ -312,13 +312,17 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     except AlreadyRunning as e:
         print(f"aiops: {e}", file=sys.stderr)
         return 2
-    left = 0
+    rc, left = 1, [0]
     try:
-        rc, left = _run_to_exit(_serve(cfg, host, port, lock))
+        rc = _run_to_exit(_serve(cfg, host, port, lock), left)
         return rc
+    except BaseException:
+        if left[0]:
+            log.exception("aiops serve ended with an error")
+        raise
     finally:
         lock.release()
-        if left:
+        if left[0]:
             # Everything is stopped and stored; what is left is a tool that ignores cancellation
             # or a thread blocked in one, which Python would wait for without end at exit (a
             # service manager would SIGKILL the process in the end). Leave without them.
@@ -331,7 +335,7 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
 EXIT_GRACE = 5.0  # seconds the exit waits for tasks and threads still running after the stop
 
 
-def _run_to_exit(main: Any) -> tuple[int, int]:
+def _run_to_exit(main: Any, left_out: list[int]) -> int:
     """Run `main` on a new loop, then wind the loop down as asyncio.run does, but bounded: tasks
     still running are cancelled and given EXIT_GRACE, the default executor's threads as long.
     Returns main's exit status and how many tasks and threads were still running after that."""
@@ -359,6 +363,7 @@ def _run_to_exit(main: Any) -> tuple[int, int]:
                 if thread is not threading.current_thread() and not thread.daemon:
                     thread.join(max(0.0, deadline - time.monotonic()))
                     left += thread.is_alive()
+            left_out[0] = left
             if left:
                 log.warning("exiting with %d task(s) or thread(s) still running after the stop (a tool "
                             "that ignores cancellation, or blocks a thread?); not waiting for them", left)
@@ -372,4 +377,4 @@ def _run_to_exit(main: Any) -> tuple[int, int]:
                 signal.signal(sig, signal.SIG_IGN)
             asyncio.set_event_loop(None)
             loop.close()
-    return rc, left
+    return rc
