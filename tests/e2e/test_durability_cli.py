@@ -169,17 +169,25 @@ class SlowPlugin(Plugin):
 """
 
 
+def _installed_plugin(tmp_path: Path, fake: FakeOpenAI, name: str, entry: str, code: str) -> tuple[Path, dict[str, str]]:
+    """A third-party plugin installed as a user installs one: module `aiops_<name>_plugin` and its
+    dist-info with the entry point `name = aiops_<name>_plugin:<entry>`, on PYTHONPATH; enabled in
+    a config dir on the fake. Returns the config dir and the environment to run aiops in."""
+    site = tmp_path / "site"
+    module = f"aiops_{name}_plugin"
+    dist = site / f"{module}-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (site / f"{module}.py").write_text(code)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: aiops-{name}-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[aiops.plugins]\n{name} = {module}:{entry}\n")
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake)}, "local",
+                          {"plugins.toml": f"[mysql]\nenabled = false\n\n[{name}]\nenabled = true\n"})
+    return cfg, _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+
+
 @pytest.fixture
 def killable(tmp_path: Path, fake_openai: FakeOpenAI) -> tuple[Path, Path, FakeOpenAI, dict[str, str]]:
-    site = tmp_path / "site"
-    dist = site / "aiops_slow_plugin-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (site / "aiops_slow_plugin.py").write_text(SLOW_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-slow-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[aiops.plugins]\nslowtool = aiops_slow_plugin:SlowPlugin\n")
-    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
-                          {"plugins.toml": "[mysql]\nenabled = false\n\n[slowtool]\nenabled = true\n"})
-    env = _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+    cfg, env = _installed_plugin(tmp_path, fake_openai, "slowtool", "SlowPlugin", SLOW_PLUGIN)
     return cfg, tmp_path / "data", fake_openai, env
 
 
@@ -347,17 +355,9 @@ def test_serve_exits_soon_after_a_sigterm_though_a_tool_blocks_a_thread(tmp_path
     that swallows cancellation), ignoring further signals: a service manager ends up killing it."""
     from tests.support.server import start_serve
 
-    site = tmp_path / "site"
-    dist = site / "aiops_blocking_plugin-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (site / "aiops_blocking_plugin.py").write_text(THREAD_PLUGIN)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-blocking-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[aiops.plugins]\nblocking = aiops_blocking_plugin:BlockingPlugin\n")
-    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
-                          {"plugins.toml": "[mysql]\nenabled = false\n\n[blocking]\nenabled = true\n"})
+    cfg, env = _installed_plugin(tmp_path, fake_openai, "blocking", "BlockingPlugin", THREAD_PLUGIN)
     marker = tmp_path / "marker"
     fake_openai.script(Reply.tool_calls(("blocking_tool", {"marker": str(marker)})))
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
     serve = start_serve(cfg, tmp_path / "data", env=env, fake=fake_openai)
     try:
         req = urllib.request.Request(serve.url + "/api/v1/submit", method="POST",
@@ -385,20 +385,12 @@ def test_serve_interrupted_while_a_plugin_starts_exits_though_the_plugin_blocks_
         tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     """Ctrl-C during start-up (no signal handlers yet: a KeyboardInterrupt) with a plugin's setup
     blocked in a thread: the exit must not wait for that thread either."""
-    site = tmp_path / "site"
-    dist = site / "aiops_slowstart_plugin-0.1.dist-info"
-    dist.mkdir(parents=True)
     marker = tmp_path / "marker"
-    (site / "aiops_slowstart_plugin.py").write_text(
+    cfg, env = _installed_plugin(tmp_path, fake_openai, "slowstart", "SlowStart", (
         "import asyncio, time\nfrom pathlib import Path\nfrom aiops.engine.plugins import Plugin\n\n\n"
         "class SlowStart(Plugin):\n    name = 'slowstart'\n\n    async def setup(self, api):\n"
         f"        Path({str(marker)!r}).write_text('starting')\n"
-        "        await asyncio.to_thread(time.sleep, 300)  # a synchronous client connecting\n")
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aiops-slowstart-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[aiops.plugins]\nslowstart = aiops_slowstart_plugin:SlowStart\n")
-    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
-                          {"plugins.toml": "[mysql]\nenabled = false\n\n[slowstart]\nenabled = true\n"})
-    env = _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
+        "        await asyncio.to_thread(time.sleep, 300)  # a synchronous client connecting\n"))
     proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(tmp_path / "data"), "serve",
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:

@@ -6,13 +6,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-from pydantic import BaseModel
-
 from aiops.engine.events import DONE, ERROR, SESSION
-from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
-from aiops.engine.tools import Tool, ToolContext
 from aiops.integrations.server.owners import Caller, claim, owner_meta
 from tests.fakes.openai_server import Reply, call_tool_when
+from tests.support.plugins import SlowStopPlugin
 
 MYSQL_OFF = {"plugins.toml": "[mysql]\nenabled = false\n"}
 
@@ -69,35 +66,6 @@ async def test_a_turn_that_crashes_ends_with_error_and_done_and_its_session_goes
     assert engine.session_state("api-crash") == "idle"
     [row] = [r for r in await engine.list_sessions() if r["client_id"] == "api-crash"]
     assert row["state"] == "idle"
-
-
-class _Args(BaseModel):
-    text: str
-
-
-class SlowStopPlugin(Plugin):
-    """A read tool that runs until cancelled, then takes a moment to wind down (a query being killed)."""
-
-    name = "slowstop"
-    settings_model = PluginSettings
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.running = asyncio.Event()
-        self.winding_down = asyncio.Event()
-
-    async def setup(self, api: PluginAPI) -> None:
-        async def slow_job(args: _Args, ctx: ToolContext) -> str:
-            self.running.set()
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                self.winding_down.set()
-                await asyncio.sleep(0.5)
-                raise
-            return "done"
-
-        api.register_tool(Tool("slow_job", "A long job", _Args, "slowstop", slow_job, operation="read"))
 
 
 async def test_a_delete_cancelled_while_it_waits_for_the_turn_leaves_the_session_usable(

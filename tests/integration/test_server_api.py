@@ -28,6 +28,7 @@ from aiops.engine.tools import Tool, ToolContext, ToolOutput
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
+from tests.support.plugins import SlowStopPlugin
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -928,31 +929,6 @@ def test_the_server_modules_never_import_textual() -> None:
             "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'textual' or m.startswith('aiops.tui')); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=60)
-
-
-class SlowStopPlugin(Plugin):
-    """A read tool that runs until cancelled, then takes a moment to wind down (as a database
-    query being killed does): the window in which a delete waits for the turn to end."""
-
-    name = "slowstop"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.running = asyncio.Event()
-        self.winding_down = asyncio.Event()
-
-    async def setup(self, api: PluginAPI) -> None:
-        async def slow_job(args: NoteArgs, ctx: ToolContext) -> str:
-            self.running.set()
-            try:
-                await asyncio.sleep(3600)
-            except asyncio.CancelledError:
-                self.winding_down.set()
-                await asyncio.sleep(0.5)
-                raise
-            return "done"
-
-        api.register_tool(Tool("slow_job", "A long job", NoteArgs, "slowstop", slow_job, operation="read"))
 
 
 async def test_a_message_sent_while_its_session_is_being_deleted_goes_to_a_new_session(
