@@ -338,7 +338,8 @@ EXIT_GRACE = 5.0  # seconds the exit waits for tasks and threads still running a
 def _run_to_exit(main: Any, left_out: list[int]) -> int:
     """Run `main` on a new loop, then wind the loop down as asyncio.run does, but bounded: tasks
     still running are cancelled and given EXIT_GRACE, the default executor's threads as long.
-    Returns main's exit status and how many tasks and threads were still running after that."""
+    Returns main's exit status; `left_out[0]` is how many tasks and threads were still running
+    after that (set even when main raises: the caller must not wait for them at exit either)."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # Our own default executor (asyncio.to_thread's): its threads are waited for below, bounded.
