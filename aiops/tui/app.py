@@ -820,15 +820,20 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     except AlreadyRunning as e:
         print(f"aiops: {e}", file=sys.stderr)
         return 2
+    from aiops.integrations.server.run import exit_if_left, run_to_exit
+
     started = time.monotonic()
+    code, left = 0, [0]
     try:
         with _terminal_quiet(cfg):
             app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
             app.settle_gc = True
             app.quit_on_signals = True
-            code = app.run()
+            # On a loop of our own, wound down bounded (as `aiops serve`'s): a tool still running
+            # after the close, or a thread blocked in one, must not hold the exit for good.
+            code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0
         log.info("console closed after %.0f s", time.monotonic() - started)
-        return code or 0
+        return code
     finally:
         # Closed already: a second SIGTERM (a service manager repeating itself) or SIGHUP (the
         # terminal going as it closes) during the last of the exit must not make it a killed one.
@@ -836,3 +841,4 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
             if (sig := getattr(signal, name, None)) is not None:
                 signal.signal(sig, signal.SIG_IGN)
         lock.release()
+        exit_if_left(left[0], code)

@@ -18,6 +18,7 @@ import pytest
 from aiops.engine.context import CANCELLED_RESULT, NO_REPLY_GIVEN
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.plugins import THREAD_PLUGIN, installed_plugin
 
 AIOPS = [sys.executable, "-m", "aiops.cli"]
 
@@ -169,25 +170,9 @@ class SlowPlugin(Plugin):
 """
 
 
-def _installed_plugin(tmp_path: Path, fake: FakeOpenAI, name: str, entry: str, code: str) -> tuple[Path, dict[str, str]]:
-    """A third-party plugin installed as a user installs one: module `aiops_<name>_plugin` and its
-    dist-info with the entry point `name = aiops_<name>_plugin:<entry>`, on PYTHONPATH; enabled in
-    a config dir on the fake. Returns the config dir and the environment to run aiops in."""
-    site = tmp_path / "site"
-    module = f"aiops_{name}_plugin"
-    dist = site / f"{module}-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (site / f"{module}.py").write_text(code)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: aiops-{name}-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[aiops.plugins]\n{name} = {module}:{entry}\n")
-    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake)}, "local",
-                          {"plugins.toml": f"[mysql]\nenabled = false\n\n[{name}]\nenabled = true\n"})
-    return cfg, _env() | {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)}
-
-
 @pytest.fixture
 def killable(tmp_path: Path, fake_openai: FakeOpenAI) -> tuple[Path, Path, FakeOpenAI, dict[str, str]]:
-    cfg, env = _installed_plugin(tmp_path, fake_openai, "slowtool", "SlowPlugin", SLOW_PLUGIN)
+    cfg, env = installed_plugin(tmp_path, fake_openai, _env(), "slowtool", "SlowPlugin", SLOW_PLUGIN)
     return cfg, tmp_path / "data", fake_openai, env
 
 
@@ -319,43 +304,13 @@ def test_a_second_aiops_on_the_same_data_dir_is_told_where_the_first_runs(setup)
 
 # ---- a tool that will not stop ----------------------------------------------------------------------
 
-# A plugin whose tool blocks a thread (a synchronous library called through asyncio.to_thread):
-# cancelling the task does not stop the thread, and Python waits for every such thread at exit.
-THREAD_PLUGIN = """
-import asyncio
-import time
-from pathlib import Path
-
-from pydantic import BaseModel
-
-from aiops.engine.plugins import Plugin
-from aiops.engine.tools import Tool
-
-
-class Args(BaseModel):
-    marker: str
-
-
-class BlockingPlugin(Plugin):
-    name = "blocking"
-
-    async def setup(self, api):
-        async def blocking_tool(args, ctx):
-            Path(args.marker).write_text("running")
-            await asyncio.to_thread(time.sleep, 300)
-            return "woke up"
-
-        api.register_tool(Tool("blocking_tool", "blocks a thread", Args, "test", blocking_tool))
-"""
-
-
 def test_serve_exits_soon_after_a_sigterm_though_a_tool_blocks_a_thread(tmp_path: Path,
                                                                         fake_openai: FakeOpenAI) -> None:
     """It logged "stopped" at once, then sat until the thread woke (minutes; for good with a tool
     that swallows cancellation), ignoring further signals: a service manager ends up killing it."""
     from tests.support.server import start_serve
 
-    cfg, env = _installed_plugin(tmp_path, fake_openai, "blocking", "BlockingPlugin", THREAD_PLUGIN)
+    cfg, env = installed_plugin(tmp_path, fake_openai, _env(), "blocking", "BlockingPlugin", THREAD_PLUGIN)
     marker = tmp_path / "marker"
     fake_openai.script(Reply.tool_calls(("blocking_tool", {"marker": str(marker)})))
     serve = start_serve(cfg, tmp_path / "data", env=env, fake=fake_openai)
@@ -386,7 +341,7 @@ def test_serve_interrupted_while_a_plugin_starts_exits_though_the_plugin_blocks_
     """Ctrl-C during start-up (no signal handlers yet: a KeyboardInterrupt) with a plugin's setup
     blocked in a thread: the exit must not wait for that thread either."""
     marker = tmp_path / "marker"
-    cfg, env = _installed_plugin(tmp_path, fake_openai, "slowstart", "SlowStart", (
+    cfg, env = installed_plugin(tmp_path, fake_openai, _env(), "slowstart", "SlowStart", (
         "import asyncio, time\nfrom pathlib import Path\nfrom aiops.engine.plugins import Plugin\n\n\n"
         "class SlowStart(Plugin):\n    name = 'slowstart'\n\n    async def setup(self, api):\n"
         f"        Path({str(marker)!r}).write_text('starting')\n"

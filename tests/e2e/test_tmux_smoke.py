@@ -152,3 +152,36 @@ def test_a_signal_quits_the_console_as_ctrl_q_does(tmux, tmp_path, sig):
     log = (data / "aiops.log").read_text()
     assert f"{sig.name} received: quitting" in log and "console closed" in log
     assert "did not stop cleanly" not in log
+
+
+def test_the_console_exits_soon_though_a_tool_blocks_a_thread(tmux, tmp_path):
+    """Ctrl+Q while a tool sits in a blocked thread: the console closes, the turn is recorded as
+    stopped, and the process exits within seconds instead of waiting for the thread."""
+    from tests.support.plugins import THREAD_PLUGIN, installed_plugin
+
+    with FakeOpenAI() as fake:
+        env = {k: v for k, v in os.environ.items() if k not in ("AIOPS_OPERATOR_TOKEN", "TMUX", "TMUX_PANE")}
+        config, env = installed_plugin(tmp_path, fake, env, "blocking", "BlockingPlugin", THREAD_PLUGIN)
+        env.update(TERM="xterm-256color")
+        marker = tmp_path / "marker"
+        fake.script(Reply.tool_calls(("blocking_tool", {"marker": str(marker)})))
+        data = tmp_path / "data"
+        command = (f"{AIOPS} --config-dir {config} --data-dir {data} console --port 0; "
+                   f"echo AIOPS-EXIT:$?; sleep 60")
+        subprocess.run([tmux.exe, "-L", tmux.socket, "new-session", "-d", "-s", "aiops", "-x", "100",
+                        "-y", "30", "sh", "-c", command], check=True, env=env, timeout=20)
+        tmux.wait_for(lambda s: "http://127.0.0.1:" in s and "Palette" in s, "the console and its server")
+        url = json.loads((data / "aiops.lock").read_text())["url"]
+        r = httpx.post(f"{url}/api/v1/submit", json={"text": "run it", "client_id": "api-blocked"})
+        assert r.status_code == 202
+        deadline = time.monotonic() + 20
+        while not marker.exists():  # the tool has started (its thread now sleeps for 300 s)
+            assert time.monotonic() < deadline, "the tool never started"
+            time.sleep(0.05)
+        tmux("send-keys", "-t", "aiops", "C-q")
+        started = time.monotonic()
+        screen = tmux.wait_for(lambda s: "AIOPS-EXIT:" in s, "aiops to exit", timeout=40)
+        assert time.monotonic() - started < 30  # the turn's 5 s grace, then the exit's 5 s
+        assert "AIOPS-EXIT:0" in screen, screen
+    log = (data / "aiops.log").read_text()
+    assert "still running after the stop" in log and "console closed" in log

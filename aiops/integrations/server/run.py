@@ -314,7 +314,7 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
         return 2
     rc, left = 1, [0]
     try:
-        rc = _run_to_exit(_serve(cfg, host, port, lock), left)
+        rc = run_to_exit(lambda loop: loop.run_until_complete(_serve(cfg, host, port, lock)), left)
         return rc
     except BaseException:
         if left[0]:
@@ -322,24 +322,29 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
         raise
     finally:
         lock.release()
-        if left[0]:
-            # Everything is stopped and stored; what is left is a tool that ignores cancellation
-            # or a thread blocked in one, which Python would wait for without end at exit (a
-            # service manager would SIGKILL the process in the end). Leave without them.
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(rc)
+        exit_if_left(left[0], rc)
+
+
+def exit_if_left(left: int, rc: int) -> None:
+    """Everything is stopped and stored; if something is left (a tool that ignores cancellation,
+    or a thread blocked in one) Python would wait for it without end at exit, and a service
+    manager would SIGKILL the process in the end: leave without it."""
+    if left:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
 
 
 EXIT_GRACE = 5.0  # seconds the exit waits for tasks and threads still running after the stop
 
 
-def _run_to_exit(main: Any, left_out: list[int]) -> int:
-    """Run `main` on a new loop, then wind the loop down as asyncio.run does, but bounded: tasks
-    still running are cancelled and given EXIT_GRACE, the default executor's threads as long.
-    Returns main's exit status; `left_out[0]` is how many tasks and threads were still running
-    after that (set even when main raises: the caller must not wait for them at exit either)."""
+def run_to_exit(main: Callable[[asyncio.AbstractEventLoop], int], left_out: list[int]) -> int:
+    """Run `main(loop)` on a new loop (`aiops serve`, the console), then wind the loop down as
+    asyncio.run does, but bounded: tasks still running are cancelled and given EXIT_GRACE, the
+    default executor's threads as long. Returns main's exit status; `left_out[0]` is how many
+    tasks and threads were still running after that (set even when main raises: the caller must
+    not wait for them at exit either; see exit_if_left)."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # Our own default executor (asyncio.to_thread's): its threads are waited for below, bounded.
@@ -348,7 +353,7 @@ def _run_to_exit(main: Any, left_out: list[int]) -> int:
     loop.set_default_executor(executor)
     rc, left = 1, 0
     try:
-        rc = loop.run_until_complete(main)
+        rc = main(loop)
     finally:
         try:
             tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
@@ -373,9 +378,10 @@ def _run_to_exit(main: Any, left_out: list[int]) -> int:
             # SIGTERM, arriving during the last of the exit must not turn it into a killed
             # process. (The loop's own handlers go first, or closing it would restore the
             # defaults after this.)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, signal.SIG_IGN)
+            for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+                if (sig := getattr(signal, name, None)) is not None:
+                    loop.remove_signal_handler(sig)
+                    signal.signal(sig, signal.SIG_IGN)
             asyncio.set_event_loop(None)
             loop.close()
     return rc
