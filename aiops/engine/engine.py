@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from contextvars import ContextVar, copy_context
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -756,12 +756,10 @@ class Engine:
                     depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
         live.queue.append(turn)
         if live.worker is None or live.worker.done():
-            # Outside this admission: the worker's turns (and a delegation's submit from one of
-            # them) are not part of taking in this message.
-            context = copy_context()
-            context.run(_ADMITTED.set, None)
-            live.worker = asyncio.get_running_loop().create_task(self._worker(live), name=f"aiops-session-{live.id}",
-                                                                 context=context)
+            # (It inherits this admission, closed by the time its turns run: they are not part
+            # of taking in this message.)
+            live.worker = asyncio.get_running_loop().create_task(self._worker(live),
+                                                                 name=f"aiops-session-{live.id}")
         elif live.current is not None:
             self.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
                         turn_id, persist=False)
