@@ -33,7 +33,7 @@ async def _help(ctx: CommandContext, argv: list[str], raw: str) -> str:
 
 async def _model(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
-    live = await engine.session(ctx.session_id)
+    live = await ctx.session()
     current = live.model_key(engine) if live else engine.config.models.default_model
     if not argv:
         lines = ["Models (* = this session, d = default):"]
@@ -64,7 +64,7 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
     if not ctx.is_operator and (not argv or argv[0] in ("all", "page")):
         # Other sessions' titles are other people's conversations: a client sees only its own.
-        own = await engine.session(ctx.session_id) if ctx.session_id else None
+        own = await ctx.session() if ctx.session_id else None
         if own is None:
             return "no session yet: this message starts none"
         r = own.row
@@ -102,11 +102,11 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
             lines.append(f"… {rest} more (`!session page {page + 1}`, or `!session all`)")
         return "\n".join(lines)
     if len(argv) == 2 and argv[1] == "delete":
-        if not ctx.is_operator and argv[0] not in (ctx.session_id,):
-            live = await engine.session(argv[0])
-            if live is None or live.id != ctx.session_id:
-                raise CommandError("not permitted: only an operator may delete another session")
         live = await engine.session(argv[0])
+        if not ctx.is_operator:
+            own = await ctx.session()
+            if own is None or live is None or live.id != own.id:
+                raise CommandError("not permitted: only an operator may delete another session")
         if live is None:
             raise CommandError(f"no session {argv[0]!r}")
         label = f"{live.row.short_id} ({live.id})"
@@ -116,23 +116,22 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
 
 
 async def _reset(ctx: CommandContext, argv: list[str], raw: str) -> str:
-    if await ctx.engine.session(ctx.session_id) is None:
+    if await ctx.session() is None:
         raise CommandError(NO_SESSION + ": nothing to reset")
     await ctx.engine.reset_session(ctx.session_id)
     return "session reset: the model starts afresh (the old history stays archived)"
 
 
 async def _stop(ctx: CommandContext, argv: list[str], raw: str) -> str:
-    target = argv[0] if argv else ctx.session_id
+    live = await ctx.engine.session(argv[0]) if argv else await ctx.session()
     if argv and not ctx.is_operator:
-        live = await ctx.engine.session(target)
-        if live is None or live.id != ctx.session_id:
+        own = await ctx.session()
+        if own is None or live is None or live.id != own.id:
             raise CommandError("not permitted: only an operator may stop another session")
-    live = await ctx.engine.session(target)
     if live is None:
         if not argv:
             return "no turn is running"  # this session has not started yet
-        raise CommandError(f"no session {target!r}")
+        raise CommandError(f"no session {argv[0]!r}")
     if ctx.engine.stop_turn(live.id):
         return "stopping the running turn"
     return "the running turn is already being stopped" if live.current is not None else "no turn is running"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.engine import Engine, LiveSession
 
 
 class CommandError(Exception):
@@ -34,6 +34,29 @@ class CommandContext:
     # Set by CommandRegistry.run when the command reported an error (unknown, not permitted, bad
     # arguments, CommandError), so callers such as `aiops chat` can exit non-zero.
     failed: bool = False
+    # Who sent the message (the session owner it would create, None from the console) and whether
+    # its session did not exist when the message was taken in: see `foreign`.
+    owner: str | None = None
+    new: bool = False
+
+    def foreign(self, live: LiveSession) -> bool:
+        """`live` is not this message's session, though it has its id: the message named a
+        session that did not exist, and another caller started one of that name while its
+        commands ran. A client's command acting on it would read, switch, reset or delete
+        someone else's conversation (operators may use every session anyway)."""
+        return self.new and not self.is_operator and live.row.owner != self.owner
+
+    async def session(self) -> LiveSession | None:
+        """This message's session ("this session" to a command); None while it does not exist."""
+        live = await self.engine.session(self.session_id)
+        if live is not None and self.foreign(live):
+            raise CommandError(started_by_another(self.session_id))
+        return live
+
+
+def started_by_another(session_id: str) -> str:
+    return (f"session {session_id!r} was started by another caller while this message ran: "
+            f"its commands do not act on it")
 
 
 Handler = Callable[[CommandContext, list[str], str], Awaitable[str]]
@@ -51,6 +74,9 @@ class Command:
     # runs to the end of the message, following lines included.
     raw: bool = False
 
+
+# Session kinds whose users type chat, not commands (see CommandRegistry.parse).
+KNOWN_COMMANDS_ONLY = frozenset({"proxy"})
 
 NOT_PERMITTED = "not permitted: {name} is an operator command (console or operator token only)"
 
@@ -76,6 +102,13 @@ class CommandRegistry:
     def raw_names(self) -> frozenset[str]:
         """Commands whose argument runs to the end of the message (for `parse_input`)."""
         return frozenset(n for n, c in self._commands.items() if c.raw)
+
+    def parse(self, text: str, kind: str) -> ParsedInput:
+        """`text` as a message from a client of `kind` (a session kind) is read: `parse_input`
+        with this registry's commands. A chat UI's user did not learn our commands, and pastes
+        logs and notes full of `!important`: there, only a line naming a real command is one."""
+        known = self._commands.keys() if kind in KNOWN_COMMANDS_ONLY else None
+        return parse_input(text, self.raw_names(), known)
 
     def help_text(self, is_operator: bool = True) -> str:
         lines = ["Commands:"]
@@ -122,11 +155,17 @@ class ParsedInput:
     model: str | None  # from a leading @model
 
 
-def parse_input(text: str, raw_commands: Container[str] = frozenset()) -> ParsedInput:
+# A command's name: `!!! ALERT`, `![image](url)` and `!= 0` are text, whoever sends them.
+_COMMAND_NAME = re.compile(r"[a-z][\w.-]*")
+
+
+def parse_input(text: str, raw_commands: Container[str] = frozenset(),
+                known: Container[str] | None = None) -> ParsedInput:
     """Split a message into command lines, an optional `@model` switch and plain text.
 
     A command named in `raw_commands` (CommandRegistry.raw_names()) takes the rest of the message,
-    following lines included, as its argument.
+    following lines included, as its argument. With `known`, a `!word` line that names no command
+    in it is plain text (see CommandRegistry.parse).
     """
     commands: list[str] = []
     plain: list[str] = []
@@ -134,8 +173,9 @@ def parse_input(text: str, raw_commands: Container[str] = frozenset()) -> Parsed
     lines = text.splitlines()
     for index, line in enumerate(lines):
         stripped = line.lstrip()
-        if stripped.startswith("!") and len(stripped) > 1 and not stripped.startswith("!="):
-            name = stripped[1:].split(maxsplit=1)[0].lower() if stripped[1:].strip() else ""
+        name = stripped[1:].split(maxsplit=1)[0].lower() if stripped[1:].strip() else ""
+        if (stripped.startswith("!") and _COMMAND_NAME.fullmatch(name)
+                and (known is None or name in known)):
             if name in raw_commands:
                 commands.append("\n".join([stripped, *lines[index + 1:]]).rstrip())
                 break

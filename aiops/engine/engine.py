@@ -21,7 +21,7 @@ from typing import Any
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
 from aiops.engine.backends import Backend, make_backend
-from aiops.engine.commands import CommandContext, CommandRegistry, parse_input
+from aiops.engine.commands import CommandContext, CommandRegistry, started_by_another
 from aiops.engine.events import EventBus
 from aiops.engine.gatekeeper import SESSION_DELETED, Gatekeeper
 from aiops.engine.lock import DataDirLock
@@ -34,13 +34,14 @@ from aiops.engine.plugins import (
     discover,
     validate_settings,
 )
-from aiops.engine.store import SessionRow, Store
+from aiops.engine.store import OWNER_KEY, SessionRow, Store
 from aiops.engine.tools import ToolRegistry
 from aiops.engine.turn import Turn, TurnResult, TurnRunner
 from aiops.engine.types import Completion, Message, ToolSpec, is_short_id, new_id
 
 log = logging.getLogger(__name__)
 
+MAX_COMMANDS = 20  # per message
 SESSION_KINDS = ("console", "api", "proxy", "slack", "swarm", "mcp")
 # History stamps kept before those of sessions not in memory are forgotten (see _history_changed).
 _HISTORY_STAMPS_MAX = 10_000
@@ -675,7 +676,12 @@ class Engine:
         """submit's body. The session is pinned from the moment it is known until its turn is
         queued: the commands and the writes in between must not see it dropped from memory."""
         cid = client_id or f"{kind}-{new_id()[:8]}"
-        parsed = parse_input(text, self.commands.raw_names())
+        parsed = self.commands.parse(text, kind)
+        if len(parsed.commands) > MAX_COMMANDS:
+            # Each runs on the loop, answers and may be written down: thousands of `!help` lines in
+            # one message stalled every client for seconds and answered with 100+ MB.
+            raise EngineError(f"a message may hold at most {MAX_COMMANDS} !commands; "
+                              f"this one holds {len(parsed.commands)}")
         live: LiveSession | None
         if parsed.text:
             # A refused `@model` is answered below; it must not leave a new, empty session behind.
@@ -709,11 +715,19 @@ class Engine:
             if echoed:
                 await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
             self.bus.publish(ev.USER, sid, {"text": echo, "command": True}, turn_id)
-            ctx = CommandContext(self, sid, kind, is_operator, turn_id)
+            ctx = CommandContext(self, sid, kind, is_operator, turn_id,
+                                 owner=(meta or {}).get(OWNER_KEY), new=live is None)
             for i, line in enumerate(parsed.commands):
                 ctx.failed = False
                 out = await self.commands.run(ctx, line)
                 notice = {"text": out, "command": line, "ok": not ctx.failed}
+                if live is None and (appeared := self._sessions.get(sid)) is not None and ctx.foreign(appeared):
+                    # Not ours to write into, nor to publish to (its streams are its owner's).
+                    outputs.append(out)
+                    if i + 1 < len(parsed.commands):
+                        outputs.append(f"(the rest of the message was not run: {started_by_another(sid)})")
+                    return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=model,
+                                               publish=False)
                 if gone():
                     # A command deleted this very session (or a delete came meanwhile): answer, but
                     # write nothing more to it.
@@ -766,11 +780,14 @@ class Engine:
         return turn
 
     def _finished_turn(self, turn_id: str, session_id: str, kind: str, text: str,
-                       status: str = "complete", model: str | None = None, command: bool = True) -> Turn:
+                       status: str = "complete", model: str | None = None, command: bool = True,
+                       publish: bool = True) -> Turn:
         """The turn of a message that ran no model: its commands' output (or why it was refused).
         Its `done` has the fields of any turn's (`model`: the session's, or a new one's), plus
-        `command: true` unless the message was text that a delete kept from running."""
-        live = self._sessions.get(session_id)
+        `command: true` unless the message was text that a delete kept from running. Without
+        `publish`, the session there is not the sender's: nothing of it goes into its streams,
+        and nothing of it (its model) comes back."""
+        live = self._sessions.get(session_id) if publish else None
         model_key = live.model_key(self) if live is not None else (model or self.config.models.default_model)
         turn = Turn(turn_id, session_id, "", kind)
         error = {"code": "bad_request", "message": text} if status == "error" else None
@@ -778,6 +795,8 @@ class Engine:
         data: dict[str, Any] = {"text": text, "status": status, "model": model_key}
         if command:
             data["command"] = True
+        if not publish:
+            return turn
         if error is not None:
             data["error"] = error
             self.bus.publish(ev.ERROR, session_id, error, turn_id)

@@ -230,6 +230,22 @@ def test_several_text_parts_reach_the_model_as_separate_lines(client: openai.Ope
     assert fake.requests[-1].json["messages"][-1]["content"] == "Summarise this log:\ndisk full on db-1"
 
 
+def test_pasted_bang_lines_reach_the_model_and_only_real_commands_run(client: openai.OpenAI,
+                                                                      fake: FakeOpenAI) -> None:
+    """A chat UI user never learnt our commands: `!important`, `!!! ALERT` and a Markdown image
+    in pasted text are text for the model, not "unknown command" and a help page."""
+    pasted = "Why this alert?\n!!! ALERT disk /var at 98%\n!important: on-call paged\n![graph](http://x/g.png)"
+    answer = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": pasted}])
+    assert fake.requests[-1].json["messages"][-1]["content"] == pasted
+    text = answer.choices[0].message.content or ""
+    assert "unknown command" not in text and "Commands:" not in text
+    # A line naming a real command is still one, in a chat UI too.
+    answer = client.chat.completions.create(model="aiops", messages=[
+        {"role": "user", "content": "!model\nand how is db-1?"}])
+    assert "Models (* = this session" in (answer.choices[0].message.content or "")
+    assert fake.requests[-1].json["messages"][-1]["content"] == "and how is db-1?"
+
+
 def test_json_output_modes_are_refused_for_agent_turns(client: openai.OpenAI, fake: FakeOpenAI) -> None:
     """The agent answers in prose: a client asking for JSON is told so rather than handed prose its
     parser then fails on (LangChain's structured output, the SDK's `parse`)."""

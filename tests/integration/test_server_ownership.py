@@ -12,6 +12,9 @@ import openai
 import pytest
 
 from aiops.client import AgentError
+from aiops.engine.commands import Command, CommandContext
+from aiops.engine.engine import MAX_COMMANDS
+from aiops.engine.plugins import Plugin, PluginAPI
 from tests.fakes.openai_server import call_tool_when
 from tests.integration.test_server_api import NOTES_ENABLED, NotesPlugin, events_until_done, next_event
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
@@ -195,6 +198,79 @@ async def test_a_command_only_message_creates_no_session_for_either_role(
         # The first message that starts a turn creates it, owned by its sender.
         await bot.send("!help\nand now a question", client_id="api-cmd-bot")
         assert (await ops.session("api-cmd-bot"))["session"]["owner"] == "bot"
+
+
+class HoldPlugin(Plugin):
+    """`!hold`: a command that waits until the test lets it go, so a message of commands can be
+    caught halfway through."""
+
+    name = "hold"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def setup(self, api: PluginAPI) -> None:
+        async def hold(ctx: CommandContext, argv: list[str], raw: str) -> str:
+            self.reached.set()
+            await self.release.wait()
+            return "held"
+
+        api.register_command(Command("hold", "!hold", "wait for the test", hold))
+
+
+async def test_commands_racing_another_callers_first_message_do_not_act_on_its_session(
+        api_server_factory: ApiServerFactory) -> None:
+    """bot's message of commands names an id that does not exist yet; bot2 starts a session of
+    that name while the commands run. The rest of bot's commands must not read, switch, reset or
+    delete bot2's session, nor write into its history."""
+    hold = HoldPlugin()
+    srv = await two_clients(api_server_factory, plugins=[hold],
+                            extra_files={"plugins.toml": "[hold]\nenabled = true\n"})
+    async with srv.client("bot") as bot, srv.client("bot2") as bot2, srv.client("ops") as ops:
+        attack = asyncio.create_task(bot.send(
+            "!hold\n!session\n!model local\n!reset\n!session api-victim delete\n!stop", client_id="api-victim"))
+        await asyncio.wait_for(hold.reached.wait(), 10)
+        assert (await bot2.send("TOPSECRET merger plans", client_id="api-victim"))["status"] == "complete"
+        hold.release.set()
+        reply = await asyncio.wait_for(attack, 10)
+
+        assert "TOPSECRET" not in reply["text"]
+        assert "another caller" in reply["text"]
+        assert "deleted session" not in reply["text"] and "session reset" not in reply["text"]
+        victim = await ops.session("api-victim")  # still there, owned by bot2, untouched
+        assert victim["session"]["owner"] == "bot2"
+        assert [m["content"] for m in victim["messages"]] == [
+            "TOPSECRET merger plans", "echo: TOPSECRET merger plans"]
+        # bot2 carries on as if nothing happened.
+        assert (await bot2.send("more", client_id="api-victim"))["status"] == "complete"
+
+
+async def test_a_client_may_not_send_commands_into_another_clients_conversation_name(
+        api_server_factory: ApiServerFactory) -> None:
+    """A message of only commands is refused a reserved id too, as a message that starts a turn is:
+    it would otherwise act on that conversation the moment its owner starts it."""
+    srv = await two_clients(api_server_factory)
+    async with srv.client("bot") as bot:
+        with pytest.raises(AgentError) as e:
+            await bot.send("!help", client_id="bot2:owui-42")
+        assert (e.value.status, e.value.code) == (403, "reserved_id")
+        assert "Commands:" in (await bot.send("!help", client_id="bot:owui-1"))["text"]
+
+
+async def test_a_message_of_too_many_commands_is_refused_whole(api_server_factory: ApiServerFactory) -> None:
+    """Thousands of `!help` lines in one message once ran on the loop for seconds and answered
+    with 100+ MB; a message holds at most MAX_COMMANDS, and one over is refused before any runs."""
+    srv = await two_clients(api_server_factory)
+    async with srv.client("bot") as bot:
+        await bot.send("hello", client_id="api-many")
+        with pytest.raises(AgentError) as e:
+            await bot.send("\n".join(["!help"] * (MAX_COMMANDS + 1)), client_id="api-many")
+        assert e.value.status == 400 and f"at most {MAX_COMMANDS} !commands" in e.value.message
+        assert len((await bot.session("api-many"))["messages"]) == 2  # nothing of it was written
+        reply = await bot.send("\n".join(["!help"] * MAX_COMMANDS), client_id="api-many")
+        assert reply["text"].count("Commands:") == MAX_COMMANDS
 
 
 # ---- the proxies -----------------------------------------------------------------------------------------

@@ -51,3 +51,16 @@ async def test_a_raw_command_gets_its_text_verbatim_and_others_are_shell_split()
     assert await reg.run(ctx, "!say 'two words' three") == "ok"
     assert seen[-1][0] == ["two words", "three"]
     assert (await reg.run(ctx, "!say don't")).startswith("!say: No closing quotation")
+
+
+def test_lines_that_name_no_command_are_text() -> None:
+    text = "!!! ALERT disk at 98%\n![graph](http://x/g.png)\n!= 0\n!\n!  \n!42 is not a name"
+    p = parse_input(text)
+    assert p.commands == [] and p.text == text
+
+
+def test_with_known_names_only_real_commands_are_commands() -> None:
+    p = parse_input("!important: paged\n!model\nwhat now", known={"model", "help"})
+    assert p.commands == ["!model"] and p.text == "!important: paged\nwhat now"
+    # Without them (the console, the API) an unknown name is a command, answered "unknown".
+    assert parse_input("!important paged").commands == ["!important paged"]

@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import aiops
 from aiops.engine import events as ev
-from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
@@ -331,13 +330,16 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)
-    elif (parsed := parse_input(body.text, engine.commands.raw_names())).text and not (
-            parsed.model and engine.check_model(parsed.model)):
-        # A message that starts a turn: its new session is created owned before anything runs, so
-        # even the first event on a stream that subscribed early is known to be its own. (A
-        # message of only `!commands`, or one asking for a model that is refused, creates none.)
+    else:
+        # A message of only commands to another client's conversation name is refused too: its
+        # commands would act on that conversation the moment its owner started it.
         check_name_free(who, client_id)
-        await claim(engine, client_id, who, kind="api", model=body.model)
+        if (parsed := engine.commands.parse(body.text, "api")).text and not (
+                parsed.model and engine.check_model(parsed.model)):
+            # A message that starts a turn: its new session is created owned before anything runs,
+            # so even the first event on a stream that subscribed early is known to be its own. (A
+            # message of only `!commands`, or one asking for a refused model, creates none.)
+            await claim(engine, client_id, who, kind="api", model=body.model)
     return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator,
                                meta=owner_meta(who))
 

@@ -38,7 +38,6 @@ from aiohttp import web
 
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
-from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
@@ -502,7 +501,7 @@ async def _cancel_accepted(engine: Engine, session_id: str, submit: asyncio.Futu
 def _check_turn_model(engine: Engine, text: str) -> None:
     """A leading `@model` the engine would refuse is the request's fault (400), and is refused
     before a session is made for it: the engine's answer came as a 502/500 and left an empty one."""
-    parsed = parse_input(text, engine.commands.raw_names())
+    parsed = engine.commands.parse(text, "proxy")
     if parsed.model is None:
         return
     if not parsed.text and not parsed.commands:
