@@ -303,6 +303,31 @@ async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server
     await client.close()
 
 
+# Open WebUI's default RAG template, put before the user's question when a file, a knowledge base
+# or a web search is attached (abridged: its guidelines run on for a dozen lines).
+RAG_TEMPLATE = ("### Task:\nRespond to the user query using the provided context, incorporating inline "
+                "citations in the format [id] **only when the <source> tag includes an explicit id "
+                "attribute**.\n\n### Guidelines:\n- If you don't know the answer, clearly state that.\n\n"
+                "<context>\n<source id=\"1\">runbook: restart nginx with systemctl</source>\n</context>\n")
+
+
+async def test_a_question_with_open_webui_file_context_is_the_users_turn(api_server: ApiServer) -> None:
+    """Open WebUI's RAG template starts `### Task:` as its background prompts do; the question it
+    carries is the user's, for the agent, with its tools and in the chat's session."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-rag"})
+    question = RAG_TEMPLATE + "how do I restart nginx on web-1?"
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", messages=[{"role": "user", "content": question}])
+    assert raw.headers["x-aiops-session"].endswith("chat-rag")
+    sent = api_server.fake.requests[-1].json
+    assert "tools" in sent and sent["messages"][0]["role"] == "system"
+    assert sent["messages"][-1] == {"role": "user", "content": question}
+    assert [m["content"] for m in await history(api_server, raw.headers["x-aiops-session"])] == [
+        question, f"echo: {question}"]
+    await client.close()
+
+
 async def test_the_operator_stopping_a_proxy_turn_ends_the_chat_answer(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
         "Rotating the logs on all forty hosts, starting with web-1", chunks=6)))
@@ -555,7 +580,7 @@ async def test_a_client_tokens_chat_users_get_failures_without_server_addresses(
             said.append(e2.value.message)
             with pytest.raises(openai.InternalServerError) as e:  # a chat UI's background task
                 await client.chat.completions.create(model="aiops/down", messages=[
-                    {"role": "user", "content": "### Task:\nGenerate a title"}])
+                    {"role": "user", "content": "### Task:\nGenerate a title\n<chat_history>\nUSER: b\n</chat_history>"}])
             said.append(e.value.message)
         async with ollama.AsyncClient(host=srv.url, headers=tokens.header(token)) as ollama_client:
             with pytest.raises(ollama.ResponseError) as e3:

@@ -59,7 +59,12 @@ from aiops.integrations.server.owners import (
 log = logging.getLogger(__name__)
 
 PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry model
-TASK_PREFIX = "### Task:"  # Open WebUI's background prompts (titles, tags, follow-ups)
+# Open WebUI's background prompts (titles, tags, follow-ups, search queries, autocompletion) start
+# so and quote the chat in <chat_history>; its RAG template, which it puts before the user's own
+# question when a file, a knowledge base or a web search is attached, starts so too but quotes no
+# chat history: that is the user's turn.
+TASK_PREFIX = "### Task:"
+TASK_HISTORY_TAG = "<chat_history>"
 SESSION_HEADER = "X-Aiops-Session"
 OPENWEBUI_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 DISCONNECT_POLL_SECONDS = 0.5
@@ -170,7 +175,10 @@ def check_conversation(messages: Sequence[ClientMessage]) -> None:
 
 def is_background_task(messages: Sequence[ClientMessage]) -> bool:
     """Open WebUI's title/tag/follow-up prompts: answered by a plain model call, no session."""
-    return bool(messages) and messages[-1].role == "user" and messages[-1].text.lstrip().startswith(TASK_PREFIX)
+    if not messages or messages[-1].role != "user":
+        return False
+    text = messages[-1].text
+    return text.lstrip().startswith(TASK_PREFIX) and TASK_HISTORY_TAG in text
 
 
 async def answer_background_task(engine: Engine, model: PublishedModel, messages: Sequence[ClientMessage],
