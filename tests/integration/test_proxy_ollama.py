@@ -177,6 +177,18 @@ def test_durations_split_waiting_from_generating_with_and_without_stream(client:
     assert r.eval_count == 4 and r.eval_duration is not None and r.eval_duration >= 0.2e9
 
 
+def test_line_separators_in_an_answer_do_not_split_a_streamed_line(client: ollama.Client,
+                                                                    fake: FakeOpenAI) -> None:
+    """The ollama client splits the stream with httpx's iter_lines, which breaks lines as
+    str.splitlines does: at U+2028, U+2029 and U+0085 too, not only at the newline."""
+    text = "Disk report:\u2028web-1 is 91% full\u2029web-2 is fine\x85done"
+    fake.script(Reply.text(text, chunks=3), Reply.text(text, chunks=3))
+    chat = list(client.chat(model="aiops", messages=[{"role": "user", "content": "disk report"}], stream=True))
+    assert "".join(p.message.content or "" for p in chat) == text
+    generated = list(client.generate(model="aiops", prompt="disk report, generated", stream=True))
+    assert "".join(p.response or "" for p in generated) == text
+
+
 def test_stream_is_the_default_on_the_wire(served: ServeProcess) -> None:
     body = {"model": "aiops", "messages": [{"role": "user", "content": "wire check"}]}
     with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10) as r:

@@ -263,7 +263,7 @@ class _Shape:
     def line(self, text: str) -> bytes:
         if text:
             self.text_began()
-        return json.dumps(self.body(text, False), ensure_ascii=False).encode() + b"\n"
+        return _ndjson(self.body(text, False))
 
     def text_began(self) -> None:
         if self.first is None:
@@ -288,7 +288,9 @@ class _Shape:
 
 
 def _ndjson(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    # ASCII only: the ollama client splits the stream as str.splitlines does, so a raw U+2028,
+    # U+2029 or U+0085 in an answer would cut its line in two (Ollama's own encoder escapes them).
+    return json.dumps(obj).encode() + b"\n"
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
