@@ -171,10 +171,14 @@ def test_durations_split_waiting_from_generating_with_and_without_stream(client:
         assert last.prompt_eval_duration >= 0.3e9, (stream, last)
         assert last.eval_duration >= 0.25e9, (stream, last)
         assert last.total_duration >= last.prompt_eval_duration + last.eval_duration
-    # A background task is one plain model call: its time counts as generating, never as 0.
-    fake.script(Reply.text('{"tags": ["ops"]}', delay=0.2, usage=(50, 4)))
-    r = client.chat(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}], stream=False)
-    assert r.eval_count == 4 and r.eval_duration is not None and r.eval_duration >= 0.2e9
+    # A background task is one plain model call: its time counts as generating, never as 0,
+    # streamed or not (its text is sent only once the call is over).
+    for stream in (False, True):
+        fake.script(Reply.text('{"tags": ["ops"]}', delay=0.2, usage=(50, 4)))
+        r = list(client.chat(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}],
+                             stream=True))[-1] if stream else client.chat(
+            model="aiops", messages=[{"role": "user", "content": TITLE_TASK}], stream=False)
+        assert r.eval_count == 4 and r.eval_duration is not None and r.eval_duration >= 0.2e9, (stream, r)
 
 
 def test_line_separators_in_an_answer_do_not_split_a_streamed_line(client: ollama.Client,

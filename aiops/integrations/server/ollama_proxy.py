@@ -333,8 +333,11 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
             return web.json_response(shape.final(text, usage))
         resp = web.StreamResponse(headers={"Content-Type": NDJSON})
         await prepare_stream(request, resp)
+        # body(), not line(): the text exists only now the call is over, and marking it begun here
+        # would count the whole call as waiting (eval_duration ~0); unmarked, final() counts it as
+        # generating, as the non-streamed answer does.
         if text:
-            await resp.write(shape.line(text))
+            await resp.write(_ndjson(shape.body(text, False)))
         await resp.write(_ndjson(shape.final("", usage)))
         await resp.write_eof()
         return resp
