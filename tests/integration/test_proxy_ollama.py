@@ -82,6 +82,20 @@ def test_show_accepts_names_with_or_without_latest(client: ollama.Client) -> Non
     assert "fake-other" in str(client.show("aiops/other").modelinfo)
 
 
+def test_model_names_match_without_regard_to_case(client: ollama.Client, fake: FakeOpenAI) -> None:
+    """As Ollama matches them, tag included; the answer names the model as the client did."""
+    for name, model_id in (("AIOPS", "fake-model"), ("Aiops:Latest", "fake-model"), ("aiops:LATEST", "fake-model"),
+                           ("aiops/LOCAL", "fake-model"), ("AIOPS/Other:LATEST", "fake-other")):
+        r = client.chat(model=name, messages=[{"role": "user", "content": f"case {name}"}], stream=False)
+        assert (r.model, r.message.content) == (name, f"echo: case {name}")
+        assert fake.requests[-1].model == model_id, name
+    shown = client.show("AIOPS/OTHER")
+    assert shown.details is not None and "fake-other" in str(shown.modelinfo)
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="AIOPS:7B", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.status_code == 404
+
+
 def test_ps_lists_the_models(client: ollama.Client) -> None:
     running = client.ps().models
     assert [m.name for m in running] == ["aiops:latest", "aiops/local:latest", "aiops/other:latest"]

@@ -108,23 +108,29 @@ def published_models(engine: Engine) -> list[PublishedModel]:
 
 
 def strip_tag(name: str) -> str:
-    """Ollama names carry a tag; `:latest` is the only one we publish, so it is optional."""
-    return name[: -len(":latest")] if name.endswith(":latest") else name
+    """Ollama names carry a tag; `:latest` is the only one we publish, so it is optional. Ollama
+    matches the tag without regard to case (`:LATEST`), as the rest of the name."""
+    tag = ":latest"
+    return name[: -len(tag)] if name[-len(tag):].casefold() == tag else name
 
 
 def find_model(engine: Engine, requested: str) -> PublishedModel | None:
-    """The published model a request names (with or without `:latest`), or None: the entry
-    `published_models` lists under that name, looked up without listing them all (every chat
-    request asks)."""
+    """The published model a request names (with or without `:latest`, in any case, as Ollama
+    matches names), or None: the entry `published_models` lists under that name, looked up
+    without listing them all (every chat request asks)."""
     name = strip_tag(requested.strip())
     models = engine.config.models
-    if name == PUBLIC_MODEL:
+    prefix, slash, key = name.partition("/")
+    if prefix.casefold() != PUBLIC_MODEL:
+        return None
+    if not slash:
         return PublishedModel(PUBLIC_MODEL, models.default_model, models.models[models.default_model], True)
-    key = name.removeprefix(PUBLIC_MODEL + "/")
-    m = models.models.get(key) if key != name else None
+    if key not in models.models:  # an exact match first: registry keys may differ only in case
+        key = next((k for k in models.models if k.casefold() == key.casefold()), key)
+    m = models.models.get(key)
     if m is None or not m.enabled:
         return None
-    return PublishedModel(name, key, m, False)
+    return PublishedModel(f"{PUBLIC_MODEL}/{key}", key, m, False)
 
 
 def turn_model(model: PublishedModel) -> str | None:
