@@ -236,6 +236,33 @@ def test_empty_chat_and_prompt_load_the_model(client: ollama.Client, fake: FakeO
     assert len(fake.requests) == before
 
 
+def test_any_zero_keep_alive_unloads_and_a_malformed_one_is_a_400(client: ollama.Client, served: ServeProcess,
+                                                                    fake: FakeOpenAI) -> None:
+    """Ollama reads keep_alive as whole seconds (a number) or a Go duration (a string): any zero
+    is the unload probe, a negative is "for ever", and a string Go cannot parse is a 400."""
+    before = len(fake.requests)
+    assert client.generate(model="aiops", prompt="", keep_alive="0m0s").done_reason == "unload"
+    assert client.chat(model="aiops", messages=[], keep_alive="-0s").done_reason == "unload"
+    for path, probe in (("/api/generate", {"prompt": ""}), ("/api/chat", {"messages": []})):
+        def reply(keep_alive: object, probe: dict[str, object] = probe, path: str = path) -> httpx.Response:
+            return httpx.post(served.url + path, json={"model": "aiops", "keep_alive": keep_alive, **probe})
+
+        for keep_alive in (0, 0.5, "0", "-0", "0s", "0h", "0ms", "0us", "0\u00b5s", "0\u03bcs", "0m0s", "0.0s",
+                           "-0s", ".0h", "0.s"):
+            assert reply(keep_alive).json()["done_reason"] == "unload", (path, keep_alive)
+        for keep_alive in (1, -1, "5m", "-1s", "1ns", "0.5s", "1h30m", "0s1ns"):
+            assert reply(keep_alive).json()["done_reason"] == "load", (path, keep_alive)
+        for keep_alive in ("soon", "", "5", "5 m", "1d", "0x", ".s", "-", "1e3s", "9999999999h"):
+            r = reply(keep_alive)
+            assert r.status_code == 400, (path, keep_alive)
+            assert "keep_alive" in r.json()["error"], (path, keep_alive)
+    # Refused on an answer too, as Ollama's decoder does, before any model call.
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="aiops", messages=[{"role": "user", "content": "hi"}], keep_alive="soon")
+    assert e.value.status_code == 400 and "keep_alive" in e.value.error
+    assert len(fake.requests) == before
+
+
 async def test_async_client(served: ServeProcess) -> None:
     async with ollama.AsyncClient(host=served.url) as c:
         parts = [p.message.content or "" async for p in await c.chat(

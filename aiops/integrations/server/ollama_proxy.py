@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic_core import PydanticCustomError
 
 from aiops import __version__ as aiops_version
 from aiops.engine import events as ev
@@ -67,6 +70,60 @@ NDJSON = "application/x-ndjson"
 # Strict: Ollama's JSON decoder refuses a string where a boolean belongs, and so do we.
 _STRICT = ConfigDict(extra="allow", strict=True)
 
+# Go's time.ParseDuration grammar, which Ollama reads a keep_alive string with: "0" alone, or signed
+# numbers each with a unit ("1h30m", ".5s", "0.s"). [0-9], not \d: Go takes ASCII digits only.
+_GO_DURATION_PART = r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)"
+_GO_DURATION = re.compile(rf"[-+]?(?:0|(?:{_GO_DURATION_PART})+)")
+_GO_DURATION_UNIT_NS = {"ns": 1, "us": 10**3, "\u00b5s": 10**3, "\u03bcs": 10**3, "ms": 10**6, "s": 10**9,
+                        "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+def _go_duration_ns(text: str) -> int:
+    """A Go duration string in ns; ValueError for one Go refuses, an overflow of its int64 included.
+    Each part is truncated to whole ns, as Go does."""
+    if not _GO_DURATION.fullmatch(text):
+        raise ValueError(f"invalid duration {text!r}: a number of seconds, or a duration such as "
+                         f"\"5m\" or \"1h30m\"")
+    limit = 2**63 if text.startswith("-") else 2**63 - 1
+    ns = 0
+    for number, unit in re.findall(_GO_DURATION_PART, text):
+        whole, _, fraction = number.partition(".")
+        whole = whole.lstrip("0")
+        # Before int(), which refuses (and is slow on) thousands of digits: more than 19 whole
+        # digits overflow Go's int64 anyway, and a fraction's digits past the 20th are finer than
+        # 1 ns in any unit.
+        if len(whole) > 19:
+            raise ValueError(f"duration {text!r} is out of range")
+        fraction = fraction[:20]
+        scale = _GO_DURATION_UNIT_NS[unit]
+        ns += int(whole or "0") * scale + int(fraction or "0") * scale // 10 ** len(fraction)
+        if ns > limit:
+            raise ValueError(f"duration {text!r} is out of range")
+    return -ns if text.startswith("-") else ns
+
+
+def _keep_alive_ns(value: int | float | str) -> int:
+    """How long Ollama would keep the model loaded, in ns (negative: for ever). A number counts
+    whole seconds, truncated (Ollama reads 0.5 as 0); a string is a Go duration."""
+    if isinstance(value, str):
+        return _go_duration_ns(value)
+    if not math.isfinite(value):
+        raise ValueError(f"invalid duration {value}")
+    return -1 if value < 0 else int(value) * 10**9
+
+
+def _valid_keep_alive(value: int | float | str | None) -> int | float | str | None:
+    # Refused on every request, as Ollama's decoder does, not only on the unload probe that reads it.
+    if value is not None:
+        try:
+            _keep_alive_ns(value)
+        except ValueError as e:
+            raise PydanticCustomError("invalid_duration", "{reason}", {"reason": str(e)}) from None
+    return value
+
+
+KeepAlive = Annotated[int | float | str | None, AfterValidator(_valid_keep_alive)]
+
 
 class _Message(BaseModel):
     model_config = _STRICT
@@ -82,7 +139,7 @@ class ChatRequest(BaseModel):
     messages: list[_Message] | None = None
     stream: bool | None = True
     tools: list[Any] | None = None
-    keep_alive: int | float | str | None = None
+    keep_alive: KeepAlive = None
     format: Any = None  # JSON output: refused for agent turns (see _refuse_json_format)
 
 
@@ -93,7 +150,7 @@ class GenerateRequest(BaseModel):
     system: str | None = None
     stream: bool | None = True
     images: list[Any] | None = None
-    keep_alive: int | float | str | None = None
+    keep_alive: KeepAlive = None
     format: Any = None
     # Completion-engine requests (an editor's fill-in-the-middle, a raw prompt, a prompt template)
     # have no meaning for an agent turn: refused (see _generate_messages). Older ollama clients send
@@ -315,10 +372,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _answer(request, shape, model, messages, req.stream is not False, req.format)
 
 
-def _load_reply(shape: _Shape, keep_alive: Any) -> web.Response:
-    """Ollama's "load the model" (no messages / empty prompt) and "unload" (keep_alive 0) replies."""
+def _load_reply(shape: _Shape, keep_alive: int | float | str | None) -> web.Response:
+    """Ollama's "load the model" (no messages / empty prompt) and "unload" (a keep_alive of zero,
+    however written: 0, "0s", "0m0s", "-0s") replies."""
     obj = shape.body("", True)
-    obj["done_reason"] = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
+    unload = keep_alive is not None and _keep_alive_ns(keep_alive) == 0
+    obj["done_reason"] = "unload" if unload else "load"
     return web.json_response(obj)
 
 
