@@ -303,6 +303,26 @@ async def test_background_tasks_are_plain_calls_that_touch_no_session(api_server
     await client.close()
 
 
+async def test_a_streamed_answer_starts_with_its_commands_output_as_a_whole_one_does(
+        api_server: ApiServer) -> None:
+    """`!model` and a question in one message: the stream carries the command's output before the
+    answer, as the non-streamed reply does, and the chat goes on in the same session."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-cmd"})
+    first = "!model\nwhat is the load?"
+    stream = await client.chat.completions.with_raw_response.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": first}])
+    sid = stream.headers["x-aiops-session"]
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream.parse()
+                        if c.choices])
+    assert streamed.startswith("Models (* = this session") and streamed.endswith("echo: what is the load?")
+    whole_sid, whole = await ask(client, [("user", first)], extra_headers={"X-OpenWebUI-Chat-Id": "chat-cmd2"})
+    assert streamed == whole
+    again, _ = await ask(client, [("user", first), ("assistant", streamed), ("user", "and now?")])
+    assert again == sid and sorted(await sessions(api_server)) == sorted([sid, whole_sid])
+    await client.close()
+
+
 # Open WebUI's default RAG template, put before the user's question when a file, a knowledge base
 # or a web search is attached (abridged: its guidelines run on for a dozen lines).
 RAG_TEMPLATE = ("### Task:\nRespond to the user query using the provided context, incorporating inline "
@@ -880,3 +900,23 @@ async def test_a_stopped_answer_the_client_never_got_does_not_fork_its_conversat
     again, _ = await ask(client, [("user", "q1"), ("assistant", a1), ("user", "q2"), ("user", "q3")])
     assert again == sid and list(await sessions(api_server)) == [sid]
     await client.close()
+
+
+async def test_a_failed_answer_the_client_never_got_does_not_fork_its_conversation(api_server: ApiServer) -> None:
+    """A non-streaming request whose model failed is a 502 with no text, but a partial answer the
+    model gave before failing is recorded (as failed). The client cannot know whether there was
+    one, and sends its next message without it: the conversation continues either way."""
+    for chat, failure in (("fail-before-text", Reply.error(500, "upstream exploded")),
+                          ("fail-after-text", Reply.drop(after_chunks=2))):
+        async with httpx.AsyncClient(base_url=api_server.url, headers={"X-OpenWebUI-Chat-Id": chat}) as h:
+            api_server.fake.script(failure)
+            r = await h.post("/v1/chat/completions", json={
+                "model": "aiops", "messages": [{"role": "user", "content": "u1"}]})
+            assert r.status_code == 502
+            sid = r.headers["x-aiops-session"]
+            # Open WebUI keeps an empty answer in the failed one's place.
+            r = await h.post("/v1/chat/completions", json={"model": "aiops", "messages": [
+                {"role": "user", "content": "u1"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "u2"}]})
+            assert r.status_code == 200 and r.headers["x-aiops-session"] == sid, chat
+    assert len(await sessions(api_server)) == 2

@@ -316,11 +316,16 @@ class _TurnText:
     answer: list[str] = field(default_factory=list)
 
 
+# Statuses of a recorded answer a client may never have got (see session_view).
+MAYBE_UNSEEN = ("cancelled", "error")
+
+
 def session_view(history: Iterable[Message], *, without_stopped: bool = False) -> list[Entry]:
     """A session's conversation as the client saw it: per turn, the user text and the answer.
 
-    `without_stopped`: as a client sees it that never got the stopped answers (a non-streaming
-    request the shutdown answered 503, or one whose client gave up): without them.
+    `without_stopped`: as a client sees it that never got the stopped or failed answers (a
+    non-streaming request the shutdown answered 503, one whose client gave up, one answered 502
+    after the model had begun): without them.
 
     Grouped by turn, not by commit order: a message sent while a turn runs is stored before that
     turn's answer, but the client shows each question followed by its answer (as `by_turn` gives
@@ -341,7 +346,7 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             if not turns:
                 continue
             turn = turns[-1]
-        if m.role == "assistant" and m.content and not (without_stopped and m.status == "cancelled"):
+        if m.role == "assistant" and m.content and not (without_stopped and m.status in MAYBE_UNSEEN):
             turn.answer.append(m.content)
         elif m.role == "notice" and m.meta.get("kind") == "command" and turn.turn_id == m.turn_id:
             turn.outputs.append(m.content)
@@ -719,7 +724,7 @@ class ProxySessions:
             self._seen.pop(sid, None)
             return None
         history = await live.history(engine)
-        stopped = any(m.role == "assistant" and m.status == "cancelled" and m.content for m in history)
+        stopped = any(m.role == "assistant" and m.status in MAYBE_UNSEEN and m.content for m in history)
         seen = _Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(history)),
                      signatures(session_view(history, without_stopped=True)) if stopped else None)
         self._seen[sid] = seen
@@ -909,6 +914,13 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
                         e.data.get("finish_reason") or "stop")
         return None
 
+    if started.turn.prefix:
+        # The output of commands in the same message begins the answer (its `done` text too), and
+        # came before the turn did, as no event of it: said first, as a whole reply says it.
+        lead = started.turn.prefix + "\n\n"
+        sent.append(lead)
+        tail = lead[-2:]
+        yield lead, None
     while True:
         e = await sub.get()
         if e is None:
