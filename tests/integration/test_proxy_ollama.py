@@ -207,6 +207,21 @@ def test_line_separators_in_an_answer_do_not_split_a_streamed_line(client: ollam
     assert "".join(p.response or "" for p in generated) == text
 
 
+def test_an_image_earlier_in_the_chat_is_a_placeholder_and_only_a_new_one_is_refused(
+        client: ollama.Client, fake: FakeOpenAI) -> None:
+    png = "iVBORw0KGgo="
+    history = [{"role": "user", "content": "what is this graph?", "images": [png]},
+               {"role": "assistant", "content": "a disk filling up"}]
+    r = client.chat(model="aiops", stream=False, messages=[*history, {"role": "user", "content": "which disk?"}])
+    assert r.message.content == "echo: which disk?"
+    sent = fake.requests[-1].json["messages"]
+    assert {"role": "user", "content": "what is this graph?\n[image omitted: aiops passes on text only]"} in sent
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="aiops", stream=False, messages=[
+            *history, {"role": "user", "content": "and this?", "images": [png]}])
+    assert e.value.status_code == 400 and "images are not supported" in e.value.error
+
+
 def test_stream_is_the_default_on_the_wire(served: ServeProcess) -> None:
     body = {"model": "aiops", "messages": [{"role": "user", "content": "wire check"}]}
     with httpx.stream("POST", served.url + "/api/chat", json=body, timeout=10) as r:

@@ -301,6 +301,24 @@ def test_bad_input_is_an_openai_400(served: ServeProcess) -> None:
         assert err["type"] == "invalid_request_error" and err["message"], body
 
 
+def test_an_image_earlier_in_the_chat_is_a_placeholder_and_only_a_new_one_is_refused(
+        client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    """A screenshot a vision model once answered stays in the chat's history: refusing it there
+    would make every later message of that chat a 400. Only an image in the new message is."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    history = [{"role": "user", "content": [{"type": "text", "text": "what is this graph?"}, image]},
+               {"role": "assistant", "content": "a disk filling up"}]
+    answer = client.chat.completions.create(model="aiops", messages=[
+        *history, {"role": "user", "content": "which disk?"}])
+    assert answer.choices[0].message.content == "echo: which disk?"
+    sent = fake.requests[-1].json["messages"]
+    assert {"role": "user", "content": "what is this graph?\n[image omitted: aiops passes on text only]"} in sent
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="aiops", messages=[
+            *history, {"role": "user", "content": [{"type": "text", "text": "and this?"}, image]}])
+    assert e.value.code == "unsupported_content" and e.value.param == "messages.2.content"
+
+
 def test_a_slow_model_still_gets_the_stream_started(served: ServeProcess, fake: FakeOpenAI) -> None:
     """Headers and the role chunk go out with the first text, or on their own when none comes."""
     fake.script(Reply.hang())

@@ -51,6 +51,7 @@ from aiops.integrations.server.proxy_sessions import (
     find_model,
     install,
     is_background_task,
+    omitted,
     proxy_state,
     published_models,
     tools_refused,
@@ -180,14 +181,19 @@ def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
     if req.tools:
         raise tools_refused("tools")
     out: list[ClientMessage] = []
-    for i, m in enumerate(req.messages or []):
+    messages = req.messages or []
+    for i, m in enumerate(messages):
         if m.role == "tool" or m.tool_calls:
             raise HttpError(400, "tools_not_supported",
                             f"messages.{i}: tool calls and tool results are not supported; the agent runs "
                             f"its tools server-side")
-        if m.images:
+        text = m.content or ""
+        if m.images and i == len(messages) - 1:
             raise HttpError(400, "unsupported_content", f"messages.{i}.images: images are not supported")
-        out.append(ClientMessage(m.role, m.content or ""))
+        if m.images:
+            # Earlier in the chat (answered by a vision model, say): a placeholder, as on /v1.
+            text = "\n".join([text, *(omitted("image") for _ in m.images)]).strip()
+        out.append(ClientMessage(m.role, text))
     return out
 
 

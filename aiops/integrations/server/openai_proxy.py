@@ -44,6 +44,7 @@ from aiops.integrations.server.proxy_sessions import (
     install,
     is_background_task,
     model_not_found,
+    omitted,
     proxy_state,
     published_models,
     tools_refused,
@@ -99,16 +100,22 @@ class ChatRequest(BaseModel):
     function_call: Any = None
 
 
-def _text(i: int, m: _Message) -> str:
+def _text(i: int, m: _Message, new: bool) -> str:
+    """A message's text. A part that is not text is refused in the new message (its question
+    would be answered without it); earlier in the history it is a placeholder, or one image
+    a vision model once answered would make every later message of the chat a 400."""
     if m.content is None or isinstance(m.content, str):
         return m.content or ""
     parts: list[str] = []
     for p in m.content:
-        if p.type != "text":
+        if p.type == "text":
+            parts.append(p.text or "")
+        elif not new:
+            parts.append(omitted(p.type))
+        else:
             raise HttpError(400, "unsupported_content",
                             f"messages.{i}.content: {p.type!r} parts are not supported; aiops accepts text",
                             param=f"messages.{i}.content")
-        parts.append(p.text or "")
     # Separate parts are separate blocks (a prompt and a pasted file, say): joined without a break,
     # their words would run together.
     return "\n".join(parts)
@@ -149,7 +156,7 @@ def client_messages(req: ChatRequest) -> list[ClientMessage]:
                             f"messages.{i}: tool calls and tool results are not supported; the agent runs "
                             f"its tools server-side", param=f"messages.{i}")
         role = "system" if m.role == "developer" else m.role
-        out.append(ClientMessage(role, _text(i, m)))
+        out.append(ClientMessage(role, _text(i, m, new=i == len(req.messages) - 1)))
     return out
 
 

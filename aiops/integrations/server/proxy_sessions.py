@@ -166,6 +166,12 @@ def tools_refused(field_name: str = "tools") -> HttpError:
                      f"without {field_name!r}", param=field_name)
 
 
+def omitted(kind: str) -> str:
+    """What stands in the history for a part aiops cannot pass on (an image the chat once had)."""
+    kind = "image" if kind in ("image", "image_url") else kind
+    return f"[{kind} omitted: aiops passes on text only]"
+
+
 def check_conversation(messages: Sequence[ClientMessage]) -> None:
     """The last message must be the new user message (400 otherwise)."""
     if not messages:
