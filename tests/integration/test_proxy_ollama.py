@@ -413,6 +413,9 @@ def test_background_tasks_report_the_models_real_counts(client: ollama.Client, f
     parts = list(client.chat(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}], stream=True))
     assert "".join(p.message.content or "" for p in parts) == '{"tags": ["ops"]}'
     assert parts[-1].done and (parts[-1].prompt_eval_count, parts[-1].eval_count) == (52, 7)
+    assert parts[-1].done_reason == "stop"
+    fake.script(Reply.text('{"tags": ["o', finish_reason="length"))
+    assert client.generate(model="aiops", prompt=TITLE_TASK, stream=False).done_reason == "length"
 
 
 def test_keep_alive_lines_carry_the_time_they_are_sent_and_a_stop_omits_unknown_counts(

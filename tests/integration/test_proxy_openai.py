@@ -413,6 +413,19 @@ def test_background_tasks_report_the_models_real_usage(client: openai.OpenAI, fa
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (41, 8)
 
 
+def test_a_background_task_cut_at_the_models_output_limit_says_length(client: openai.OpenAI,
+                                                                        fake: FakeOpenAI) -> None:
+    fake.script(Reply.text('{"title": "Restart', finish_reason="length"),
+                Reply.text('{"title": "Restart', finish_reason="length"), Reply.text('{"title": "ok"}'))
+    whole = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}])
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model="aiops", stream=True,
+                                                 messages=[{"role": "user", "content": TITLE_TASK}]))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    whole = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": TITLE_TASK}])
+    assert whole.choices[0].finish_reason == "stop"
+
+
 def test_a_stopped_turn_reports_no_usage_rather_than_zeros(client: openai.OpenAI, served: ServeProcess,
                                                           fake: FakeOpenAI) -> None:
     """Streamed with include_usage: the model never answered, so there is no usage chunk at all."""

@@ -392,18 +392,17 @@ async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, me
     state = proxy_state(request)
     engine = get_engine(request)
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages, caller(request),
-                                                   failed_status=500)
+        task = await answer_background_task(engine, model, messages, caller(request), failed_status=500)
         if not stream:
-            return web.json_response(shape.final(text, usage))
+            return web.json_response(shape.final(task.text, task.usage, task.finish_reason))
         resp = web.StreamResponse(headers={"Content-Type": NDJSON})
         await prepare_stream(request, resp)
         # body(), not line(): the text exists only now the call is over, and marking it begun here
         # would count the whole call as waiting (eval_duration ~0); unmarked, final() counts it as
         # generating, as the non-streamed answer does.
-        if text:
-            await resp.write(_ndjson(shape.body(text, False)))
-        await resp.write(_ndjson(shape.final("", usage)))
+        if task.text:
+            await resp.write(_ndjson(shape.body(task.text, False)))
+        await resp.write(_ndjson(shape.final("", task.usage, task.finish_reason)))
         await resp.write_eof()
         return resp
     _refuse_json_format(fmt)

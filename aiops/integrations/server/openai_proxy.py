@@ -36,6 +36,7 @@ from aiops.integrations.server.proxy_sessions import (
     Done,
     PublishedModel,
     StartedTurn,
+    TaskAnswer,
     answer_background_task,
     answer_text,
     cancel_turn,
@@ -253,12 +254,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise model_not_found(req.model)
     created = int(time.time())
     if is_background_task(messages):
-        text, usage = await answer_background_task(engine, model, messages, caller(request),
-                                                   failed_status=502)
+        task = await answer_background_task(engine, model, messages, caller(request), failed_status=502)
         cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
         if req.stream:
-            return await _stream_text(request, cid, created, req, text, usage)
-        return web.json_response(completion_object(cid, created, req.model, text, usage))
+            return await _stream_text(request, cid, created, req, task)
+        return web.json_response(completion_object(cid, created, req.model, task.text, task.usage,
+                                                   task.finish_reason))
     refuse_json_modes(req)
     started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
                                          caller(request), events=TURN_OUTPUT_EVENTS if req.stream else (ev.DONE,))
@@ -269,15 +270,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _stream_text(request: web.Request, cid: str, created: int, req: ChatRequest,
-                       text: str, usage: dict[str, int] | None) -> web.StreamResponse:
+                       task: TaskAnswer) -> web.StreamResponse:
     chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
     resp = _sse_response()
     await prepare_stream(request, resp)
     await resp.write(chunks.delta({"role": "assistant", "content": ""}))
-    if text:
-        await resp.write(chunks.delta({"content": text}))
-    await resp.write(chunks.delta({}, "stop"))
-    if chunks.include_usage and (frame := chunks.usage(usage)):
+    if task.text:
+        await resp.write(chunks.delta({"content": task.text}))
+    await resp.write(chunks.delta({}, task.finish_reason))
+    if chunks.include_usage and (frame := chunks.usage(task.usage)):
         await resp.write(frame)
     await resp.write(DONE_FRAME)
     await resp.write_eof()

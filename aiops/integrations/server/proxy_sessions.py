@@ -193,11 +193,17 @@ def is_background_task(messages: Sequence[ClientMessage]) -> bool:
     return text.lstrip().startswith(TASK_PREFIX) and TASK_HISTORY_TAG in text
 
 
+@dataclass(frozen=True, slots=True)
+class TaskAnswer:
+    text: str
+    usage: dict[str, int] | None  # the model's token counts; None when it reported none
+    finish_reason: str  # "stop", or "length": cut at the model's output limit
+
+
 async def answer_background_task(engine: Engine, model: PublishedModel, messages: Sequence[ClientMessage],
-                                 who: Caller, *, failed_status: int) -> tuple[str, dict[str, int] | None]:
-    """A plain model call: no tools, no gates, no session, nothing recorded. The answer and the
-    model's token counts (None when it reported none). A failure is an HttpError of the surface's
-    own status for a failed model (`failed_status`)."""
+                                 who: Caller, *, failed_status: int) -> TaskAnswer:
+    """A plain model call: no tools, no gates, no session, nothing recorded. A failure is an
+    HttpError of the surface's own status for a failed model (`failed_status`)."""
     from aiops.engine.backends import ModelError
 
     system = "\n\n".join(m.text for m in messages if m.role == "system" and m.text) or None
@@ -207,7 +213,8 @@ async def answer_background_task(engine: Engine, model: PublishedModel, messages
         completion = await engine.complete_plain(model.key, convo, system=system)
     except ModelError as e:
         raise HttpError(failed_status, "model_error", shown_to(who, str(e), configured_hosts(engine))) from None
-    return completion.text, completion.usage.counts() if completion.usage is not None else None
+    return TaskAnswer(completion.text, completion.usage.counts() if completion.usage is not None else None,
+                      "length" if completion.finish_reason == "length" else "stop")
 
 
 # ---- what chat users are told of a failure -------------------------------------------------------------
