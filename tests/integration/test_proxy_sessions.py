@@ -920,3 +920,32 @@ async def test_a_failed_answer_the_client_never_got_does_not_fork_its_conversati
                 {"role": "user", "content": "u2"}]})
             assert r.status_code == 200 and r.headers["x-aiops-session"] == sid, chat
     assert len(await sessions(api_server)) == 2
+
+
+async def test_reset_in_a_chat_ui_leaves_the_model_only_what_follows_it(api_server: ApiServer) -> None:
+    """`!reset` in a chat UI: the client keeps sending the whole chat, but what came before the
+    reset is archived. The model never sees it again, and the chat goes on in its session."""
+    fake = api_server.fake
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-reset"})
+    chat = [("user", "my secret is SWORDFISH")]
+    sid, answer = await ask(client, chat)
+    chat += [("assistant", answer), ("user", "!reset")]
+    again, answer = await ask(client, chat)
+    assert again == sid and answer.startswith("session reset")
+    chat += [("assistant", answer), ("user", "what is my secret?")]
+    again, answer = await ask(client, chat)
+    seen = [m["content"] for m in fake.last_request.json["messages"] if m["role"] != "system"]
+    assert again == sid and seen == ["what is my secret?"]
+    # A reset with a question in the same message: the question is the new start.
+    chat += [("assistant", answer), ("user", "!reset\nfresh question")]
+    again, answer = await ask(client, chat)
+    assert again == sid and answer.startswith("session reset") and answer.endswith("echo: fresh question")
+    assert [m["content"] for m in fake.last_request.json["messages"] if m["role"] != "system"] == ["fresh question"]
+    chat += [("assistant", answer), ("user", "and then?")]
+    again, _ = await ask(client, chat)
+    seen = [m["content"] for m in fake.last_request.json["messages"] if m["role"] != "system"]
+    # (command output is the client's to read, never the model's)
+    assert again == sid and seen == ["fresh question", "echo: fresh question", "and then?"]
+    assert list(await sessions(api_server)) == [sid]
+    await client.close()

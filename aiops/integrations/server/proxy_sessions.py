@@ -298,6 +298,9 @@ def resolution_status(data: dict[str, Any]) -> str:
 Entry = tuple[str, str]  # (role, normalized text)
 
 
+RESET_COMMANDS = frozenset({"!reset"})
+
+
 def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, ClientMessage]]:
     """The client's conversation as compared (user and non-empty assistant texts, normalized),
     each with the message as sent."""
@@ -308,6 +311,24 @@ def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, Clien
             if text or m.role == "user":
                 out.append(((m.role, text), m))
     return out
+
+
+def since_reset(engine: Engine, messages: Sequence[ClientMessage]) -> Sequence[ClientMessage]:
+    """The part of a client's history its session still holds: a `!reset` archived everything
+    before it, but a chat UI keeps sending all of it. From the last message that ran `!reset`,
+    as the session recorded it: that message without its command lines, then what followed (a
+    message of only commands, and its answer, left no turn: see session_view)."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role == "user" and "!" in m.text:
+            parsed = engine.commands.parse(m.text, "proxy")
+            if any(c.split(maxsplit=1)[0].lower() in RESET_COMMANDS for c in parsed.commands):
+                rest = messages[i + 1:]
+                if parsed.text:
+                    return [ClientMessage("user", parsed.text), *rest]
+                first_user = next((j for j, r in enumerate(rest) if r.role == "user"), len(rest))
+                return rest[first_user:]
+    return messages
 
 
 def client_view(messages: Iterable[ClientMessage]) -> list[Entry]:
@@ -355,6 +376,11 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
                     by_id[m.turn_id] = turn
             turn.user.append(m.content)
             continue
+        if turn is None and m.turn_id and m.role == "notice" and m.meta.get("kind") == "command":
+            # A turn whose user message a `!reset` in it archived: its outputs start the view.
+            turn = _TurnText(m.turn_id)
+            turns.append(turn)
+            by_id[m.turn_id] = turn
         if turn is None:  # no turn of its own (older histories): it belongs to the latest one
             if not turns:
                 continue
@@ -365,6 +391,10 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             turn.outputs.append(m.content)
     out: list[Entry] = []
     for t in turns:
+        if not t.user and not t.answer:
+            # The output of a `!reset` that had nothing else in its message: the session is
+            # empty to the client that sent it, as to one that starts a new chat in it.
+            continue
         out.append(("user", normalize("\n".join(t.user))))
         answer = normalize("\n\n".join(t.outputs + t.answer))
         if answer:
@@ -620,7 +650,7 @@ class ProxySessions:
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
                             model: PublishedModel, who: Caller, events: Iterable[str] | None) -> StartedTurn:
         engine = self.engine
-        entries = client_entries(messages[:-1])
+        entries = client_entries(since_reset(engine, messages[:-1]))
         client = [entry for entry, _ in entries]
         session_id, skip, forked = await self._choose(conv, client, model, who)
         # Created here (owned by the caller) when it is new; refused if it is not the caller's.
