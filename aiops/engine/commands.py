@@ -34,29 +34,27 @@ class CommandContext:
     # Set by CommandRegistry.run when the command reported an error (unknown, not permitted, bad
     # arguments, CommandError), so callers such as `aiops chat` can exit non-zero.
     failed: bool = False
-    # Who sent the message (the session owner it would create, None from the console) and whether
-    # its session did not exist when the message was taken in: see `foreign`.
+    # A client token's principal (Engine.submit's `owner_only`): its commands act only on a
+    # session it owns. None for callers that may use every session.
     owner: str | None = None
-    new: bool = False
 
     def foreign(self, live: LiveSession) -> bool:
-        """`live` is not this message's session, though it has its id: the message named a
-        session that did not exist, and another caller started one of that name while its
-        commands ran. A client's command acting on it would read, switch, reset or delete
-        someone else's conversation (operators may use every session anyway)."""
-        return self.new and not self.is_operator and live.row.owner != self.owner
+        """`live` has this message's session id but is not the sender's: a client's message named
+        a session that did not exist, and another caller started one of that name meanwhile. A
+        command acting on it would read, switch, reset or delete someone else's conversation."""
+        return self.owner is not None and live.row.owner != self.owner
 
     async def session(self) -> LiveSession | None:
         """This message's session ("this session" to a command); None while it does not exist."""
         live = await self.engine.session(self.session_id)
         if live is not None and self.foreign(live):
-            raise CommandError(started_by_another(self.session_id))
+            raise CommandError(not_the_senders(self.session_id))
         return live
 
 
-def started_by_another(session_id: str) -> str:
-    return (f"session {session_id!r} was started by another caller while this message ran: "
-            f"its commands do not act on it")
+def not_the_senders(session_id: str) -> str:
+    return (f"session {session_id!r} belongs to another caller (started while this message was "
+            f"being taken in): nothing in this message acts on it")
 
 
 Handler = Callable[[CommandContext, list[str], str], Awaitable[str]]
@@ -78,6 +76,17 @@ class Command:
 # Session kinds whose users type chat, not commands (see CommandRegistry.parse).
 KNOWN_COMMANDS_ONLY = frozenset({"proxy"})
 
+# A command's name: `!!! ALERT`, `![image](url)` and `!= 0` are text, whoever sends them.
+_COMMAND_NAME = re.compile(r"[a-z][\w.-]*")
+
+
+def command_name(line: str) -> str:
+    """The name a `!command` line calls, lower-cased, as `parse_input` and the registry read it
+    (`! reset` and `!RESET` call `reset`); "" when there is none."""
+    rest = line.lstrip()[1:]
+    return rest.split(maxsplit=1)[0].lower() if rest.strip() else ""
+
+
 NOT_PERMITTED = "not permitted: {name} is an operator command (console or operator token only)"
 
 
@@ -86,6 +95,10 @@ class CommandRegistry:
         self._commands: dict[str, Command] = {}
 
     def register(self, cmd: Command) -> None:
+        if not _COMMAND_NAME.fullmatch(cmd.name):
+            # parse_input would read `!<name>` as text: a command no one could ever run.
+            raise ValueError(f"command name {cmd.name!r} is not a name: a lower-case letter, then "
+                             f"letters, digits, '_', '.' or '-'")
         if cmd.name in self._commands:
             raise ValueError(f"command !{cmd.name} is already registered (by {self._commands[cmd.name].plugin})")
         self._commands[cmd.name] = cmd
@@ -155,9 +168,6 @@ class ParsedInput:
     model: str | None  # from a leading @model
 
 
-# A command's name: `!!! ALERT`, `![image](url)` and `!= 0` are text, whoever sends them.
-_COMMAND_NAME = re.compile(r"[a-z][\w.-]*")
-
 
 def parse_input(text: str, raw_commands: Container[str] = frozenset(),
                 known: Container[str] | None = None) -> ParsedInput:
@@ -173,7 +183,7 @@ def parse_input(text: str, raw_commands: Container[str] = frozenset(),
     lines = text.splitlines()
     for index, line in enumerate(lines):
         stripped = line.lstrip()
-        name = stripped[1:].split(maxsplit=1)[0].lower() if stripped[1:].strip() else ""
+        name = command_name(stripped)
         if (stripped.startswith("!") and _COMMAND_NAME.fullmatch(name)
                 and (known is None or name in known)):
             if name in raw_commands:

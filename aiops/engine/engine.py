@@ -21,7 +21,7 @@ from typing import Any
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
 from aiops.engine.backends import Backend, make_backend
-from aiops.engine.commands import CommandContext, CommandRegistry, started_by_another
+from aiops.engine.commands import CommandContext, CommandRegistry, ParsedInput, not_the_senders
 from aiops.engine.events import EventBus
 from aiops.engine.gatekeeper import SESSION_DELETED, Gatekeeper
 from aiops.engine.lock import DataDirLock
@@ -651,15 +651,30 @@ class Engine:
 
     # ---- turns ----
 
+    def parse(self, text: str, kind: str) -> ParsedInput:
+        """A message from a client of `kind` as read (see CommandRegistry.parse); EngineError when
+        it holds more than MAX_COMMANDS commands. Callers that create a session for a message
+        parse it first, so a refused one leaves none behind."""
+        parsed = self.commands.parse(text, kind)
+        if len(parsed.commands) > MAX_COMMANDS:
+            # Each runs on the loop, answers and may be written down: thousands of `!help` lines in
+            # one message stalled every client for seconds and answered with 100+ MB.
+            raise EngineError(f"a message may hold at most {MAX_COMMANDS} !commands; "
+                              f"this one holds {len(parsed.commands)}")
+        return parsed
+
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
-                     tools: bool = True, meta: dict[str, Any] | None = None) -> Turn:
+                     tools: bool = True, meta: dict[str, Any] | None = None,
+                     owner_only: bool = False) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn.
 
         The user message is committed before this returns, so acknowledging the returned turn to a
         client is safe. A message that holds only commands returns an already finished turn whose
         text is the commands' output. `meta` goes into a session this creates (its owner, say);
-        an existing session's is left alone.
+        an existing session's is left alone. With `owner_only` (a client token's message), nothing
+        of the message acts on a session whose owner is not `meta`'s: one another caller started
+        after the caller's surface found no session of that id.
         """
         if not text or not text.strip():
             raise EngineError("empty message")
@@ -667,21 +682,17 @@ class Engine:
             # Before anything runs: a new session would store this model, an existing one run on it.
             raise EngineError(why)
         with self.admission(), ExitStack() as pins:
-            return await self._submit(pins, client_id, text, kind=kind, model=model,
-                                      is_operator=is_operator, depth=depth, tools=tools, meta=meta)
+            return await self._submit(pins, client_id, text, kind=kind, model=model, is_operator=is_operator,
+                                      depth=depth, tools=tools, meta=meta, owner_only=owner_only)
 
     async def _submit(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
                       model: str | None, is_operator: bool, depth: int, tools: bool,
-                      meta: dict[str, Any] | None) -> Turn:
+                      meta: dict[str, Any] | None, owner_only: bool) -> Turn:
         """submit's body. The session is pinned from the moment it is known until its turn is
         queued: the commands and the writes in between must not see it dropped from memory."""
         cid = client_id or f"{kind}-{new_id()[:8]}"
-        parsed = self.commands.parse(text, kind)
-        if len(parsed.commands) > MAX_COMMANDS:
-            # Each runs on the loop, answers and may be written down: thousands of `!help` lines in
-            # one message stalled every client for seconds and answered with 100+ MB.
-            raise EngineError(f"a message may hold at most {MAX_COMMANDS} !commands; "
-                              f"this one holds {len(parsed.commands)}")
+        parsed = self.parse(text, kind)
+        owner = (meta or {}).get(OWNER_KEY) if owner_only else None
         live: LiveSession | None
         if parsed.text:
             # A refused `@model` is answered below; it must not leave a new, empty session behind.
@@ -695,6 +706,10 @@ class Engine:
                 raise EngineError(f"no session {cid}: all-digit ids are shorthand ids of existing sessions")
             if live is None and kind not in SESSION_KINDS:
                 raise EngineError(f"unknown session kind {kind!r}")
+        if live is not None and owner is not None and live.row.owner != owner:
+            # The caller found no session of this id and another caller's appeared since (the
+            # API checks access to one that exists): nothing of this message is for it.
+            raise EngineError(not_the_senders(cid))
         pins.enter_context(self._pinned(live))
         sid = live.id if live is not None else cid
         turn_id = new_id("turn_")
@@ -715,8 +730,7 @@ class Engine:
             if echoed:
                 await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
             self.bus.publish(ev.USER, sid, {"text": echo, "command": True}, turn_id)
-            ctx = CommandContext(self, sid, kind, is_operator, turn_id,
-                                 owner=(meta or {}).get(OWNER_KEY), new=live is None)
+            ctx = CommandContext(self, sid, kind, is_operator, turn_id, owner=owner)
             for i, line in enumerate(parsed.commands):
                 ctx.failed = False
                 out = await self.commands.run(ctx, line)
@@ -725,7 +739,7 @@ class Engine:
                     # Not ours to write into, nor to publish to (its streams are its owner's).
                     outputs.append(out)
                     if i + 1 < len(parsed.commands):
-                        outputs.append(f"(the rest of the message was not run: {started_by_another(sid)})")
+                        outputs.append(f"(the rest of the message was not run: {not_the_senders(sid)})")
                     return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=model,
                                                publish=False)
                 if gone():

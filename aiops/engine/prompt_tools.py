@@ -118,7 +118,7 @@ PROMPT_HELP = """\
 
 async def _prompt_command(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
-    live = await engine.session(ctx.session_id)
+    live = await ctx.session()
     model_key = live.model_key(engine) if live else None
     try:
         folder = _folder(engine, model_key)

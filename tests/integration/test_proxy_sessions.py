@@ -343,8 +343,12 @@ async def test_a_question_with_open_webui_file_context_is_the_users_turn(api_ser
     sent = api_server.fake.requests[-1].json
     assert "tools" in sent and sent["messages"][0]["role"] == "system"
     assert sent["messages"][-1] == {"role": "user", "content": question}
-    assert [m["content"] for m in await history(api_server, raw.headers["x-aiops-session"])] == [
-        question, f"echo: {question}"]
+    sid = raw.headers["x-aiops-session"]
+    assert [m["content"] for m in await history(api_server, sid)] == [question, f"echo: {question}"]
+    # Open WebUI's next request shows that question as the user typed it: the same conversation.
+    again, _ = await ask(client, [("user", "how do I restart nginx on web-1?"),
+                                  ("assistant", f"echo: {question}"), ("user", "and on web-2?")])
+    assert again == sid and list(await sessions(api_server)) == [sid]
     await client.close()
 
 
@@ -906,20 +910,24 @@ async def test_a_failed_answer_the_client_never_got_does_not_fork_its_conversati
     """A non-streaming request whose model failed is a 502 with no text, but a partial answer the
     model gave before failing is recorded (as failed). The client cannot know whether there was
     one, and sends its next message without it: the conversation continues either way."""
-    for chat, failure in (("fail-before-text", Reply.error(500, "upstream exploded")),
-                          ("fail-after-text", Reply.drop(after_chunks=2))):
+    cases = [(f"fail-{when}-{n}", failure, question)
+             for when, failure in (("before-text", Reply.error(500, "upstream exploded")),
+                                   ("after-text", Reply.drop(after_chunks=2)))
+             # (the output of a command in the message came with the answer: not seen either)
+             for n, question in enumerate(("u1", "!help\nu1"))]
+    for chat, failure, question in cases:
         async with httpx.AsyncClient(base_url=api_server.url, headers={"X-OpenWebUI-Chat-Id": chat}) as h:
             api_server.fake.script(failure)
             r = await h.post("/v1/chat/completions", json={
-                "model": "aiops", "messages": [{"role": "user", "content": "u1"}]})
-            assert r.status_code == 502
+                "model": "aiops", "messages": [{"role": "user", "content": question}]})
+            assert r.status_code == 502 and "Commands:" not in r.text
             sid = r.headers["x-aiops-session"]
             # Open WebUI keeps an empty answer in the failed one's place.
             r = await h.post("/v1/chat/completions", json={"model": "aiops", "messages": [
-                {"role": "user", "content": "u1"}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": question}, {"role": "assistant", "content": ""},
                 {"role": "user", "content": "u2"}]})
             assert r.status_code == 200 and r.headers["x-aiops-session"] == sid, chat
-    assert len(await sessions(api_server)) == 2
+    assert len(await sessions(api_server)) == len(cases)
 
 
 async def test_reset_in_a_chat_ui_leaves_the_model_only_what_follows_it(api_server: ApiServer) -> None:
@@ -937,8 +945,9 @@ async def test_reset_in_a_chat_ui_leaves_the_model_only_what_follows_it(api_serv
     again, answer = await ask(client, chat)
     seen = [m["content"] for m in fake.last_request.json["messages"] if m["role"] != "system"]
     assert again == sid and seen == ["what is my secret?"]
-    # A reset with a question in the same message: the question is the new start.
-    chat += [("assistant", answer), ("user", "!reset\nfresh question")]
+    # A reset with a question in the same message (spelt as the engine still reads it): the
+    # question is the new start.
+    chat += [("assistant", answer), ("user", "! RESET\nfresh question")]
     again, answer = await ask(client, chat)
     assert again == sid and answer.startswith("session reset") and answer.endswith("echo: fresh question")
     assert [m["content"] for m in fake.last_request.json["messages"] if m["role"] != "system"] == ["fresh question"]

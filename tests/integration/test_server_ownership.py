@@ -13,8 +13,9 @@ import pytest
 
 from aiops.client import AgentError
 from aiops.engine.commands import Command, CommandContext
-from aiops.engine.engine import MAX_COMMANDS
+from aiops.engine.engine import MAX_COMMANDS, EngineError
 from aiops.engine.plugins import Plugin, PluginAPI
+from aiops.integrations.server.owners import Caller, owner_meta
 from tests.fakes.openai_server import call_tool_when
 from tests.integration.test_server_api import NOTES_ENABLED, NotesPlugin, events_until_done, next_event
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
@@ -271,6 +272,35 @@ async def test_a_message_of_too_many_commands_is_refused_whole(api_server_factor
         assert len((await bot.session("api-many"))["messages"]) == 2  # nothing of it was written
         reply = await bot.send("\n".join(["!help"] * MAX_COMMANDS), client_id="api-many")
         assert reply["text"].count("Commands:") == MAX_COMMANDS
+        # With a question after them: refused before a session is made for it, on every surface.
+        too_many = "\n".join(["!help"] * (MAX_COMMANDS + 1) + ["and a question"])
+        with pytest.raises(AgentError) as e:
+            await bot.send(too_many, client_id="api-many-new")
+        assert e.value.status == 400
+        async with httpx.AsyncClient() as http:
+            r = await http.post(srv.url + "/v1/chat/completions", headers=srv.headers("bot"), json={
+                "model": "aiops", "user": "many", "messages": [{"role": "user", "content": too_many}]})
+        assert r.status_code == 400 and f"at most {MAX_COMMANDS} !commands" in r.json()["error"]["message"]
+        assert [s["client_id"] for s in await bot.sessions()] == ["api-many"]
+
+
+async def test_the_engine_never_runs_a_clients_message_on_another_callers_session(
+        api_server_factory: ApiServerFactory) -> None:
+    """Whatever window a race finds between a surface's look at a session id and the engine's: a
+    message from a client, commands or text, is refused on a session another caller owns."""
+    srv = await two_clients(api_server_factory)
+    async with srv.client("bot2") as bot2, srv.client("ops") as ops:
+        await bot2.send("TOPSECRET merger plans", client_id="api-victim")
+        for text in ("!session\n!reset", "!model local", "what were the plans?"):
+            with pytest.raises(EngineError, match="belongs to another caller"):
+                await srv.engine.submit("api-victim", text, kind="api", is_operator=False,
+                                        meta=owner_meta(Caller("bot", False)), owner_only=True)
+        victim = await ops.session("api-victim")
+        assert [m["content"] for m in victim["messages"]] == ["TOPSECRET merger plans",
+                                                              "echo: TOPSECRET merger plans"]
+        # Its owner and the operators carry on.
+        assert (await bot2.send("more", client_id="api-victim"))["status"] == "complete"
+        assert (await ops.send("!session", client_id="api-victim"))["status"] == "complete"
 
 
 # ---- the proxies -----------------------------------------------------------------------------------------

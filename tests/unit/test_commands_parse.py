@@ -64,3 +64,19 @@ def test_with_known_names_only_real_commands_are_commands() -> None:
     assert p.commands == ["!model"] and p.text == "!important: paged\nwhat now"
     # Without them (the console, the API) an unknown name is a command, answered "unknown".
     assert parse_input("!important paged").commands == ["!important paged"]
+
+
+def test_a_command_whose_name_could_never_be_typed_is_refused_at_registration() -> None:
+    import pytest
+
+    from aiops.engine.commands import Command, CommandRegistry
+
+    async def handler(ctx: object, argv: list[str], raw: str) -> str:
+        return "ok"
+
+    reg = CommandRegistry()
+    for name in ("2fa", "_debug", "k8s:pods", "db/query", "Upper"):
+        with pytest.raises(ValueError, match="is not a name"):
+            reg.register(Command(name, f"!{name}", "", handler))  # type: ignore[arg-type]
+    reg.register(Command("k8s-pods", "!k8s-pods", "", handler))  # type: ignore[arg-type]
+    assert parse_input("!K8S-pods now").commands == ["!K8S-pods now"]

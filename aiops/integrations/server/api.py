@@ -334,14 +334,14 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
         # A message of only commands to another client's conversation name is refused too: its
         # commands would act on that conversation the moment its owner started it.
         check_name_free(who, client_id)
-        if (parsed := engine.commands.parse(body.text, "api")).text and not (
+        if (parsed := engine.parse(body.text, "api")).text and not (
                 parsed.model and engine.check_model(parsed.model)):
             # A message that starts a turn: its new session is created owned before anything runs,
             # so even the first event on a stream that subscribed early is known to be its own. (A
             # message of only `!commands`, or one asking for a refused model, creates none.)
             await claim(engine, client_id, who, kind="api", model=body.model)
     return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator,
-                               meta=owner_meta(who))
+                               meta=owner_meta(who), owner_only=not who.operator)
 
 
 # Events that carry a failure's message: a client token reads it without the addresses of the

@@ -38,6 +38,7 @@ from aiohttp import web
 
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
+from aiops.engine.commands import command_name
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
@@ -65,6 +66,7 @@ PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry 
 # chat history: that is the user's turn.
 TASK_PREFIX = "### Task:"
 TASK_HISTORY_TAG = "<chat_history>"
+RAG_CONTEXT_END = "</context>"  # where the default RAG template ends, and the question begins
 SESSION_HEADER = "X-Aiops-Session"
 OPENWEBUI_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 DISCONNECT_POLL_SECONDS = 0.5
@@ -298,7 +300,7 @@ def resolution_status(data: dict[str, Any]) -> str:
 Entry = tuple[str, str]  # (role, normalized text)
 
 
-RESET_COMMANDS = frozenset({"!reset"})
+RESET_COMMANDS = frozenset({"reset"})
 
 
 def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, ClientMessage]]:
@@ -322,7 +324,7 @@ def since_reset(engine: Engine, messages: Sequence[ClientMessage]) -> Sequence[C
         m = messages[i]
         if m.role == "user" and "!" in m.text:
             parsed = engine.commands.parse(m.text, "proxy")
-            if any(c.split(maxsplit=1)[0].lower() in RESET_COMMANDS for c in parsed.commands):
+            if any(command_name(c) in RESET_COMMANDS for c in parsed.commands):
                 rest = messages[i + 1:]
                 if parsed.text:
                     return [ClientMessage("user", parsed.text), *rest]
@@ -348,18 +350,32 @@ class _TurnText:
     user: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # command outputs
     answer: list[str] = field(default_factory=list)
+    unseen: bool = False  # the turn was stopped or failed: its client may have got none of it
+
+
+def as_typed(text: str) -> str:
+    """A user message as its chat UI shows it later: Open WebUI sends a question with a file or
+    web search attached inside its RAG template, and the question alone in later histories."""
+    if text.startswith(TASK_PREFIX) and RAG_CONTEXT_END in text:
+        return text.rpartition(RAG_CONTEXT_END)[2].strip()
+    return text
 
 
 # Statuses of a recorded answer a client may never have got (see session_view).
 MAYBE_UNSEEN = ("cancelled", "error")
 
 
+def _maybe_unseen(m: Message) -> bool:
+    """A record of a turn that ended stopped or failed: a non-streaming client got no text of it."""
+    return m.role == "error" or (m.role == "assistant" and m.status in MAYBE_UNSEEN)
+
+
 def session_view(history: Iterable[Message], *, without_stopped: bool = False) -> list[Entry]:
     """A session's conversation as the client saw it: per turn, the user text and the answer.
 
     `without_stopped`: as a client sees it that never got the stopped or failed answers (a
-    non-streaming request the shutdown answered 503, one whose client gave up, one answered 502
-    after the model had begun): without them.
+    non-streaming request the shutdown answered 503, one whose client gave up, one answered 502):
+    without them, nor the output of commands in their messages (which came with the answer).
 
     Grouped by turn, not by commit order: a message sent while a turn runs is stored before that
     turn's answer, but the client shows each question followed by its answer (as `by_turn` gives
@@ -385,7 +401,9 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             if not turns:
                 continue
             turn = turns[-1]
-        if m.role == "assistant" and m.content and not (without_stopped and m.status in MAYBE_UNSEEN):
+        if without_stopped and _maybe_unseen(m) and turn.turn_id == m.turn_id:
+            turn.unseen = True
+        elif m.role == "assistant" and m.content:
             turn.answer.append(m.content)
         elif m.role == "notice" and m.meta.get("kind") == "command" and turn.turn_id == m.turn_id:
             turn.outputs.append(m.content)
@@ -395,8 +413,8 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             # The output of a `!reset` that had nothing else in its message: the session is
             # empty to the client that sent it, as to one that starts a new chat in it.
             continue
-        out.append(("user", normalize("\n".join(t.user))))
-        answer = normalize("\n\n".join(t.outputs + t.answer))
+        out.append(("user", as_typed(normalize("\n".join(t.user)))))
+        answer = "" if t.unseen else normalize("\n\n".join(t.outputs + t.answer))
         if answer:
             out.append(("assistant", answer))
     return out
@@ -563,7 +581,10 @@ async def _cancel_accepted(engine: Engine, session_id: str, submit: asyncio.Futu
 def _check_turn_model(engine: Engine, text: str) -> None:
     """A leading `@model` the engine would refuse is the request's fault (400), and is refused
     before a session is made for it: the engine's answer came as a 502/500 and left an empty one."""
-    parsed = engine.commands.parse(text, "proxy")
+    try:
+        parsed = engine.parse(text, "proxy")
+    except EngineError as e:
+        raise HttpError(400, "invalid_request", str(e), param="messages") from None
     if parsed.model is None:
         return
     if not parsed.text and not parsed.commands:
@@ -669,7 +690,7 @@ class ProxySessions:
         # afresh is still the caller's, not an unowned one only operators may use.
         submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
                                                      model=turn_model(model), is_operator=False,
-                                                     meta=owner_meta(who)))
+                                                     meta=owner_meta(who), owner_only=not who.operator))
         try:
             # Shielded: a client hanging up (its handler cancelled) while the engine records the
             # message would leave a question that no turn answers, and the retry would fork.
@@ -767,7 +788,7 @@ class ProxySessions:
             self._seen.pop(sid, None)
             return None
         history = await live.history(engine)
-        stopped = any(m.role == "assistant" and m.status in MAYBE_UNSEEN and m.content for m in history)
+        stopped = any(_maybe_unseen(m) for m in history)
         seen = _Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(history)),
                      signatures(session_view(history, without_stopped=True)) if stopped else None)
         self._seen[sid] = seen
