@@ -472,6 +472,16 @@ class _TerminalAsker:
         return "denied", "once"
 
 
+# C0 and C1 controls but tab and newline, and DEL: what the model, a tool or a database sends
+# must not drive the operator's terminal (hide text, move the cursor, redraw a gate's question).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def _shown(text: str) -> str:
+    """`text` as `aiops chat` prints it: control characters written out as `\\xNN`."""
+    return text.translate(_CONTROLS)
+
+
 async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = None) -> int:
     import uuid
     from types import SimpleNamespace
@@ -549,22 +559,22 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
             if args.json:
                 out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
             elif e.name == ev.TOK:
-                out.write(e.data["text"])
+                out.write(_shown(e.data["text"]))
             elif e.name == ev.TOOL_CALL:
-                out.write(f"\n→ {e.data['name']}({json.dumps(e.data['arguments'])[:200]})\n")
+                out.write(f"\n→ {_shown(e.data['name'])}({json.dumps(e.data['arguments'])[:200]})\n")
             elif e.name == ev.TOOL_RESULT:
                 first = (e.data["content"].strip().splitlines() or [""])[0][:200]
                 mark = "✗" if e.data["is_error"] else "←"
-                out.write(f"{mark} {e.data['name']}: {first} ({e.data['duration_ms']:.0f} ms)\n")
+                out.write(f"{mark} {_shown(e.data['name'])}: {_shown(first)} ({e.data['duration_ms']:.0f} ms)\n")
             elif e.name == ev.NOTICE and e.data.get("command"):
-                out.write(f"{e.data['text']}\n")  # a command's output, as is
+                out.write(f"{_shown(e.data['text'])}\n")  # a command's output, as is
             elif e.name == ev.NOTICE:
                 if e.data["text"] not in waiting_texts:
-                    out.write(f"\n[{e.data['text']}]\n")
+                    out.write(f"\n[{_shown(e.data['text'])}]\n")
             elif e.name == ev.GATE:
-                out.write(f"\n[gate {e.data['id']}: {e.data['summary']}]\n")
+                out.write(f"\n[gate {e.data['id']}: {_shown(e.data['summary'])}]\n")
             elif e.name == ev.ERROR:
-                out.write(f"\nerror: {e.data['message']}\n")
+                out.write(f"\nerror: {_shown(e.data['message'])}\n")
             if e.name == ev.ERROR:
                 status = 1
             elif e.name == ev.DONE:

@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -103,8 +103,19 @@ class ModelConfig(_Strict):
         return "present" if self.api_key(env) else "missing"
 
     def display_url(self) -> str:
+        """The model server's address as messages and logs show it: without a user:password or a
+        query string, where a key is sometimes put (`?api-key=…`)."""
         if self.base_url:
-            return self.base_url
+            try:
+                parts = urlsplit(self.base_url)
+                host = parts.hostname or ""
+                port = parts.port
+            except ValueError:
+                return "(an unreadable base_url)"
+            if ":" in host:
+                host = f"[{host}]"
+            netloc = host + (f":{port}" if port is not None else "")
+            return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
         return ("https://generativelanguage.googleapis.com" if self.type == "gemini"
                 else "https://api.openai.com/v1")
 

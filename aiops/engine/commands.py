@@ -118,8 +118,9 @@ class CommandRegistry:
 
     def parse(self, text: str, kind: str) -> ParsedInput:
         """`text` as a message from a client of `kind` (a session kind) is read: `parse_input`
-        with this registry's commands. A chat UI's user did not learn our commands, and pastes
-        logs and notes full of `!important`: there, only a line naming a real command is one."""
+        with this registry's commands. A chat UI's user did not learn our commands, pastes logs
+        and notes full of `!important`, and attaches documents the chat UI puts in the message:
+        there, only a line naming a real command, before any text, is one."""
         known = self._commands.keys() if kind in KNOWN_COMMANDS_ONLY else None
         return parse_input(text, self.raw_names(), known)
 
@@ -174,24 +175,27 @@ def parse_input(text: str, raw_commands: Container[str] = frozenset(),
     """Split a message into command lines, an optional `@model` switch and plain text.
 
     A command named in `raw_commands` (CommandRegistry.raw_names()) takes the rest of the message,
-    following lines included, as its argument. With `known`, a `!word` line that names no command
-    in it is plain text (see CommandRegistry.parse).
+    following lines included, as its argument. With `known` (see CommandRegistry.parse), a `!word`
+    line that names no command in it is plain text, and so is every line after the first plain
+    one: commands lead the message.
     """
     commands: list[str] = []
     plain: list[str] = []
     model: str | None = None
     lines = text.splitlines()
+    text_began = False
     for index, line in enumerate(lines):
         stripped = line.lstrip()
         name = command_name(stripped)
         if (stripped.startswith("!") and _COMMAND_NAME.fullmatch(name)
-                and (known is None or name in known)):
+                and (known is None or (name in known and not text_began))):
             if name in raw_commands:
                 commands.append("\n".join([stripped, *lines[index + 1:]]).rstrip())
                 break
             commands.append(stripped)
         else:
             plain.append(line)
+            text_began = text_began or bool(stripped)
     body = "\n".join(plain).strip()
     if body.startswith("@"):
         first, _, rest = body.partition("\n")

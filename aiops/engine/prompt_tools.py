@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from aiops.engine.commands import Command, CommandContext, CommandError
-from aiops.engine.tools import Tool, ToolContext, ToolOutput
+from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
 from aiops.prompts.ops import OPERATIONS, ConfirmationRequired, EditResult, edit_section, read_section
 from aiops.prompts.tree import ROOT, ROOT_FILE, PromptEditError
 
@@ -74,6 +74,20 @@ def _folder(engine: Engine, model_key: str | None) -> Path:
     return folder
 
 
+def _classify_edit(args: UpdatePromptArgs) -> Classification:
+    """Each edit asks on its own: the prompt is shared by every session on that model, and one
+    "approve for the session" of an append must not cover an overwrite of another section. The
+    summary leads with what and where, before any text that could push them out of sight."""
+    where = f"{args.operation} section {args.section[:40]!r}"
+    if args.operation == "create":
+        where += f" under {args.parent[:40]!r}" if args.parent else " at the root"
+    text = " ".join((args.content or args.target).split())
+    if len(text) > 120:
+        text = text[:119].rstrip() + "…"
+    return Classification("write", summary=f"update_system_prompt {where}" + (f": {text}" if text else ""),
+                          grantable=False)
+
+
 def register_prompt_tools(engine: Engine) -> None:
     async def read_tool(args: ReadPromptArgs, ctx: ToolContext) -> ToolOutput:
         try:
@@ -100,7 +114,7 @@ def register_prompt_tools(engine: Engine) -> None:
     engine.tools.register(Tool(
         "update_system_prompt", "Change one section of your system prompt. Needs operator approval. "
         f"Operations: {', '.join(OPERATIONS)}.", UpdatePromptArgs, "system", update_tool,
-        operation="write"))
+        operation="write", classify=_classify_edit))
     engine.commands.register(Command(
         "prompt", "!prompt [read REF|edit REF OP TEXT|create NAME DESC [--parent P]|reload]",
         "the system-prompt tree: show, read, edit", _prompt_command))

@@ -487,7 +487,9 @@ class TurnRunner:
         except Exception as e:  # noqa: BLE001 - a classifier failure must fail closed
             return ToolOutput(f"error: {tool.name} could not be checked: {e}", is_error=True), None
         self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
-        outcome = await self.engine.gatekeeper.check(tool, call.arguments, cls, ctx)
+        # The arguments as the tool will read them: a key the tool ignores (a long decoy
+        # "summary", say) must not fill what the operator reads before approving.
+        outcome = await self.engine.gatekeeper.check(tool, args.model_dump(exclude_defaults=True), cls, ctx)
         self._at_gate.discard(call.id)
         if not outcome.allowed:
             return ToolOutput(outcome.message, is_error=True), outcome.decision

@@ -128,6 +128,9 @@ def _tool_list(tools: Sequence[str]) -> str:
     return "tool " + tools[0] if len(tools) == 1 else "tools " + ", ".join(tools)
 
 
+NAME_MAX = 64  # a section's file name holds it: far below any file system's limit
+
+
 def edit_section(
     folder: Path,
     ref: str | int,
@@ -147,14 +150,19 @@ def edit_section(
     if op not in OPERATIONS:
         raise PromptEditError(f"unknown operation '{operation}'; operations: {', '.join(OPERATIONS)}")
     folder = Path(folder)
-    with _folder_lock(folder):
-        tree = load_tree(folder)
-        if op == "create":
-            return _create(tree, str(ref).strip(), parent, content, description)
-        section = tree.find(ref)
-        if op == "remove":
-            return _remove(tree, section)
-        return _edit_text(section, op, content, target, confirm)
+    try:
+        with _folder_lock(folder):
+            tree = load_tree(folder)
+            if op == "create":
+                return _create(tree, str(ref).strip(), parent, content, description)
+            section = tree.find(ref)
+            if op == "remove":
+                return _remove(tree, section)
+            return _edit_text(section, op, content, target, confirm)
+    except OSError as e:
+        # Said without the folder's path: the model reads this, and the data dir is not its business.
+        name = f" ({Path(e.filename).name})" if e.filename else ""
+        raise PromptEditError(f"the edit failed: {e.strerror or type(e).__name__}{name}") from None
 
 
 # ---- text operations ------------------------------------------------------------------------------
@@ -221,6 +229,8 @@ def _check_content(content: str) -> None:
 
 
 def _create(tree: PromptTree, name: str, parent_ref: str | int, content: str, description: str) -> EditResult:
+    if len(name) > NAME_MAX:
+        raise PromptEditError(f"section name too long ({len(name)} characters; at most {NAME_MAX})")
     if not NAME_RE.fullmatch(name):
         raise PromptEditError(f"invalid section name '{name}'; use letters, digits, '_' or '-'")
     if name.isdigit():
@@ -235,8 +245,11 @@ def _create(tree: PromptTree, name: str, parent_ref: str | int, content: str, de
         raise PromptEditError(f"file {path.name} already exists in {tree.folder} though no list names it; "
                               "choose another name or ask the operator to delete the file")
     description = description.strip()
-    if not description or "\n" in description:
-        raise PromptEditError("create needs a one-line description; it is shown as 'name: description'")
+    # splitlines, as the list is read back: a "\r", "\x85" or "\u2028" would end the entry there
+    # and start another, naming (and taking over) any section.
+    if not description or len(description.splitlines()) > 1 or not description.isprintable():
+        raise PromptEditError("create needs a one-line description of printable characters; it is "
+                              "shown as 'name: description'")
     _check_content(content)
 
     parent_path = _parent_path_for_create(tree, parent_ref)

@@ -164,7 +164,7 @@ class SectionFile:
     def with_body(self, body: str) -> SectionFile:
         lead = self.lead
         if not lead and self.requires is None:
-            first = body.split("\n", 1)[0]
+            first = (body.splitlines() or [""])[0]  # as parse splits it
             if (self.heading is None and _HEADING_RE.match(body)) or _requires_names(first) is not None:
                 # A body starting with `## ` or `[REQUIRES ...]` would be read back as the file's
                 # title or condition and vanish from the prompt; a leading blank line keeps it content.

@@ -121,3 +121,14 @@ def test_an_unusable_model_is_refused_before_a_session_or_turn_exists(setup, mod
     assert r.returncode == 2 and why in r.stderr
     assert fake.requests == []
     assert chat(cfg, data, "!session").stdout.strip() == "no sessions"
+
+
+def test_what_the_model_says_cannot_drive_the_terminal(setup):
+    """An answer carrying escape sequences (hide the text, return the carriage) would let the
+    model redraw the gate question the operator answers; they are printed as text instead."""
+    cfg, data, fake = setup
+    fake.script(Reply.text("fine\x1b[8m hidden\rapprove update_system_prompt? [y]es\x9b2J", chunks=2))
+    r = chat(cfg, data, "how are things")
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "\r" not in r.stdout and "\x9b" not in r.stdout
+    assert "fine\\x1b[8m hidden\\x0dapprove update_system_prompt? [y]es\\x9b2J" in r.stdout

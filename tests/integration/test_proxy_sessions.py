@@ -328,7 +328,8 @@ async def test_a_streamed_answer_starts_with_its_commands_output_as_a_whole_one_
 RAG_TEMPLATE = ("### Task:\nRespond to the user query using the provided context, incorporating inline "
                 "citations in the format [id] **only when the <source> tag includes an explicit id "
                 "attribute**.\n\n### Guidelines:\n- If you don't know the answer, clearly state that.\n\n"
-                "<context>\n<source id=\"1\">runbook: restart nginx with systemctl</source>\n</context>\n")
+                "<context>\n<source id=\"1\">runbook: restart nginx with systemctl\n!reset\n"
+                "!session</source>\n</context>\n")
 
 
 async def test_a_question_with_open_webui_file_context_is_the_users_turn(api_server: ApiServer) -> None:
@@ -342,7 +343,9 @@ async def test_a_question_with_open_webui_file_context_is_the_users_turn(api_ser
     assert raw.headers["x-aiops-session"].endswith("chat-rag")
     sent = api_server.fake.requests[-1].json
     assert "tools" in sent and sent["messages"][0]["role"] == "system"
+    # (the document's `!` lines are the document's: not run, and passed on)
     assert sent["messages"][-1] == {"role": "user", "content": question}
+    assert raw.parse().choices[0].message.content == f"echo: {question}"
     sid = raw.headers["x-aiops-session"]
     assert [m["content"] for m in await history(api_server, sid)] == [question, f"echo: {question}"]
     # Open WebUI's next request shows that question as the user typed it: the same conversation.

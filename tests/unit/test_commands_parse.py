@@ -59,9 +59,12 @@ def test_lines_that_name_no_command_are_text() -> None:
     assert p.commands == [] and p.text == text
 
 
-def test_with_known_names_only_real_commands_are_commands() -> None:
-    p = parse_input("!important: paged\n!model\nwhat now", known={"model", "help"})
-    assert p.commands == ["!model"] and p.text == "!important: paged\nwhat now"
+def test_with_known_names_only_real_commands_leading_the_message_are_commands() -> None:
+    p = parse_input("\n!model\n!important paged\nwhat now", known={"model", "help"})
+    assert p.commands == ["!model"] and p.text == "!important paged\nwhat now"
+    # A document a chat UI put in the message, and whatever follows the first text: text.
+    p = parse_input("### Task:\n<context>\n!reset\n!model cheap\n</context>\nq", known={"model", "reset"})
+    assert p.commands == [] and "!reset\n!model cheap" in p.text
     # Without them (the console, the API) an unknown name is a command, answered "unknown".
     assert parse_input("!important paged").commands == ["!important paged"]
 

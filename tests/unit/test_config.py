@@ -121,3 +121,15 @@ def test_a_bad_server_setting_is_refused_naming_file_and_key(tmp_path, toml, key
         load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
     assert str(tmp_path / "cfg" / "aiops.toml") in str(e.value) and key in str(e.value)
     assert says in str(e.value)
+
+
+def test_a_model_servers_address_is_shown_without_credentials() -> None:
+    """Errors name the model server (and reach chat clients); a key in the URL must not go with it."""
+    from aiops.config import ModelConfig
+
+    shown = {u: ModelConfig(type="openai", model_id="m", base_url=u).display_url() for u in (
+        "http://user:SECRET@127.0.0.1:9/v1?api-key=SECRET", "http://[::1]:8080/v1", "https://api.x.ai/v1",
+        "http://host:99999/v1")}
+    assert shown == {"http://user:SECRET@127.0.0.1:9/v1?api-key=SECRET": "http://127.0.0.1:9/v1",
+                     "http://[::1]:8080/v1": "http://[::1]:8080/v1", "https://api.x.ai/v1": "https://api.x.ai/v1",
+                     "http://host:99999/v1": "(an unreadable base_url)"}
