@@ -126,7 +126,7 @@ class Gatekeeper:
         if refusal:
             return GateOutcome(False, refusal, "rate_limited")
         decision = self.rules.decide(tool.name, tool.tool_type, cls.operation, cls.tables,
-                                     unknown_tables=cls.unknown_tables)
+                                     unknown_tables=cls.unknown_tables, reads_tables=cls.reads_tables)
         if decision == "allow":
             return GateOutcome(True)
         summary = cls.summary or summarize(tool.name, cls.operation, list(cls.tables), args)

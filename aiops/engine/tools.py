@@ -33,6 +33,9 @@ class Classification:
     # False when the call is not fully described by (tool, operation, tables): an operator's
     # "approve for the session" then covers this call only, never later ones.
     grantable: bool = True
+    # A write that also reads the tables it names (`INSERT INTO t SELECT * FROM secret`): each
+    # table's read rule applies as well as its write rule.
+    reads_tables: bool = False
 
 
 @dataclass(slots=True)

@@ -127,11 +127,16 @@ class GatesConfig(_Strict):
         operation: Operation,
         tables: Sequence[str] = (),
         unknown_tables: bool = False,
+        reads_tables: bool = False,
     ) -> Decision:
+        """`reads_tables`: a write that also reads the tables it names, so that a table denied
+        for reading is not copied out by `INSERT INTO scratch SELECT * FROM it`."""
         if operation not in OPERATIONS:
             raise ValueError(f"operation must be 'read' or 'write', not {operation!r}")
         if tool_type == "db":
             decisions = [self._decide_db(operation, tables, unknown_tables)]
+            if operation == "write" and reads_tables:
+                decisions.append(self._decide_db("read", tables, unknown_tables))
             # An explicit rule for the tool itself (`!gate db_query write deny`) takes part too;
             # strictest wins, so it can tighten the table rules but never loosen them.
             rule = self.tools.get(tool)

@@ -89,6 +89,9 @@ class StatementClass:
     # The statement also acts on something that is not a table: a file, a variable, a stored
     # routine, a database, the session or the server. Its table list alone does not describe it.
     beyond_tables: bool = False
+    # A write that reads (some of) the tables it names: `INSERT INTO t SELECT * FROM secret`,
+    # `UPDATE t ... WHERE`. False only for writes known to read none (`INSERT ... VALUES`).
+    reads: bool = True
 
     @property
     def unknown(self) -> bool:
@@ -104,6 +107,11 @@ class SqlClassification:
     tables: tuple[str, ...]
     statements: tuple[StatementClass, ...]
     unknown: bool
+
+    @property
+    def write_reads(self) -> bool:
+        """A write whose statements may read the tables they name: their read rules apply too."""
+        return self.operation == "write" and any(s.reads for s in self.statements)
 
     def summary(self) -> str:
         """One line for the approval inbox, e.g. "write on orders, users" or "read (no table)"."""
@@ -190,6 +198,7 @@ class _Verdict:
     operation: Operation
     tables: tuple[str, ...] = ()
     beyond_tables: bool = False
+    reads: bool = True  # see StatementClass.reads
 
 
 _WRITE: Operation = "write"
@@ -299,6 +308,7 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
         operation=verdict.operation,
         tables=verdict.tables,
         beyond_tables=verdict.beyond_tables,
+        reads=verdict.reads,
     )
 
 
@@ -330,17 +340,36 @@ def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
         tokens = _tokenize(sql)
     node = _parse(_normalise_dml(tokens), sql)
     if node is None:
-        return _Verdict(_PARSED_KINDS[keyword], _WRITE)
+        # Valid MariaDB that sqlglot cannot read (`DROP TABLE t NOWAIT`, `DELETE ... RETURNING`):
+        # every name in it counts as a table it may touch, so a table's deny still applies (more
+        # names only make the decision stricter), and the unknown rule applies too.
+        return _Verdict(_PARSED_KINDS[keyword], _WRITE, _every_name(text), beyond_tables=True)
     if isinstance(node, exp.Command) and str(node.this).upper() != "SHOW":
         # sqlglot recognised the verb but not the rest (CREATE TRIGGER, ALTER DATABASE, ...).
         kind = _PARSED_KINDS[keyword]
-        return _Verdict("unknown" if kind == "unparseable" else kind, _WRITE, _opaque_tables(text), True)
+        return _Verdict("unknown" if kind == "unparseable" else kind, _WRITE,
+                        _opaque_tables(text) or _every_name(text), True)
     verdict = _classify_node(node)
     if verdict.kind == "insert" and is_replace:
         verdict = replace(verdict, kind="replace")
     if verdict.operation == "read" and _calls_unsafe_function(tokens, _cte_names(node)):
         verdict = replace(verdict, operation=_WRITE, beyond_tables=True)
+    elif verdict.kind in _DML_KINDS and _calls_unsafe_function(_dml_expressions(tokens), _cte_names(node)):
+        # A stored function in a write (`UPDATE pub SET a = purge()`) may write any table, and
+        # LOAD_FILE reads the server's files: not described by the tables the statement names.
+        verdict = replace(verdict, beyond_tables=True)
     return verdict
+
+
+_DML_KINDS = frozenset({"insert", "replace", "update", "delete"})
+# Where a DML statement's expressions start; before them, `INSERT INTO t (a, b)` and `db.t (`
+# are a table and its columns, not calls.
+_EXPRESSION_STARTS = frozenset({"SET", "VALUES", "VALUE", "SELECT", "WHERE", "ON", "USING", "WITH"})
+
+
+def _dml_expressions(tokens: Sequence[Token]) -> Sequence[Token]:
+    start = next((i for i, t in enumerate(tokens) if t.text.upper() in _EXPRESSION_STARTS), len(tokens))
+    return tokens[start:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -351,6 +380,33 @@ class _FullTokenizer(_DIALECT.tokenizer_class):  # type: ignore[name-defined,mis
     # The dialect's tokenizer hands back everything after a command keyword (LOCK TABLES, RENAME,
     # ...) as one string; with no command keywords it tokenizes the whole statement.
     COMMANDS: set[TokenType] = set()
+
+
+_NAME_TOKENS = (TokenType.VAR, TokenType.IDENTIFIER)
+
+
+def _every_name(text: str) -> tuple[str, ...]:
+    """Every name of a statement (words that are not keywords, and quoted names), with `a.b`
+    pairs joined, sorted."""
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - nothing readable: the unknown rule still applies
+        return ()
+    names: set[str] = set()
+    index = 0
+    while index < len(tokens):
+        if tokens[index].token_type not in _NAME_TOKENS:
+            index += 1
+            continue
+        parts = [tokens[index].text]
+        while (index + 2 < len(tokens) and tokens[index + 1].token_type == TokenType.DOT
+               and tokens[index + 2].token_type in _NAME_TOKENS):
+            parts.append(tokens[index + 2].text)
+            index += 2
+        names.add(".".join(parts).lower())
+        names.update(p.lower() for p in parts)
+        index += 1
+    return tuple(sorted(names))
 
 
 def _opaque_tables(text: str) -> tuple[str, ...]:
@@ -573,8 +629,10 @@ def _classify_node(node: exp.Expr) -> _Verdict:
     if isinstance(node, exp.Describe):
         return _classify_describe(node)
     tables, beyond = _tables(node)
+    # Only an INSERT or a DDL statement without a query in it reads none of the tables it names.
+    reads = node.find(exp.Select) is not None
     if isinstance(node, exp.Insert):
-        return _Verdict("insert", _WRITE, tables, beyond)
+        return _Verdict("insert", _WRITE, tables, beyond, reads=reads or bool(node.args.get("conflict")))
     if isinstance(node, exp.Update):
         return _Verdict("update", _WRITE, tables, beyond)
     if isinstance(node, exp.Delete):
@@ -582,7 +640,7 @@ def _classify_node(node: exp.Expr) -> _Verdict:
     if isinstance(node, exp.Merge):
         return _Verdict("merge", _WRITE, tables, beyond)
     if isinstance(node, _DDL_NODES):
-        return _Verdict("ddl", _WRITE, tables, beyond)
+        return _Verdict("ddl", _WRITE, tables, beyond, reads=reads)
     return _Verdict("unknown", _WRITE, tables, True)
 
 

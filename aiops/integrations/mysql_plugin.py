@@ -54,8 +54,10 @@ def make_classifier(database: str) -> Callable[[DbQueryArgs], Classification]:
             sql_line = sql_line[:159] + "…"
         named = ", ".join(tables) if tables else "no named table"
         # Whether a session approval may cover it is the gatekeeper's rule for every db tool.
+        reads = " (and reads them)" if c.write_reads and tables else ""
         return Classification(c.operation, tables, c.unknown,
-                              summary=f"db_query {c.operation} on {named}: {sql_line}")
+                              summary=f"db_query {c.operation} on {named}{reads}: {sql_line}",
+                              reads_tables=c.write_reads)
 
     return classify
 

@@ -86,6 +86,24 @@ def test_unknown_tables_add_the_unknown_rule(cfg: GatesConfig) -> None:
     assert cfg.decide("db_query", "db", "write", ["users"], unknown_tables=True) == "deny"
 
 
+def test_a_write_that_reads_a_table_meets_its_read_rule_too(cfg: GatesConfig) -> None:
+    """`audit` may not be read: copying it into a scratch table is reading it."""
+    from aiops.gates.sql import classify_sql
+
+    def decide(sql: str) -> str:
+        c = classify_sql(sql)
+        return cfg.decide("db_query", "db", c.operation, c.tables, unknown_tables=c.unknown,
+                          reads_tables=c.write_reads)
+
+    assert decide("SELECT * FROM audit") == "deny"
+    for sql in ("INSERT INTO scratch SELECT * FROM audit", "CREATE TABLE scratch AS SELECT * FROM audit",
+                "UPDATE scratch SET a = (SELECT max(a) FROM audit)", "DELETE FROM audit WHERE a = 1"):
+        assert decide(sql) == "deny", sql
+    # A write that reads nothing meets the write rule alone.
+    assert decide("INSERT INTO audit (a) VALUES (1)") == "ask"
+    assert decide("INSERT INTO scratch SELECT * FROM products") == "ask"
+
+
 def test_schema_qualified_table_matches_qualified_then_bare_then_star(cfg: GatesConfig) -> None:
     # "shop.orders" has its own rule; "shop.users" falls to "users"; "shop.items" to "*".
     assert cfg.decide("db_query", "db", "write", ["shop.orders"]) == "deny"

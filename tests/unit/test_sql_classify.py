@@ -192,7 +192,11 @@ CASES = [
     pytest.param("`t` x", W, (), id="starts-with-backticked-name"),
     pytest.param('"abc" def', W, (), id="starts-with-double-quoted-text"),
     pytest.param("'abc' def; DELETE FROM users", W, ("users",), id="starts-with-string-then-write"),
-    pytest.param("SELECT * FROM t PROCEDURE ANALYSE()", W, (), id="unparseable-select"),
+    # Unparseable: every name counts as a table it may touch (a table's deny still applies).
+    pytest.param("SELECT * FROM t PROCEDURE ANALYSE()", W, ("analyse", "t"), id="unparseable-select"),
+    pytest.param("DROP TABLE secrets NOWAIT", W, ("nowait", "secrets"), id="unparseable-mariadb-ddl"),
+    pytest.param("DELETE FROM shop.secrets ORDER BY id LIMIT 1 RETURNING id", W,
+                 ("id", "secrets", "shop", "shop.secrets"), id="unparseable-mariadb-dml"),
     pytest.param("SELECT 'unterminated", W, (), id="untokenizable"),
     pytest.param("SELECT 1; SELECT * FROM", W, (), id="stacked-with-unparseable"),
 ]
@@ -271,6 +275,17 @@ def test_empty_sql_is_rejected(sql: str) -> None:
         ("LOCK TABLES users WRITE", True),
         ("LOAD DATA INFILE '/tmp/x' INTO TABLE users", True),
         ("HANDLER users OPEN", True),
+        # A write calling a stored function (which may write anything) or reading server files.
+        ("UPDATE pub SET a = purge()", True),
+        ("INSERT INTO pub (s) SELECT LOAD_FILE('/etc/passwd')", True),
+        ("DELETE FROM pub WHERE id = shop.f(1)", True),
+        ("UPDATE a JOIN b ON f(a.id) = b.id SET a.x = 1", True),
+        ("INSERT INTO pub SET a = GET_LOCK('x', 1)", True),
+        # Its table, its column list and built-in functions are what they seem.
+        ("INSERT INTO shop.pub (a, b) VALUES (1, NOW())", False),
+        ("UPDATE pub SET a = COALESCE(b, 0) WHERE DATE(ts) > CURDATE()", False),
+        ("INSERT INTO pub (a) VALUES (1) ON DUPLICATE KEY UPDATE a = VALUES(a) + 1", False),
+        ("DROP TABLE secrets NOWAIT", True),
     ],
 )
 def test_unknown_flags_statements_the_tables_do_not_describe(sql: str, unknown: bool) -> None:
