@@ -286,6 +286,9 @@ def test_empty_sql_is_rejected(sql: str) -> None:
         ("UPDATE pub SET a = COALESCE(b, 0) WHERE DATE(ts) > CURDATE()", False),
         ("INSERT INTO pub (a) VALUES (1) ON DUPLICATE KEY UPDATE a = VALUES(a) + 1", False),
         ("DROP TABLE secrets NOWAIT", True),
+        # Built into MySQL only: on MariaDB, a stored function of that name.
+        ("SELECT bin_to_uuid(a) FROM pub", True),
+        ("SELECT point(1, 2) FROM pub", True),
     ],
 )
 def test_unknown_flags_statements_the_tables_do_not_describe(sql: str, unknown: bool) -> None:
