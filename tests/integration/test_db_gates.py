@@ -417,6 +417,9 @@ async def test_an_explicit_db_query_rule_applies_and_unknown_targets_are_refused
     "LOCK TABLES {t} WRITE",
     "LOAD DATA INFILE '/tmp/nothing.csv' INTO TABLE {t}",
     "HANDLER {t} OPEN",
+    # Valid MariaDB that sqlglot does not parse at all.
+    "DROP TABLE {t} NOWAIT",
+    "TRUNCATE {t} WAIT 1",
 ])
 async def test_a_table_deny_applies_to_statements_sqlglot_cannot_parse(engine_factory, mariadb, mysql_table,
                                                                        fake_openai, statement):
@@ -534,3 +537,19 @@ async def test_server_down_at_start_is_reported_but_does_not_stop_start_up(engin
     r = await asyncio.to_thread(run_cli, tmp_path, "plugins")
     assert r.returncode == 0, r.stderr
     assert any(line.startswith("mysql") and "could not connect" in line for line in r.stdout.splitlines()), r.stdout
+
+
+async def test_a_statement_too_long_to_check_is_refused_before_any_gate(engine_factory, mariadb, mysql_table,
+                                                                     fake_openai):
+    """Classifying SQL runs on the event loop: a 400 kB statement once stalled every client."""
+    from aiops.integrations.mysql_plugin import SQL_MAX_CHARS
+
+    t = await mysql_table("id INT", [(1,)])
+    engine = await db_engine(engine_factory, mariadb)
+    huge = f"INSERT INTO {t} (id) VALUES " + ",".join(["(2)"] * (SQL_MAX_CHARS // 4))
+    fake_openai.script(Reply.tool_calls(("db_query", {"sql": huge})), Reply.text("too long"))
+    sub = engine.bus.subscribe(names=[GATE])
+    await engine.run("api-huge", "insert many", kind="api", timeout=10)
+    assert f"at most {SQL_MAX_CHARS} characters" in tool_results(fake_openai)[0]
+    assert not sub.pending()
+    assert await mysql_table.query(f"SELECT COUNT(*) FROM {t}") == [(1,)]
