@@ -68,7 +68,11 @@ class UnknownTableRules(DefaultRules):
 
 
 def _default_tables() -> dict[str, OperationRules]:
-    return {"*": OperationRules(read="allow", write="ask")}
+    # The server's accounts and their password hashes (MySQL's mysql.user, MariaDB's
+    # mysql.global_priv) are nothing the model needs, and connected as root it could read them.
+    return {"*": OperationRules(read="allow", write="ask"),
+            "mysql.user": OperationRules(read="deny", write="deny"),
+            "mysql.global_priv": OperationRules(read="deny", write="deny")}
 
 
 class DbRules(_Strict):

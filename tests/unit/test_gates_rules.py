@@ -69,6 +69,9 @@ def test_shipped_file_is_the_model_default_and_safe() -> None:
     assert shipped.decide("update_system_prompt", "prompt", "write") == "ask"
     assert shipped.decide("db_query", "db", "read", ["users"]) == "allow"
     assert shipped.decide("db_query", "db", "write", ["users"]) == "ask"
+    # The server's accounts and password hashes are not the model's to read.
+    assert shipped.decide("db_query", "db", "read", ["mysql.user"]) == "deny"
+    assert shipped.decide("db_query", "db", "read", ["MySQL.Global_Priv", "t"]) == "deny"
     assert shipped.decide("mcp:fs:rm", "mcp", "write") == "ask"
 
 
