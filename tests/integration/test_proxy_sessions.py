@@ -355,6 +355,68 @@ async def test_a_question_with_open_webui_file_context_is_the_users_turn(api_ser
     await client.close()
 
 
+async def test_a_chat_that_began_with_a_file_attached_keeps_its_session_without_a_chat_id(
+        api_server: ApiServer) -> None:
+    """Open WebUI's default set-up sends no chat id: the conversation is its fingerprint, taken
+    from the first question as the chat shows it later (without the RAG template around it), so
+    the second turn continues the first's session, tool records and all."""
+    fake = api_server.fake
+    fake.script(Reply.tool_calls(("read_system_prompt", {})), Reply.text("nginx: systemctl restart nginx"))
+    question = "how do I restart nginx on web-1?"
+    async with ollama.AsyncClient(host=api_server.url) as client:
+        first = await client.chat(model="aiops", stream=False,
+                                  messages=[{"role": "user", "content": RAG_TEMPLATE + question}])
+        (sid,) = await sessions(api_server)
+        await client.chat(model="aiops", stream=False, messages=[
+            {"role": "user", "content": question}, {"role": "assistant", "content": first.message.content},
+            {"role": "user", "content": "and on web-2?"}])
+    assert list(await sessions(api_server)) == [sid]
+    # The model saw turn 1 as it ran: the tool call and its result, not a text-only import.
+    roles = [m["role"] for m in fake.requests[-1].json["messages"] if m["role"] != "system"]
+    assert roles == ["user", "assistant", "tool", "assistant", "user"]
+
+
+async def test_a_message_typed_in_the_rag_templates_shape_does_not_fork_every_turn(api_server: ApiServer) -> None:
+    """A client keeps sending the text it sent: a message that happens to look like Open WebUI's
+    RAG template is compared as the session compares it, and the chat continues in place."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-Aiops-Session": "typed-task"})
+    typed = ("### Task:\nSummarize the text in <context> for an on-call engineer.\n<context>\n"
+             "nginx on web-1 restarted 3 times overnight\n</context>\nwhat happened?")
+    history_ = [("user", typed)]
+    for follow_up in ("why?", "what now?"):
+        sid, answer = await ask(client, history_)
+        assert sid == "typed-task"
+        history_ += [("assistant", answer), ("user", follow_up)]
+    sid, _ = await ask(client, history_)
+    assert sid == "typed-task" and list(await sessions(api_server)) == ["typed-task"]
+    assert [c for r, c in convo(await history(api_server, sid)) if r == "user"] == [typed, "why?", "what now?"]
+    await client.close()
+
+
+async def test_open_webuis_tool_selection_request_is_a_plain_call(api_server: ApiServer) -> None:
+    """With Open WebUI's own tools enabled on a model without native calls, it asks the model
+    which tool to use in a side request of its own: a plain model call, no session, no tools."""
+    fake = api_server.fake
+    fake.script(Reply.text('{"tool_calls": []}'))
+    system = ("Available Tools: [{\"name\": \"get_weather\", \"parameters\": {}}]\n\nYour task is to "
+              "choose and return the correct tool(s) from the list of available tools based on the query.")
+    query = 'History:\nUSER: """hello"""\nASSISTANT: """hi"""\nQuery: what is the weather in Oslo?'
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", messages=[{"role": "system", "content": system}, {"role": "user", "content": query}])
+    assert raw.parse().choices[0].message.content == '{"tool_calls": []}'
+    assert "x-aiops-session" not in raw.headers
+    sent = fake.requests[-1].json
+    assert sent["messages"] == [{"role": "system", "content": system}, {"role": "user", "content": query}]
+    assert "tools" not in sent
+    # A chat that merely starts with such a system prompt, or says "Query:", is the user's turn.
+    await ask(client, [("system", system), ("user", "what is the weather in Oslo?")])
+    await ask(client, [("user", "Query: show the slow log")])
+    assert len(await sessions(api_server)) == 2
+    await client.close()
+
+
 async def test_the_operator_stopping_a_proxy_turn_ends_the_chat_answer(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
         "Rotating the logs on all forty hosts, starting with web-1", chunks=6)))

@@ -67,6 +67,10 @@ PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry 
 TASK_PREFIX = "### Task:"
 TASK_HISTORY_TAG = "<chat_history>"
 RAG_CONTEXT_END = "</context>"  # where the default RAG template ends, and the question begins
+# Open WebUI's tool-selection request (its tools on a model without native function calling): its
+# default template as the system message, then "Query: …" or "History:\n…\nQuery: …" (older
+# versions: "Query: History:…"), asking for a JSON list of tool calls.
+TOOL_SELECTION_PREFIX = "Available Tools:"
 SESSION_HEADER = "X-Aiops-Session"
 OPENWEBUI_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
 DISCONNECT_POLL_SECONDS = 0.5
@@ -188,11 +192,22 @@ def check_conversation(messages: Sequence[ClientMessage]) -> None:
 
 
 def is_background_task(messages: Sequence[ClientMessage]) -> bool:
-    """Open WebUI's title/tag/follow-up prompts: answered by a plain model call, no session."""
+    """Open WebUI's title/tag/follow-up prompts and its tool selection: answered by a plain model
+    call, no session."""
     if not messages or messages[-1].role != "user":
         return False
     text = messages[-1].text
-    return text.lstrip().startswith(TASK_PREFIX) and TASK_HISTORY_TAG in text
+    if text.lstrip().startswith(TASK_PREFIX) and TASK_HISTORY_TAG in text:
+        return True
+    return _is_tool_selection(messages)
+
+
+def _is_tool_selection(messages: Sequence[ClientMessage]) -> bool:
+    if len(messages) != 2 or messages[0].role != "system":
+        return False
+    query = messages[1].text.lstrip()
+    return (messages[0].text.lstrip().startswith(TOOL_SELECTION_PREFIX)
+            and (query.startswith("Query: ") or (query.startswith("History:") and "\nQuery: " in query)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,10 +323,10 @@ def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, Clien
     each with the message as sent."""
     out: list[tuple[Entry, ClientMessage]] = []
     for m in messages:
-        if m.role in ("user", "assistant"):
-            text = normalize(m.text)
-            if text or m.role == "user":
-                out.append(((m.role, text), m))
+        if m.role == "user":
+            out.append((("user", as_typed(normalize(m.text))), m))
+        elif m.role == "assistant" and (text := normalize(m.text)):
+            out.append((("assistant", text), m))
     return out
 
 
@@ -355,7 +370,9 @@ class _TurnText:
 
 def as_typed(text: str) -> str:
     """A user message as its chat UI shows it later: Open WebUI sends a question with a file or
-    web search attached inside its RAG template, and the question alone in later histories."""
+    web search attached inside its RAG template, and the question alone in later histories.
+    Applied to both sides of a comparison (the client's history and the session's), so a client
+    that keeps sending the template, or a message the user typed in that shape, matches too."""
     if text.startswith(TASK_PREFIX) and RAG_CONTEXT_END in text:
         return text.rpartition(RAG_CONTEXT_END)[2].strip()
     return text
@@ -530,8 +547,10 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
     # Not the system message: chat UIs fill it from templates ({{CURRENT_DATETIME}}) that change
     # every turn, and each turn would start a new conversation. Two chats that begin alike fork
     # apart anyway. (Its slot stays, empty, so that chats without one keep their ids.)
-    for part in ("", first_user):
-        h.update(b"\x00" + normalize(part).encode())
+    # As the chat shows it later: the first request's question may come inside Open WebUI's RAG
+    # template (a file or web search attached), every later one without it.
+    for part in ("", as_typed(normalize(first_user))):
+        h.update(b"\x00" + part.encode())
     return ConversationId("proxy-" + h.hexdigest()[:16], "fingerprint")
 
 
