@@ -362,7 +362,7 @@ class AgentClient:
                         elif e["event"] == "done":
                             out = {"client_id": accepted["client_id"], "status": data.get("status", "complete"),
                                    "text": data.get("text", ""), "turn_id": turn_id}
-                            for key in ("error", "usage", "finish_reason"):
+                            for key in ("error", "usage", "finish_reason", "ended"):
                                 if key in data:
                                     out[key] = data[key]
                             return out

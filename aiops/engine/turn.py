@@ -71,6 +71,9 @@ class TurnResult:
     usage: Usage | None = None
     # "length" when the answer was cut at the model's output limit; None for a natural end.
     finish_reason: str | None = None
+    # Why the engine ended the turn before the model was done (a tool-iteration limit, a repeated
+    # call): the notice it recorded. The text is then not a whole answer.
+    ended: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"turn_id": self.turn_id, "status": self.status, "text": self.text}
@@ -78,6 +81,8 @@ class TurnResult:
             d["error"] = self.error
         if self.finish_reason:
             d["finish_reason"] = self.finish_reason
+        if self.ended:
+            d["ended"] = self.ended
         if self.usage is not None and (counts := self.usage.counts()) is not None:
             d["usage"] = counts  # only real counts: none at all when nothing was counted
         return d
@@ -149,6 +154,7 @@ class TurnRunner:
         self._at_gate: set[str] = set()  # calls in the gate check, maybe waiting for an operator
         self._executing: set[str] = set()  # calls whose tool is running
         self._finish = "stop"  # the last model call's finish reason
+        self._ended: str | None = None  # the limit notice that ended the turn, if one did
 
     @property
     def partial(self) -> str:
@@ -196,7 +202,8 @@ class TurnRunner:
             await self._loop()
             # A reply cut at the model's output limit says so: chat clients show it as cut off.
             result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage,
-                                finish_reason="length" if self._finish == "length" else None)
+                                finish_reason="length" if self._finish == "length" else None,
+                                ended=self._ended)
         except asyncio.CancelledError:
             cur = asyncio.current_task()
             if cur is not None:
@@ -214,6 +221,8 @@ class TurnRunner:
             done["error"] = result.error
         if result.finish_reason:
             done["finish_reason"] = result.finish_reason
+        if result.ended:
+            done["ended"] = result.ended
         if (usage := self.usage.counts()) is not None:
             done["usage"] = usage
         self._pub(ev.DONE, done)
@@ -350,13 +359,13 @@ class TurnRunner:
             repeated = [c for c, k in zip(calls, keys, strict=True) if seen[k] >= REPEAT_LIMIT]
             if repeated:
                 await self._refuse_all(calls, "not executed: the same call was repeated a third time")
-                await self._notice(f"ended the turn: {repeated[0].name} was called a third time with "
-                                   f"the same arguments", kind="ended")
+                await self._end_early(f"ended the turn: {repeated[0].name} was called a third time "
+                                      f"with the same arguments")
                 return
             if iterations >= max_iter:
                 await self._refuse_all(calls, "not executed: the tool iteration limit was reached")
-                await self._notice(f"ended the turn after {max_iter} tool iterations "
-                                   f"(max_tool_iterations in limits.toml)", kind="ended")
+                await self._end_early(f"ended the turn after {max_iter} tool iterations "
+                                      f"(max_tool_iterations in limits.toml)")
                 return
             iterations += 1
             running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
@@ -412,6 +421,12 @@ class TurnRunner:
         """`kind` "ended": the turn ends with this notice (crash recovery reads it so)."""
         await self._commit(Message("notice", text, turn_id=self.turn.id, meta={"kind": kind} if kind else {}))
         self._pub(ev.NOTICE, {"text": text})
+
+    async def _end_early(self, why: str) -> None:
+        """The engine ends the turn before the model has answered: recorded, announced, and kept
+        for `done`, so that no client takes what came so far for a whole answer."""
+        self._ended = why
+        await self._notice(why, kind="ended")
 
     async def _refuse_all(self, calls: list[ToolCall], reason: str) -> None:
         for c in calls:

@@ -152,6 +152,8 @@ async def test_the_same_call_a_third_time_ends_the_turn(engine_factory, fake_ope
     assert plugin.calls == ["again", "again"]
     assert "third time" in (await next_event(sub, NOTICE)).data["text"]
     assert result.status == "complete" and len(fake_openai.requests) == 3
+    # The result says the text is not a whole answer, and why.
+    assert result.ended == "ended the turn: echo was called a third time with the same arguments"
 
 
 async def test_max_tool_iterations_bounds_the_turn(engine_factory, fake_openai):
@@ -160,10 +162,12 @@ async def test_max_tool_iterations_bounds_the_turn(engine_factory, fake_openai):
                                                "limits.toml": "max_tool_iterations = 2\n"},
                                   plugins=[plugin])
     fake_openai.script(*[Reply.tool_calls(("echo", {"text": str(i)})) for i in range(5)])
-    sub = engine.bus.subscribe(names=[NOTICE])
-    await engine.run("api-i", "go", kind="api", timeout=15)
+    sub = engine.bus.subscribe(names=[NOTICE, DONE])
+    result = await engine.run("api-i", "go", kind="api", timeout=15)
     assert plugin.calls == ["0", "1"]
     assert "2 tool iterations" in (await next_event(sub, NOTICE)).data["text"]
+    assert (await next_event(sub, DONE)).data["ended"] == result.ended == (
+        "ended the turn after 2 tool iterations (max_tool_iterations in limits.toml)")
 
 
 async def test_messages_queue_in_order_one_turn_at_a_time(engine_factory, fake_openai):

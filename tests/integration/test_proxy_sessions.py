@@ -417,6 +417,35 @@ async def test_open_webuis_tool_selection_request_is_a_plain_call(api_server: Ap
     await client.close()
 
 
+async def test_a_turn_ended_at_a_limit_says_so_in_the_chat_answer(api_server: ApiServer) -> None:
+    """The model calling the same tool a third time ends the turn with nothing said: the chat
+    user reads why instead of an empty answer that passes for a whole one, streamed or not, on
+    both surfaces, and the chat goes on in its session."""
+    fake = api_server.fake
+    again = Reply.tool_calls(("read_system_prompt", {}))
+    why = "*⛔ ended the turn: read_system_prompt was called a third time with the same arguments*"
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-Aiops-Session": "looping"})
+    fake.script(again, again, again)
+    _, whole = await ask(client, [("user", "loop")])
+    assert whole == why
+    fake.script(again, again, again)
+    stream = await client.chat.completions.create(model="aiops", stream=True, messages=[
+        {"role": "user", "content": "loop"}, {"role": "assistant", "content": whole},
+        {"role": "user", "content": "loop again"}])
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == why
+    async with ollama.AsyncClient(host=api_server.url, headers={"X-Aiops-Session": "looping-2"}) as o:
+        fake.script(again, again, again)
+        r = await o.chat(model="aiops", stream=False, messages=[{"role": "user", "content": "loop"}])
+        assert r.message.content == why and r.done_reason == "stop"
+        fake.script(again, again, again)
+        lines = [p async for p in await o.generate(model="aiops", prompt="loop", stream=True)]
+        assert "".join(p.response for p in lines).strip() == why
+    assert set(await sessions(api_server)) == {"looping", "looping-2"}
+    await client.close()
+
+
 async def test_the_operator_stopping_a_proxy_turn_ends_the_chat_answer(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.hang(after_chunks=4, reply=Reply.text(
         "Rotating the logs on all forty hosts, starting with web-1", chunks=6)))

@@ -142,6 +142,10 @@ class SubmitResult(BaseModel):
     usage: UsageOut | None = None
     finish_reason: Literal["length"] | None = Field(
         None, description="`length` when the answer was cut at the model's output limit; absent otherwise.")
+    ended: str | None = Field(
+        None, description="Why aiops ended the turn before the model had answered (a tool-iteration "
+                          "limit, a call repeated a third time): the text is then not a whole answer. "
+                          "Absent otherwise.")
 
 
 class SessionInfo(BaseModel):
@@ -248,9 +252,9 @@ class StreamEvent(BaseModel):
     carries `session_id` and, for events of a turn, `turn_id`. tok/thinking/notice: `{text}`;
     tool_call: `{id, name, arguments}`; tool_result: `{id, name, content, truncated, is_error,
     duration_ms, gate?, data?, status?}`; gate/gate_resolved: the gate object; error: `{code,
-    message}`; done: `{text, status, model, error?, usage?, finish_reason?}` (`finish_reason`
-    "length": the answer was cut at the model's output limit), plus `command: true` for a message
-    that ran only commands."""
+    message}`; done: `{text, status, model, error?, usage?, finish_reason?, ended?}` (`finish_reason`
+    "length": the answer was cut at the model's output limit; `ended`: why aiops ended the turn
+    early), plus `command: true` for a message that ran only commands."""
 
     model_config = ConfigDict(extra="allow")
     session_id: str | None

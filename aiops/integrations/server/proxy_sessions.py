@@ -247,16 +247,19 @@ def turn_error(request: web.Request, error: dict[str, Any] | None, default_code:
 
 def answer_text(request: web.Request, result: TurnResult, session_id: str) -> str:
     """The text of a non-streaming answer. A turn stopped midway (by the operator, a `!stop`, a
-    deleted session) says so at its end, as a stream does, instead of passing its partial (often
-    empty) text off as the whole answer. A shutdown that cut it is a 503 with no text: the client
+    deleted session) or ended by the engine at a limit says so at its end, as a stream does,
+    instead of passing its partial (often empty) text off as the whole answer. A shutdown that cut it is a 503 with no text: the client
     should not take a half answer for a reply. The partial answer stays recorded either way."""
     if result.status == "cancelled" and request.app[STATE_KEY].closing:
         raise HttpError(503, "shutting_down", "the server shut down before the answer was done; the "
                         "partial answer is kept in the session", headers={SESSION_HEADER: session_id,
                                                                           "x-should-retry": "false"})
     text = result.text
-    if result.status == "cancelled" and proxy_state(request).settings.status_lines:
-        line = status_line(_NO, STOPPED)
+    if not proxy_state(request).settings.status_lines:
+        return text
+    why = STOPPED if result.status == "cancelled" else result.ended
+    if why:
+        line = status_line(_NO, why)
         text = f"{text.rstrip()}\n\n{line}" if text.strip() else line
     return text
 
@@ -866,7 +869,7 @@ async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | No
                 return TurnResult(started.turn.id, d.get("status", "complete"), d.get("text") or "",
                                   d.get("error"), Usage(usage.get("prompt_tokens", 0),
                                                         usage.get("completion_tokens", 0)),
-                                  d.get("finish_reason"))
+                                  d.get("finish_reason"), d.get("ended"))
     return await started.turn.wait()
 
 
@@ -993,6 +996,8 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
             status_ = e.data.get("status", "complete")
             if status_ == "cancelled" and settings.status_lines:
                 out.append(status(status_line(_NO, STOPPED)))
+            elif (ended := e.data.get("ended")) and settings.status_lines:
+                out.append(status(status_line(_NO, ended)))
             return Done(status_, final, e.data.get("usage"), e.data.get("error") or error,
                         e.data.get("finish_reason") or "stop")
         return None
