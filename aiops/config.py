@@ -145,7 +145,9 @@ class ServerConfig(_Strict):
     port: int = Field(8765, ge=0, le=65535)
     extra_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(default_factory=list)
     enabled: bool = True
-    max_body_bytes: int = Field(1_048_576, gt=0)
+    # Chat UIs send the whole conversation with every message, earlier images (base64) included:
+    # at 1 MiB one screenshot in a chat's history made every later message a 413.
+    max_body_bytes: int = Field(32 * 1_048_576, gt=0)
     # Seconds to receive a request: a body slower than that gets 408; headers that do not finish
     # within it (from the connection, or the previous response) get the connection closed, as
     # does a keep-alive connection idle for that long.

@@ -210,7 +210,9 @@ def test_line_separators_in_an_answer_do_not_split_a_streamed_line(client: ollam
 def test_an_image_earlier_in_the_chat_is_a_placeholder_and_only_a_new_one_is_refused(
         client: ollama.Client, fake: FakeOpenAI) -> None:
     png = "iVBORw0KGgo="
-    history = [{"role": "user", "content": "what is this graph?", "images": [png]},
+    # A real screenshot's size: the chat UI sends it (base64) with every later message too.
+    screenshot = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 12_000
+    history = [{"role": "user", "content": "what is this graph?", "images": [screenshot]},
                {"role": "assistant", "content": "a disk filling up"}]
     r = client.chat(model="aiops", stream=False, messages=[*history, {"role": "user", "content": "which disk?"}])
     assert r.message.content == "echo: which disk?"
