@@ -131,6 +131,12 @@ class ModelsConfig(_Strict):
                 f"default_model {self.default_model!r} is not a model in [models.*] "
                 f"(known: {', '.join(sorted(self.models)) or 'none'})"
             )
+        if not self.models[self.default_model].enabled:
+            # Every new session (console, API, chat UIs through `aiops`) would run on it.
+            raise ValueError(
+                f"default_model {self.default_model!r} is disabled (enabled = false): enable it or "
+                f"choose an enabled one ({', '.join(sorted(self.enabled())) or 'none is enabled'})"
+            )
         return self
 
     def enabled(self) -> dict[str, ModelConfig]:

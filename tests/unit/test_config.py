@@ -31,6 +31,20 @@ def test_a_base_url_that_is_not_an_http_url_is_refused_naming_file_and_key(tmp_p
     assert "models.local.base_url" in message and "http(s) URL" in message and repr(bad) in message
 
 
+def test_a_disabled_default_model_is_refused_naming_file_and_key(tmp_path):
+    """Every new session, and `aiops` on the chat proxies, would otherwise run on a model that
+    models.toml says must not run."""
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "models.toml").write_text(
+        'default_model = "off"\n[models.off]\ntype = "openai"\nmodel_id = "m"\nenabled = false\n'
+        '[models.on]\ntype = "openai"\nmodel_id = "m"\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    message = str(e.value)
+    assert str(tmp_path / "cfg" / "models.toml") in message
+    assert "default_model 'off' is disabled" in message and "(on)" in message
+
+
 def test_config_check_exits_2_on_a_bad_base_url_without_a_traceback(tmp_path, capsys):
     write_models(tmp_path / "cfg", "not a url")
     assert main(["config", "check", "--config-dir", str(tmp_path / "cfg"),
