@@ -309,6 +309,17 @@ def test_legacy_v1_api_alias(served: ServeProcess) -> None:
         "error": 'model "nope" not found; this server has aiops:latest, aiops/local:latest, aiops/other:latest'}
 
 
+def test_an_unknown_model_is_a_404_whatever_else_the_request_asks(served: ServeProcess) -> None:
+    """Ollama finds the model before it looks at what is asked of it (suffix, tools, images)."""
+    asks = [("/api/generate", {"model": "nope", "prompt": "x", "suffix": "y"}),
+            ("/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "x"}],
+                           "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            ("/api/chat", {"model": "nope", "messages": [{"role": "user", "content": "x", "images": ["AAAA"]}]})]
+    for path, body in asks:
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code == 404 and r.json()["error"].startswith('model "nope" not found'), (path, r.text)
+
+
 def test_a_slow_model_still_gets_the_stream_started(served: ServeProcess, fake: FakeOpenAI) -> None:
     fake.script(Reply.hang())
     body = {"model": "aiops", "messages": [{"role": "user", "content": "slow one"}]}

@@ -824,6 +824,7 @@ async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: 
         r = await ops.post("/v1/chat/completions", headers={"X-Aiops-Session": "taken"},
                            json={"model": "aiops", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 409  # an API session: refused, and not remembered
+        assert "'taken' is an api session" in r.json()["error"]["message"]
         index = srv.handle.app[PROXY_KEY].sessions
         assert sum(len(v) for v in index._forks.values()) == 40
         for sid in ids:

@@ -358,8 +358,8 @@ def _ndjson(obj: Any) -> bytes:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     req = await parse_body(request, ChatRequest)
+    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
     messages = _chat_messages(req)
-    model = _find(request, req.model)
     shape = _Shape("chat", req.model)
     if not messages:
         return _load_reply(shape, req.keep_alive)
@@ -368,8 +368,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     req = await parse_body(request, GenerateRequest)
+    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
     messages = _generate_messages(req)
-    model = _find(request, req.model)
     shape = _Shape("generate", req.model)
     # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
     # prompt alone, is a turn with no question, refused as on the other routes.

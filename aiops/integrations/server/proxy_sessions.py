@@ -748,9 +748,10 @@ class ProxySessions:
             if live is not None and live.row.kind == "proxy":
                 known.insert(0, conv.root)
             elif live is not None and conv.explicit:
+                kind = live.row.kind
                 raise HttpError(409, "session_conflict",
-                                f"session {conv.root!r} is a {live.row.kind} session; the proxy continues "
-                                f"only proxy sessions")
+                                f"session {conv.root!r} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} session; "
+                                f"the proxy continues only proxy sessions")
         elif conv.explicit:
             live = await engine.session(conv.root)
             if live is not None and not who.may_use(owner_of(live)):
