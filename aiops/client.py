@@ -407,7 +407,8 @@ class AgentClient:
                                 expect=("session", "messages", "has_more", "next_before"))
 
     async def history(self, client_id: str, page: int = 200) -> list[dict[str, Any]]:
-        """Every message of a session, oldest first (read page by page)."""
+        """Every message of a session as a transcript: turns in the order they began, each turn's
+        messages together (read page by page; see `GET /api/v1/sessions/{id}`)."""
         messages: list[dict[str, Any]] = []
         before: int | None = None
         while True:

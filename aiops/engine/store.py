@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 SQLITE_MAX_INT = 2**63 - 1
 _LEFT_OPEN_TAIL = 200  # messages per session read for turns a dead process cut off
-HISTORY_PAGE_SLACK = 100  # a page holds at most 2 × limit + this many messages (see history_page)
+_PAGE_SCAN = 64  # messages read at a time (at least; twice the page's limit) to find a page's turns
+_IN_CHUNK = 500  # ids or turn ids per `IN (...)` list
 
 # Who created a session through the server (a token's name, `loopback:<addr>`): a key of the
 # session's metadata. Listings filter on it, so a client's sessions are found by the index below.
@@ -620,13 +621,18 @@ class Store:
 
     async def history_page(self, session_id: str, *, limit: int,
                            before_id: int | None = None) -> tuple[list[Message], bool]:
-        """The latest `limit` messages before `before_id`, oldest first, grown downwards so that
-        no turn is cut by the page's lower edge; and whether older messages exist.
+        """A page of whole turns, as a transcript; and whether older messages exist.
 
-        A message sent while a turn runs is stored before that turn's answer, so turns interleave
-        by id: a page cut by id alone could show a turn's answer without its question (and list
-        it after the next turn). Growing each page to the first message of every turn on it keeps
-        turns whole on both sides of the cursor, which stays the page's lowest id.
+        The turns that began below `before_id`, latest first, until they hold at least `limit`
+        messages (or none are left); listed in the order they began, each turn's messages
+        together in the order stored. A message without a turn (older records) is a turn of its
+        own. A turn is on the page where its first message falls, with all of its messages, so
+        paging on with `before_id` = the page's first message reads every message once, in one
+        transcript order, and never splits a turn.
+
+        Not by id alone: a message sent while a turn runs is stored before that turn's answer, so
+        turns interleave by id, and a hundred queued messages would put their answers on one
+        page and their questions on another.
         """
 
         def run(conn: sqlite3.Connection) -> tuple[list[Message], bool]:
@@ -635,34 +641,54 @@ class Store:
                 return [], False
             scope = "session_id=? AND epoch=?"
             key = [session_id, row["epoch"]]
-            top = " AND id<?" if before_id is not None else ""
-            top_args = [before_id] if before_id is not None else []
-            rows = conn.execute(f"SELECT * FROM messages WHERE {scope}{top} ORDER BY id DESC LIMIT ?",
-                                [*key, *top_args, limit]).fetchall()
-            if not rows:
+            starts: dict[str | int, int] = {}  # turn id (or a turn-less message's id) -> first id
+            sizes: dict[str | int, int] = {}
+            frontier = before_id  # every message from here up to before_id has been read
+            chosen: list[str | int] = []
+            while True:
+                below = " AND id<?" if frontier is not None else ""
+                scan = max(2 * limit, _PAGE_SCAN)
+                rows = conn.execute(f"SELECT id, turn_id FROM messages WHERE {scope}{below} ORDER BY id DESC "
+                                    f"LIMIT ?", [*key, *([frontier] if frontier is not None else []), scan]).fetchall()
+                new = list({r["turn_id"] for r in rows if r["turn_id"] and r["turn_id"] not in starts})
+                for i in range(0, len(new), _IN_CHUNK):
+                    part = new[i:i + _IN_CHUNK]
+                    for t, first, n in conn.execute(
+                            f"SELECT turn_id, MIN(id), COUNT(*) FROM messages WHERE {scope} AND turn_id IN "
+                            f"({','.join('?' * len(part))}) GROUP BY turn_id", [*key, *part]):
+                        starts[t], sizes[t] = first, n
+                for r in rows:
+                    if not r["turn_id"]:
+                        starts[r["id"]], sizes[r["id"]] = r["id"], 1
+                done = len(rows) < scan
+                if rows:
+                    frontier = rows[-1]["id"]
+                # Turns that began at or above the frontier are all known: take them latest first.
+                # (One that began lower may yet be passed by one not read so far.)
+                ready = sorted((k for k, first in starts.items() if done or first >= frontier),
+                               key=starts.__getitem__, reverse=True)
+                chosen, total = [], 0
+                for k in ready:
+                    chosen.append(k)
+                    total += sizes[k]
+                    if total >= limit:
+                        break
+                if total >= limit or done:
+                    break
+            if not chosen:
                 return [], False
-            low = rows[-1]["id"]
-            turns = {r["turn_id"] for r in rows if r["turn_id"]}
-            # A session that always has a message waiting overlaps every turn with the next: the
-            # growth stops there, and that one turn is split across two pages.
-            most = 2 * limit + HISTORY_PAGE_SLACK
-            while turns and len(rows) < most:
-                marks = ",".join("?" * len(turns))
-                first = conn.execute(f"SELECT MIN(id) FROM messages WHERE {scope} AND turn_id IN ({marks})",
-                                     [*key, *turns]).fetchone()[0]
-                if first is None or first >= low:
-                    break
-                # Messages between that turn's start and the page: they may belong to other turns
-                # that reach lower still, hence the loop (only the new ones' turns are asked).
-                extra = conn.execute(f"SELECT * FROM messages WHERE {scope} AND id>=? AND id<? "
-                                     f"ORDER BY id DESC LIMIT ?", [*key, first, low, most - len(rows)]).fetchall()
-                if not extra:
-                    break
-                rows.extend(extra)
-                low = extra[-1]["id"]  # `first`, unless the page reached its most
-                turns = {r["turn_id"] for r in extra if r["turn_id"]}
+            turns = [k for k in chosen if isinstance(k, str)]
+            loose = [k for k in chosen if isinstance(k, int)]
+            found: list[sqlite3.Row] = []
+            for column, values in (("turn_id", turns), ("id", loose)):
+                for i in range(0, len(values), _IN_CHUNK):
+                    part = values[i:i + _IN_CHUNK]
+                    found += conn.execute(f"SELECT * FROM messages WHERE {scope} AND {column} IN "
+                                          f"({','.join('?' * len(part))})", [*key, *part]).fetchall()
+            found.sort(key=lambda r: (starts[r["turn_id"] or r["id"]], r["id"]))
+            low = min(starts[k] for k in chosen)
             more = conn.execute(f"SELECT 1 FROM messages WHERE {scope} AND id<? LIMIT 1", [*key, low]).fetchone()
-            return [_row_to_message(r) for r in reversed(rows)], more is not None
+            return [_row_to_message(r) for r in found], more is not None
 
         return await self._run(run)
 

@@ -74,9 +74,10 @@ async def test_tool_calls_round_trip_and_history_pages_from_the_end(store):
     assert [m.content for m in earlier] == ["1", "a0", "a1"]
 
 
-async def test_a_history_page_grows_until_no_turn_is_cut(store):
+async def test_a_history_page_holds_whole_turns_in_the_order_they_began(store):
     """Turns overlap by id when messages are queued during a turn: here each turn's answer comes
-    after the next turn's question, a chain. The last message alone pulls in the whole chain."""
+    after the next turn's question, a chain. A page is whole turns, each on the page where it
+    began, listed as a transcript."""
     await store.create_session("s", "api", None)
     await store.add_message("s", Message("user", "before", turn_id="t0"))
     await store.add_message("s", Message("assistant", "before done", turn_id="t0"))
@@ -84,10 +85,12 @@ async def test_a_history_page_grows_until_no_turn_is_cut(store):
                              ("user", "q3", "t3"), ("assistant", "a2", "t2"), ("assistant", "a3", "t3")]:
         await store.add_message("s", Message(role, text, turn_id=turn))
     page, more = await store.history_page("s", limit=1)
-    assert [m.content for m in page] == ["q1", "q2", "a1", "q3", "a2", "a3"] and more
-    older, more = await store.history_page("s", limit=1, before_id=page[0].id)
-    assert [m.content for m in older] == ["before", "before done"] and not more
-    # Messages without a turn (older records) page by id as before.
+    assert [m.content for m in page] == ["q3", "a3"] and more
+    page, more = await store.history_page("s", limit=3)
+    assert [m.content for m in page] == ["q2", "a2", "q3", "a3"] and more
+    older, more = await store.history_page("s", limit=3, before_id=page[0].id)
+    assert [m.content for m in older] == ["before", "before done", "q1", "a1"] and not more
+    # Messages without a turn (older records) are turns of their own.
     await store.create_session("n", "api", None)
     for text in ("x", "y", "z"):
         await store.add_message("n", Message("user", text))
@@ -96,12 +99,36 @@ async def test_a_history_page_grows_until_no_turn_is_cut(store):
     assert await store.history_page("missing", limit=5) == ([], False)
 
 
-async def test_a_history_page_of_ever_overlapping_turns_stops_growing_and_pages_on(store, tmp_path):
-    """A session that always has a message waiting overlaps every turn with the next: one page
-    must not grow into the whole history. It stops at 2 × limit + 100, and paging on still reads
-    every message once."""
-    from aiops.engine.store import HISTORY_PAGE_SLACK
+async def test_history_pages_of_a_long_queue_read_as_one_transcript(store):
+    """A script fires 300 messages while a turn runs: every question is stored before every
+    answer. Paged at any size, the pages together are the transcript, question then answer, and
+    no page holds an answer whose question is on another."""
+    await store.create_session("q", "api", None)
+    await store.add_message("q", Message("user", "slow", turn_id="t-slow"))
+    for i in range(300):
+        await store.add_message("q", Message("user", f"q{i}", turn_id=f"t{i}"))
+    await store.add_message("q", Message("assistant", "slow done", turn_id="t-slow"))
+    for i in range(300):
+        await store.add_message("q", Message("assistant", f"a{i}", turn_id=f"t{i}"))
+    expected = ["slow", "slow done"] + [x for i in range(300) for x in (f"q{i}", f"a{i}")]
+    for limit in (1, 7, 50, 200, 1000):
+        seen: list[str] = []
+        before = None
+        while True:
+            page, more = await store.history_page("q", limit=limit, before_id=before)
+            assert limit <= len(page) <= limit + 1 or not more, (limit, len(page))
+            turns = [m.turn_id for m in page]
+            assert all(turns.count(t) == 2 for t in turns)  # whole turns only
+            seen[:0] = [m.content for m in page]
+            if not more:
+                break
+            before = page[0].id
+        assert seen == expected, limit
 
+
+async def test_a_history_page_of_ever_overlapping_turns_pages_on_in_order(store, tmp_path):
+    """A session that always has a message waiting overlaps every turn with the next: a page
+    stays the size asked for, and paging on reads every message once, in transcript order."""
     await store.create_session("busy", "api", None)
     await store.add_message("busy", Message("user", "q0", turn_id="t0"))
     for i in range(1, 300):  # q(i) is stored before a(i-1): each turn overlaps the next
@@ -112,17 +139,17 @@ async def test_a_history_page_of_ever_overlapping_turns_stops_growing_and_pages_
     before = None
     while True:
         page, more = await store.history_page("busy", limit=5, before_id=before)
-        assert len(page) <= 2 * 5 + HISTORY_PAGE_SLACK
+        assert len(page) <= 6
         seen[:0] = [m.content for m in page]
         if not more:
             break
         before = page[0].id
-    assert len(seen) == 600 and len(set(seen)) == 600
+    assert seen == [x for i in range(300) for x in (f"q{i}", f"a{i}")]
     # Where each turn began is read from an index, not from the whole session.
     conn = sqlite3.connect(tmp_path / "db.sqlite3")
     plan = " ".join(str(r) for r in conn.execute(
-        "EXPLAIN QUERY PLAN SELECT MIN(id) FROM messages WHERE session_id=? AND epoch=? AND turn_id IN (?, ?)",
-        ("busy", 0, "t1", "t2")))
+        "EXPLAIN QUERY PLAN SELECT turn_id, MIN(id), COUNT(*) FROM messages WHERE session_id=? AND epoch=? "
+        "AND turn_id IN (?, ?) GROUP BY turn_id", ("busy", 0, "t1", "t2")))
     assert "messages_by_turn" in plan, plan
 
 

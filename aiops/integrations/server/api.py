@@ -22,7 +22,7 @@ from aiops.engine import events as ev
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
-from aiops.engine.types import Message, is_short_id, new_id
+from aiops.engine.types import is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import (
@@ -101,11 +101,10 @@ class SessionsQuery(_Query):
 
 
 class HistoryQuery(_Query):
-    limit: int = Field(50, ge=1, le=1000, description="The latest this many messages, plus any earlier ones "
-                       "of the turns among them, so that a page does not split a turn (at most 2 × limit + "
-                       "100 messages in all).")
-    before: int | None = Field(None, ge=1, le=SQLITE_MAX_INT, description="Only messages with an id below this (the "
-                                                       "`next_before` of the previous page).")
+    limit: int = Field(50, ge=1, le=1000, description="The latest turns that hold at least this many messages "
+                       "together: a page never splits a turn, so it is longer by up to its oldest turn's size.")
+    before: int | None = Field(None, ge=1, le=SQLITE_MAX_INT, description="Only turns that began below this "
+                               "message id (the `next_before` of the previous page).")
 
 
 # ---- response models -------------------------------------------------------------------------------
@@ -477,22 +476,10 @@ async def get_session(request: web.Request) -> web.Response:
     messages, has_more = await engine.history_page(live.id, limit=q.limit, before_id=q.before)
     return _json(SessionDetail(
         session=await _session_info(engine, live),
-        messages=[MessageOut.model_validate(_hidden_record(who, engine, m.to_dict())) for m in by_turn(messages)],
+        messages=[MessageOut.model_validate(_hidden_record(who, engine, m.to_dict())) for m in messages],
         has_more=has_more,
-        next_before=messages[0].id if has_more and messages else None,  # the page's oldest by id
+        next_before=messages[0].id if has_more and messages else None,  # where the page's first turn began
     ))
-
-
-def by_turn(messages: list[Message]) -> list[Message]:
-    """A page of history (in commit order) as a transcript: each turn's messages together, turns in
-    the order they began. A message sent while a turn runs is committed before that turn's answer,
-    but it was answered after it, as the model saw it."""
-    groups: dict[str | int, list[Message]] = {}
-    for m in messages:
-        groups.setdefault(m.turn_id or m.id or 0, []).append(m)
-    if len(groups) == len(messages):
-        return messages
-    return [m for group in groups.values() for m in group]
 
 
 async def delete_session(request: web.Request) -> web.Response:
