@@ -786,6 +786,29 @@ def test_aiops_serve_answers_and_exits_cleanly_on_sigterm(aiops_serve: ServeProc
     assert aiops_serve.stop(signal.SIGTERM) == 0
 
 
+def test_a_request_whose_body_is_still_arriving_at_shutdown_gets_a_503_at_once(
+        aiops_serve_factory: ServeFactory) -> None:
+    """aiohttp stops reading from its connections as it shuts them down: a body still on its way
+    would never arrive, and its request used to end at shutdown_timeout with no answer at all."""
+    serve = aiops_serve_factory(server={"shutdown_timeout": 60})
+    host, port = serve.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"text": "a message sent slowly", "client_id": "api-slow-body"}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST /api/v1/submit HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (host.encode(), len(body)) + body[:10])
+        # Answered after the first request's head: that one is waiting for the rest of its body.
+        with urllib.request.urlopen(serve.url + "/api/v1/health", timeout=10) as r:
+            assert r.status == 200
+        serve.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        while chunk := conn.recv(65536):  # (a timeout, 30 s, fails the test)
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in head, answer
+    assert json.loads(payload)["error"]["code"] == "unavailable"
+    assert serve.proc.wait(30) == 0 and "Traceback" not in serve.stderr
+
+
 @pytest.mark.parametrize(("sig", "delays"), [(signal.SIGTERM, (0.02, 0.05, 0.1)), (signal.SIGINT, (0.05,))])
 def test_a_second_signal_during_the_stop_still_exits_0(aiops_serve_factory: ServeFactory, sig: int,
                                                          delays: tuple[float, ...]) -> None:

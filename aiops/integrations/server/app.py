@@ -65,6 +65,17 @@ class ServerState:
     public: set[tuple[str, str]] = field(default_factory=set)
     streams: set[Subscription] = field(default_factory=set)
     closing: bool = False
+    # Requests waiting for the rest of their body: told when the shutdown begins (see read_body).
+    body_waits: set[asyncio.Future[None]] = field(default_factory=set)
+
+    def begin_closing(self) -> None:
+        """Refuse new requests (503), and those still waiting for their body: aiohttp stops
+        reading from its connections as it shuts them down, so that body would never come and
+        its request would end, at shutdown_timeout, with no answer at all."""
+        self.closing = True
+        for waiter in self.body_waits:
+            if not waiter.done():
+                waiter.set_result(None)
 
     @contextmanager
     def track(self, sub: Subscription) -> Iterator[Subscription]:
@@ -78,7 +89,7 @@ class ServerState:
 
     def close_streams(self) -> None:
         """Shutdown: refuse new requests and end every open stream (each drains what it holds)."""
-        self.closing = True
+        self.begin_closing()
         for sub in list(self.streams):
             sub.close()
 
@@ -229,11 +240,14 @@ async def prepare_stream(request: web.Request, response: web.StreamResponse) -> 
 
 
 async def read_body(request: web.Request) -> bytes:
-    """The raw body, bounded by max_body_bytes (413) and request_timeout (408)."""
+    """The raw body, bounded by max_body_bytes (413) and request_timeout (408); 503 when the
+    server begins to shut down before it has all arrived."""
     timeout = request.app[CONFIG_KEY].app.server.request_timeout
     try:
         async with asyncio.timeout(timeout):
-            return await request.read()
+            if request.content.is_eof():  # all here already (nearly always): nothing to wait for
+                return await request.read()
+            return await _read_unless_closing(request, request.app[STATE_KEY])
     except TimeoutError:
         raise HttpError(408, "request_timeout",
                         f"the request body did not arrive within {timeout:g} s") from None
@@ -243,6 +257,32 @@ async def read_body(request: web.Request) -> bytes:
         raise HttpError(400, "invalid_body", f"the request body could not be decoded "
                         f"(Content-Encoding: {request.headers.get('Content-Encoding', 'none')}): "
                         f"{getattr(cause, 'message', None) or cause}") from None
+
+
+async def _read_unless_closing(request: web.Request, state: ServerState) -> bytes:
+    if state.closing:
+        raise _shutting_down()
+    closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    read = asyncio.ensure_future(request.read())
+    state.body_waits.add(closing)
+    try:
+        await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        state.body_waits.discard(closing)
+        if not read.done():
+            read.cancel()
+    if not read.done():
+        # What is left of the body will not be read (aiohttp drops it once the shutdown closes
+        # the connection): ended here, aiohttp sends the 503 and closes the connection at once,
+        # rather than waiting up to 10 s (its lingering time) for the rest.
+        request.content.feed_eof()
+        raise _shutting_down()
+    return read.result()
+
+
+def _shutting_down() -> HttpError:
+    return HttpError(503, "unavailable", "the server is shutting down; the request body had not all "
+                     "arrived, nothing of it was taken in", headers={"Connection": "close"})
 
 
 # A `\uD800`-`\uDFFF` escape: json.loads turns a pair of them into one character, but leaves a

@@ -170,7 +170,7 @@ class ServerHandle:
 
     async def close_listeners(self) -> None:
         """Stop accepting connections; requests on open connections get 503 from now on."""
-        self.app[STATE_KEY].closing = True
+        self.app[STATE_KEY].begin_closing()
         for site in list(self.runner.sites):
             await site.stop()
 
