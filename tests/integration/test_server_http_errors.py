@@ -447,6 +447,27 @@ def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake
     assert "aiops serving" not in done.stdout
 
 
+def test_two_tokens_with_one_value_refuse_to_start(tmp_path: Any, fake_openai: Any) -> None:
+    """A value pasted into two token variables: only one token could ever match it, and the
+    other's role (the operator's, here) would be lost without a word."""
+    tokens = Tokens.make(ops="operator", ci="client")
+    tokens.secrets["ci"] = tokens.secrets["ops"]
+    done = run_serve(server_config_dir(tmp_path, fake_openai, tokens=tokens), tmp_path / "data",
+                     env=tokens.env())
+    assert done.returncode == 2 and "aiops serving" not in done.stdout
+    assert "auth tokens 'ops' and 'ci' have the same value" in done.stderr, done.stderr
+    assert tokens.secrets["ops"] not in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+def test_an_extra_port_that_repeats_the_main_one_is_listened_on_once(aiops_serve_factory: ServeFactory) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    serve = aiops_serve_factory(server={"extra_ports": [port]}, args=["--port", str(port)])  # (the last --port wins)
+    assert _healthy(serve.url) and serve.url.endswith(f":{port}")
+    assert f"lists port {port}, which aiops already listens on" in (serve.data_dir / "aiops.log").read_text()
+
+
 def test_a_port_in_use_is_one_line_that_says_what_to_do(tmp_path: Any, fake_openai: Any) -> None:
     held = socket.socket()
     held.bind(("127.0.0.1", 0))

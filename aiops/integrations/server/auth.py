@@ -26,7 +26,8 @@ CLIENT = "client"
 
 
 class BindRefused(Exception):
-    """Binding where the configuration does not allow it; the message is for the operator."""
+    """The server must not start as configured (a non-loopback bind without tokens, two tokens
+    with one value); the message is for the operator."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +62,13 @@ def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) 
                 log.warning("auth token %r is not configured: environment variable %s is unset", name,
                             tc.token_env)
             continue
-        tokens.append(Token(name, tc.role, _digest(value.strip())))
+        token = Token(name, tc.role, _digest(value.strip()))
+        if twin := next((t for t in tokens if hmac.compare_digest(t.secret, token.secret)), None):
+            # Only one of them could ever match: the other's role (operator, say) would be lost.
+            raise BindRefused(f"auth tokens {twin.name!r} and {name!r} have the same value (from "
+                              f"{auth.tokens[twin.name].token_env} and {tc.token_env}): give each token "
+                              f"its own")
+        tokens.append(token)
     return tokens
 
 

@@ -216,7 +216,15 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
                            keepalive_timeout=server.request_timeout)
     await runner.setup()
     handle = ServerHandle(runner, app, host)
-    for p in [port, *server.extra_ports]:
+    ports = [port]
+    for p in server.extra_ports:
+        if p in ports:
+            # Listening twice on one port fails as if another program held it: say what it is.
+            log.warning("extra_ports in aiops.toml lists port %d, which aiops already listens on; "
+                        "listening on it once", p)
+        else:
+            ports.append(p)
+    for p in ports:
         site = web.TCPSite(runner, host or None, p)
         try:
             await site.start()
@@ -255,13 +263,14 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
     env = os.environ
     server = cfg.app.server
     host = server.host if host is None else host
-    tokens = load_tokens(cfg.app.auth, env)
     unset = unset_token_vars(cfg.app.auth, env)
     for var in unset:
         print(f"aiops: warning: auth token not configured: {var} is unset", file=sys.stderr)
-    if cfg.app.server.cors_origins and not tokens:
-        print("aiops: warning: " + CORS_WITHOUT_TOKENS % ", ".join(cfg.app.server.cors_origins), file=sys.stderr)
     try:
+        tokens = load_tokens(cfg.app.auth, env)
+        if cfg.app.server.cors_origins and not tokens:
+            print("aiops: warning: " + CORS_WITHOUT_TOKENS % ", ".join(cfg.app.server.cors_origins),
+                  file=sys.stderr)
         check_bind(host, tokens, cfg.app.auth, env)
     except BindRefused as e:
         print(f"aiops: {e}", file=sys.stderr)
