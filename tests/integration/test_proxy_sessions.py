@@ -399,8 +399,10 @@ async def test_open_webuis_tool_selection_request_is_a_plain_call(api_server: Ap
     which tool to use in a side request of its own: a plain model call, no session, no tools."""
     fake = api_server.fake
     fake.script(Reply.text('{"tool_calls": []}'))
-    system = ("Available Tools: [{\"name\": \"get_weather\", \"parameters\": {}}]\n\nYour task is to "
-              "choose and return the correct tool(s) from the list of available tools based on the query.")
+    # (the model's own system prompt first, as Open WebUI puts it when the model has one)
+    system = ("You are the ops assistant.\nAvailable Tools: [{\"name\": \"get_weather\", \"parameters\": {}}]"
+              "\n\nYour task is to choose and return the correct tool(s) from the list of available tools "
+              "based on the query.")
     query = 'History:\nUSER: """hello"""\nASSISTANT: """hi"""\nQuery: what is the weather in Oslo?'
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
     raw = await client.chat.completions.with_raw_response.create(

@@ -4,15 +4,19 @@ keeps serving (every test ends with a normal request)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from aiops.integrations.server.app import STATE_KEY
 from aiops.integrations.server.auth import BindRefused
 from aiops.integrations.server.run import start_server
 from tests.support.server import (
@@ -71,6 +75,11 @@ def our_error(body: Any) -> tuple[str, str]:
     pytest.param(b'{"text": "hi", "x": ' + b"[" * 700 + rb'"\ud800"' + b"]" * 700 + b"}", "unpaired UTF-16 surrogate",
                  id="deep-lone-surrogate"),
     pytest.param(b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply", id="deep-nesting"),
+    # Over a MiB: parsed on a worker thread, with the same answers.
+    pytest.param(b'{"text": "' + b"x" * (1 << 21) + b'", "timeout": NaN}', "NaN is not JSON", id="2MiB-NaN"),
+    pytest.param(b'{"text": "' + b"x" * (1 << 21) + b'", "x": ' + b"[" * 700 + rb'"\ud800"' + b"]" * 700 + b"}",
+                 "unpaired UTF-16 surrogate", id="2MiB-lone-surrogate"),
+    pytest.param(b'{"text": "' + b"x" * (1 << 21) + b'"', "malformed JSON body: Expecting ',' delimiter", id="2MiB-cut"),
 ])
 async def test_malformed_json_is_a_400_in_our_shape(api_server: ApiServer, raw: bytes, expect: str) -> None:
     status, body, _ = await call(api_server, "POST", "/api/v1/submit", data=raw,
@@ -445,6 +454,35 @@ def test_a_non_loopback_bind_without_tokens_refuses_to_start(tmp_path: Any, fake
     assert done.returncode == 2
     assert "refusing to listen on 0.0.0.0" in done.stderr and "auth token" in done.stderr
     assert "aiops serving" not in done.stdout
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_clients_hanging_up_mid_body_leave_nothing_in_the_log(api_server: ApiServer) -> None:
+    """A body still arriving is read so that a shutdown can refuse it; a client that hangs up
+    meanwhile must end that read quietly (no 'exception was never retrieved' for each one)."""
+    errors: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    bodies = api_server.handle.app[STATE_KEY].bodies
+    host, port = api_server.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"text": "x" * 1000, "client_id": "api-gone"}).encode()
+    for _ in range(10):
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /api/v1/submit HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:10])
+        await _until(lambda: bool(bodies))  # the server is reading the rest of it
+        writer.transport.abort()  # gone, mid-body
+        await _until(lambda: not bodies)
+    gc.collect()
+    await asyncio.sleep(0.05)
+    assert [c.get("message") for c in errors] == []
+    await still_serving(api_server)
 
 
 def test_two_tokens_with_one_value_refuse_to_start(tmp_path: Any, fake_openai: Any) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
+from aiohttp.streams import StreamReader
 from aiohttp.typedefs import Middleware
 from aiohttp.web_exceptions import NotAppKeyWarning
 from aiohttp.web_protocol import RequestPayloadError
@@ -58,6 +59,10 @@ Surface = Literal["api", "openai", "ollama"]
 M = TypeVar("M", bound=BaseModel)
 
 
+class _Closing(Exception):
+    """Set on a body still being read when the shutdown begins."""
+
+
 @dataclass
 class ServerState:
     """What the app knows about itself: public routes, open streams, whether it is closing."""
@@ -65,17 +70,16 @@ class ServerState:
     public: set[tuple[str, str]] = field(default_factory=set)
     streams: set[Subscription] = field(default_factory=set)
     closing: bool = False
-    # Requests waiting for the rest of their body: told when the shutdown begins (see read_body).
-    body_waits: set[asyncio.Future[None]] = field(default_factory=set)
+    # Bodies still arriving: ended with _Closing when the shutdown begins (see read_body).
+    bodies: set[StreamReader] = field(default_factory=set)
 
     def begin_closing(self) -> None:
         """Refuse new requests (503), and those still waiting for their body: aiohttp stops
         reading from its connections as it shuts them down, so that body would never come and
         its request would end, at shutdown_timeout, with no answer at all."""
         self.closing = True
-        for waiter in self.body_waits:
-            if not waiter.done():
-                waiter.set_result(None)
+        for body in self.bodies:
+            body.set_exception(_Closing())
 
     @contextmanager
     def track(self, sub: Subscription) -> Iterator[Subscription]:
@@ -167,9 +171,9 @@ def error_response(request: web.Request, err: HttpError) -> web.Response:
     resp.headers.update(err.headers)
     if surface == "openai" and err.status in _NO_RETRY:
         resp.headers.setdefault("x-should-retry", "false")
-    if err.status == 413:
-        # The rest of an oversized body is not read: the connection ends with the answer (aiohttp
-        # then says `Connection: close` and means it).
+    if err.status == 413 or err.headers.get("Connection") == "close":
+        # The rest of the body is not read (an oversized one, or one the shutdown refused): the
+        # connection ends with the answer (aiohttp then says `Connection: close` and means it).
         resp.force_close()
     return resp
 
@@ -260,29 +264,25 @@ async def read_body(request: web.Request) -> bytes:
 
 
 async def _read_unless_closing(request: web.Request, state: ServerState) -> bytes:
-    if state.closing:
-        raise _shutting_down()
-    closing: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    read = asyncio.ensure_future(request.read())
-    state.body_waits.add(closing)
-    try:
-        await asyncio.wait((read, closing), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        state.body_waits.discard(closing)
-        if not read.done():
-            read.cancel()
-    if not read.done():
-        # What is left of the body will not be read (aiohttp drops it once the shutdown closes
-        # the connection): ended here, aiohttp sends the 503 and closes the connection at once,
-        # rather than waiting up to 10 s (its lingering time) for the rest.
+    if not state.closing:
+        state.bodies.add(request.content)
+        try:
+            return await request.read()
+        except _Closing:
+            pass
+        finally:
+            state.bodies.discard(request.content)
+    raise _shutting_down(request)
+
+
+def _shutting_down(request: web.Request, why: str = "the request body had not all arrived, nothing of it "
+                   "was taken in") -> HttpError:
+    """503 for a request the shutdown refuses. What is left of its body is not read (aiohttp drops
+    it once the shutdown closes the connection): ended here, so that aiohttp answers and closes the
+    connection at once rather than waiting up to 10 s (its lingering time) for the rest."""
+    if not request.content.is_eof():
         request.content.feed_eof()
-        raise _shutting_down()
-    return read.result()
-
-
-def _shutting_down() -> HttpError:
-    return HttpError(503, "unavailable", "the server is shutting down; the request body had not all "
-                     "arrived, nothing of it was taken in", headers={"Connection": "close"})
+    return HttpError(503, "unavailable", f"the server is shutting down; {why}", headers={"Connection": "close"})
 
 
 # A `\uD800`-`\uDFFF` escape: json.loads turns a pair of them into one character, but leaves a
@@ -320,9 +320,20 @@ def _not_json(word: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
+# A body this large is decoded on a worker thread: a chat UI resending a chat's screenshots sends
+# tens of MB, ~50 ms of parsing that would otherwise hold every other stream up.
+PARSE_IN_THREAD_BYTES = 1 << 20
+
+
 async def read_json(request: web.Request) -> Any:
     """The body parsed as JSON; 400 `invalid_json` with the position when it is not."""
     raw = await read_body(request)
+    if len(raw) >= PARSE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(_parse_json, raw)
+    return _parse_json(raw)
+
+
+def _parse_json(raw: bytes) -> Any:
     if not raw.strip():
         raise HttpError(400, "invalid_json", "the request body is empty; expected a JSON object")
     encoding = json.detect_encoding(raw)  # UTF-8, or UTF-16/32 by their BOM or NUL bytes, as json.loads
@@ -461,7 +472,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     request["principal"] = ident.principal
     request[AUTHENTICATED_KEY] = ident.authenticated
     if state.closing:
-        raise HttpError(503, "unavailable", "the server is shutting down")
+        raise _shutting_down(request, "send it again to the next one")
     limit = request.app[CONFIG_KEY].app.server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise HttpError(413, "payload_too_large",

@@ -206,7 +206,8 @@ def _is_tool_selection(messages: Sequence[ClientMessage]) -> bool:
     if len(messages) != 2 or messages[0].role != "system":
         return False
     query = messages[1].text.lstrip()
-    return (messages[0].text.lstrip().startswith(TOOL_SELECTION_PREFIX)
+    # Anywhere in the system message: Open WebUI puts a model's own system prompt before it.
+    return (TOOL_SELECTION_PREFIX in messages[0].text
             and (query.startswith("Query: ") or (query.startswith("History:") and "\nQuery: " in query)))
 
 
@@ -750,7 +751,7 @@ class ProxySessions:
             elif live is not None and conv.explicit:
                 kind = live.row.kind
                 raise HttpError(409, "session_conflict",
-                                f"session {conv.root!r} is {'an' if kind[:1] in 'aeiou' else 'a'} {kind} session; "
+                                f"session {conv.root!r} is {'an' if kind in ('api', 'mcp') else 'a'} {kind} session; "
                                 f"the proxy continues only proxy sessions")
         elif conv.explicit:
             live = await engine.session(conv.root)
