@@ -804,6 +804,22 @@ async def test_a_stream_ending_as_a_keepalive_falls_due_writes_nothing_after_its
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("aiops")] == []
 
 
+async def test_a_client_token_can_send_back_the_session_id_a_fingerprinted_chat_got(
+        api_server_factory: ApiServerFactory) -> None:
+    """A chat with no chat id and no `user` is found by its first message; the id it is answered
+    with must lead back to it when the client sends it (with only the new message)."""
+    tokens = Tokens.make(webui="client")
+    srv = await api_server_factory(tokens=tokens)
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=tokens.secrets["webui"])
+    sid, answer = await ask(client, [("user", "which disks are full?")])
+    assert sid.startswith("webui:proxy-")
+    again, _ = await ask(client, [("user", "and on web-2?")], extra_headers={"X-Aiops-Session": sid})
+    assert again == sid
+    seen = [m["content"] for m in srv.fake.requests[-1].json["messages"] if m["role"] != "system"]
+    assert seen == ["which disks are full?", answer, "and on web-2?"]
+    await client.close()
+
+
 async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: ApiServerFactory) -> None:
     """The proxy's index of conversations (names, their forks, compact views) must not keep what
     was deleted, nor names it refused: a long-running server would grow with every chat."""

@@ -555,7 +555,9 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
     # template (a file or web search attached), every later one without it.
     for part in ("", as_typed(normalize(first_user))):
         h.update(b"\x00" + part.encode())
-    return ConversationId("proxy-" + h.hexdigest()[:16], "fingerprint")
+    # Namespaced as the names above: the id goes back in X-Aiops-Session, and a client token that
+    # sends it again must find this session, not a new `<token>:proxy-…` one.
+    return ConversationId(ns + "proxy-" + h.hexdigest()[:16], "fingerprint")
 
 
 def _root_of(session_id: str) -> str:
