@@ -1019,6 +1019,33 @@ async def test_a_stopped_answer_the_client_never_got_does_not_fork_its_conversat
     await client.close()
 
 
+async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_server: ApiServer) -> None:
+    """Stop pressed while a fast model streams: the chat UI keeps what it had read, while aiops
+    has recorded more (a fast model writes ahead of a reader). The next message, sent with the
+    part the chat kept, continues the session (the model is told the answer was cut)."""
+    answer = " ".join(f"word{i}" for i in range(3000))
+    api_server.fake.script(Reply.text(answer, chunks=300))
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "fast-stop"})
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": "write a long report"}])
+    sid = raw.headers["x-aiops-session"]
+    with api_server.engine.bus.subscribe(sid, names=("done",)) as ended:
+        stream, kept = raw.parse(), ""
+        async for chunk in stream:
+            kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if len(kept) > 200:
+                break  # the user pressed stop: the chat keeps what it has
+        await stream.close()
+        async with asyncio.timeout(10):
+            await ended.get()
+    recorded = next(m["content"] for m in await history(api_server, sid) if m["role"] == "assistant")
+    assert recorded.startswith(kept.strip()) and len(recorded) > len(kept.strip())
+    again, _ = await ask(client, [("user", "write a long report"), ("assistant", kept), ("user", "go on")])
+    assert again == sid and list(await sessions(api_server)) == [sid]
+    await client.close()
+
+
 async def test_a_failed_answer_the_client_never_got_does_not_fork_its_conversation(api_server: ApiServer) -> None:
     """A non-streaming request whose model failed is a 502 with no text, but a partial answer the
     model gave before failing is recorded (as failed). The client cannot know whether there was

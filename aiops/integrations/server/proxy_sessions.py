@@ -370,6 +370,7 @@ class _TurnText:
     outputs: list[str] = field(default_factory=list)  # command outputs
     answer: list[str] = field(default_factory=list)
     unseen: bool = False  # the turn was stopped or failed: its client may have got none of it
+    cut: bool = False  # ...or only the start of it (a stream it hung up on, or that was stopped)
 
 
 def as_typed(text: str) -> str:
@@ -389,6 +390,13 @@ MAYBE_UNSEEN = ("cancelled", "error")
 def _maybe_unseen(m: Message) -> bool:
     """A record of a turn that ended stopped or failed: a non-streaming client got no text of it."""
     return m.role == "error" or (m.role == "assistant" and m.status in MAYBE_UNSEEN)
+
+
+# The role, in a session's view, of an answer a client may hold only the start of: the turn was
+# stopped (its client hung up mid-stream, or the operator stopped it) or failed. aiops may have
+# recorded more than the client read (a fast model writes ahead of a reader), even the whole
+# answer when the stop came as it ended. A client's copy matches it when ours begins with it.
+HELD_IN_PART = "assistant…"
 
 
 def session_view(history: Iterable[Message], *, without_stopped: bool = False) -> list[Entry]:
@@ -422,6 +430,9 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             if not turns:
                 continue
             turn = turns[-1]
+        if turn.turn_id == m.turn_id and (_maybe_unseen(m) or (m.role == "notice"
+                                                               and m.meta.get("kind") == "cancelled")):
+            turn.cut = True
         if without_stopped and _maybe_unseen(m) and turn.turn_id == m.turn_id:
             turn.unseen = True
         elif m.role == "assistant" and m.content:
@@ -437,11 +448,13 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
         out.append(("user", as_typed(normalize("\n".join(t.user)))))
         answer = "" if t.unseen else normalize("\n\n".join(t.outputs + t.answer))
         if answer:
-            out.append(("assistant", answer))
+            out.append((HELD_IN_PART if t.cut else "assistant", answer))
     return out
 
 
 def _same(client: Entry, ours: Entry) -> bool:
+    if ours[0] == HELD_IN_PART:
+        return client[0] == "assistant" and ours[1].startswith(client[1])
     if client[0] != ours[0]:
         return False
     if client[1] == ours[1]:
@@ -457,15 +470,18 @@ def is_prefix(ours: Sequence[Entry], client: Sequence[Entry]) -> bool:
 # A session's view as kept between requests: per entry its role, its text's hash and length.
 # Enough for `_same` (an exact match, or the client's text ending with ours), a few dozen bytes
 # an entry whatever the texts' length; a match is confirmed on the real view before it is used.
-Signature = tuple[str, int, int]
+# An answer the client may hold in part keeps its text too (the client's may be any start of it).
+Signature = tuple[str, int, int, str | None]
 
 
 def signatures(view: Sequence[Entry]) -> list[Signature]:
-    return [(role, hash(text), len(text)) for role, text in view]
+    return [(role, hash(text), len(text), text if role == HELD_IN_PART else None) for role, text in view]
 
 
 def _same_sig(client: Entry, ours: Signature) -> bool:
-    role, h, n = ours
+    role, h, n, whole = ours
+    if whole is not None:
+        return client[0] == "assistant" and whole.startswith(client[1])
     if client[0] != role:
         return False
     text = client[1]
