@@ -376,6 +376,42 @@ async def test_a_chat_that_began_with_a_file_attached_keeps_its_session_without_
     assert roles == ["user", "assistant", "tool", "assistant", "user"]
 
 
+# Open WebUI's RAG template before 2025: the question again after the context, in <user_query>.
+OLD_RAG_TEMPLATE = ("### Task:\nRespond to the user query using the provided context.\n\n"
+                    "<context>\n<source id=\"1\">web-1 disk: 91% full, /var/log 40 GB</source>\n</context>\n\n"
+                    "<user_query>\n{q}\n</user_query>\n")
+
+
+async def test_a_file_open_webui_puts_in_the_system_message_reaches_the_agent(api_server: ApiServer) -> None:
+    """With RAG_SYSTEM_CONTEXT (and in older versions on OpenAI connections) Open WebUI puts the
+    attached file's template in the system message, which the agent does not get: its context
+    goes in front of the question instead, and the chat goes on in its session."""
+    fake = api_server.fake
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x")
+    question = "what does the attached report say?"
+    system = "You are a helpful assistant.\n" + OLD_RAG_TEMPLATE.format(q=question)
+    sid, answer = await ask(client, [("system", system), ("user", question)])
+    sent = fake.requests[-1].json["messages"][-1]
+    assert sent["role"] == "user" and "web-1 disk: 91% full" in sent["content"]
+    assert sent["content"].endswith(question)
+    again, _ = await ask(client, [("system", "You are a helpful assistant."), ("user", question),
+                                  ("assistant", answer), ("user", "and what should I do?")])
+    assert again == sid and list(await sessions(api_server)) == [sid]
+    await client.close()
+
+
+async def test_a_chat_begun_with_the_older_rag_template_keeps_its_session(api_server: ApiServer) -> None:
+    question = "is web-1 running out of disk?"
+    async with ollama.AsyncClient(host=api_server.url) as client:
+        first = await client.chat(model="aiops", stream=False, messages=[
+            {"role": "user", "content": OLD_RAG_TEMPLATE.format(q=question)}])
+        (sid,) = await sessions(api_server)
+        await client.chat(model="aiops", stream=False, messages=[
+            {"role": "user", "content": question}, {"role": "assistant", "content": first.message.content},
+            {"role": "user", "content": "and web-2?"}])
+    assert list(await sessions(api_server)) == [sid]
+
+
 async def test_a_message_typed_in_the_rag_templates_shape_does_not_fork_every_turn(api_server: ApiServer) -> None:
     """A client keeps sending the text it sent: a message that happens to look like Open WebUI's
     RAG template is compared as the session compares it, and the chat continues in place."""

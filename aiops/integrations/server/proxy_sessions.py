@@ -67,6 +67,7 @@ PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry 
 TASK_PREFIX = "### Task:"
 TASK_HISTORY_TAG = "<chat_history>"
 RAG_CONTEXT_END = "</context>"  # where the default RAG template ends, and the question begins
+RAG_QUERY_OPEN, RAG_QUERY_CLOSE = "<user_query>", "</user_query>"
 # Open WebUI's tool-selection request (its tools on a model without native function calling): its
 # default template as the system message, then "Query: …" or "History:\n…\nQuery: …" (older
 # versions: "Query: History:…"), asking for a JSON list of tool calls.
@@ -379,8 +380,30 @@ def as_typed(text: str) -> str:
     Applied to both sides of a comparison (the client's history and the session's), so a client
     that keeps sending the template, or a message the user typed in that shape, matches too."""
     if text.startswith(TASK_PREFIX) and RAG_CONTEXT_END in text:
-        return text.rpartition(RAG_CONTEXT_END)[2].strip()
+        question = text.rpartition(RAG_CONTEXT_END)[2].strip()
+        # Older Open WebUI templates repeat the question after the context, in <user_query>.
+        if question.startswith(RAG_QUERY_OPEN) and question.endswith(RAG_QUERY_CLOSE):
+            question = question[len(RAG_QUERY_OPEN):-len(RAG_QUERY_CLOSE)].strip()
+        return question
     return text
+
+
+def with_system_context(messages: Sequence[ClientMessage]) -> Sequence[ClientMessage]:
+    """The client's messages, the new one carrying the RAG context Open WebUI put in the system
+    message (with RAG_SYSTEM_CONTEXT, and in older versions for any OpenAI connection) instead of
+    the message itself: client system messages are not given to the agent, and the attached file
+    or search results would otherwise be lost. Put in front of the question, as Open WebUI does
+    when it puts it in the message, and compared the same way (see as_typed)."""
+    new = messages[-1]
+    if new.role != "user" or new.text.lstrip().startswith(TASK_PREFIX):
+        return messages
+    for m in reversed(messages[:-1]):
+        if m.role == "system" and (start := m.text.find(TASK_PREFIX)) >= 0:
+            end = m.text.rfind(RAG_CONTEXT_END)
+            if end > start:
+                context = m.text[start:end + len(RAG_CONTEXT_END)]
+                return [*messages[:-1], ClientMessage("user", f"{context}\n{new.text}")]
+    return messages
 
 
 # Statuses of a recorded answer a client may never have got (see session_view).
@@ -694,6 +717,7 @@ class ProxySessions:
         submit the new message. Sessions `who` may not use are never continued; new ones are
         owned by `who`."""
         check_conversation(messages)
+        messages = with_system_context(messages)
         _check_turn_model(self.engine, messages[-1].text)
         # One admission from the first look at the sessions to the submit: a shutdown that
         # begins meanwhile waits for it, rather than closing the store under a half-imported
