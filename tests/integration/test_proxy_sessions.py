@@ -1060,7 +1060,9 @@ async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_s
     has recorded more (a fast model writes ahead of a reader). The next message, sent with the
     part the chat kept, continues the session (the model is told the answer was cut)."""
     answer = " ".join(f"word{i}" for i in range(3000))
-    api_server.fake.script(Reply.text(answer, chunks=300))
+    # Most of it at once, and the model still going when the client hangs up: aiops has
+    # recorded far more than the client read.
+    api_server.fake.script(Reply.hang(after_chunks=250, reply=Reply.text(answer, chunks=300)))
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-OpenWebUI-Chat-Id": "fast-stop"})
     raw = await client.chat.completions.with_raw_response.create(
