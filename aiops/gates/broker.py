@@ -470,6 +470,16 @@ def summarize(tool: str, operation: str, tables: Sequence[str], args: Mapping[st
     return f"{head}: {text}" if text else head
 
 
+def summary_detail(summary: str, tool: str, operation: str, tables: Sequence[str]) -> str:
+    """What a gate's summary says beyond its tool, operation and tables, for views that show those
+    apart (the console's inbox). A tool's own summary may say more before its ": " than the
+    generic head does ("update_system_prompt overwrite section 'x': …"): only the tool's name goes."""
+    generic = _head(tool, operation, tables) + ": "
+    if summary.startswith(generic):
+        return summary[len(generic):]
+    return summary.removeprefix(tool + " ")
+
+
 def waiting_notice(gate: GateLike) -> str:
     return f"waiting for operator approval: {_head(gate.tool, gate.operation, gate.tables)}"
 

@@ -319,6 +319,20 @@ async def test_a_db_gate_shows_its_tables_and_highlighted_sql_in_the_row(make_ap
         assert color_of(app, "DELETE", "#side") != color_of(app, "users WHERE", "#side")
 
 
+async def test_a_prompt_edit_gate_says_in_the_row_what_it_does_and_where(make_app, fake_openai):
+    """An overwrite and a create of the system prompt are both `update_system_prompt write`: the
+    row says which (and which section) before the text, so `a` is not pressed blind."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        fake_openai.responder = call_tool_when("be terse", ("update_system_prompt", {
+            "section": "1", "operation": "overwrite", "content": "Answer in one line."}))
+        await send(pilot, "please be terse from now on")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        side = region_text(app, "#side")
+        assert "overwrite section '1': Answer in" in side, side  # (the pane cuts the rest of the text)
+
+
 async def test_a_gate_resolved_through_the_engine_leaves_the_inbox_and_returns_the_focus(make_app, fake_openai):
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:

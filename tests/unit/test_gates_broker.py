@@ -17,6 +17,7 @@ from aiops.gates.broker import (
     Resolution,
     denial_message,
     summarize,
+    summary_detail,
     waiting_notice,
 )
 
@@ -454,3 +455,15 @@ def test_waiting_notice_and_denial_messages() -> None:
     call = SimpleNamespace(tool="ddgs_search", operation="read", tables=[])
     assert denial_message(call, Resolution("timeout", "once", "timeout", 0.0)).startswith(
         "No operator answered the approval request for the ddgs_search read call")
+
+
+def test_the_inbox_line_keeps_what_a_tools_own_summary_says_of_where() -> None:
+    """The console shows tool, operation and tables in the row's head, the summary's rest below:
+    a prompt edit's "overwrite section 'x'" (what and where) must not go with the head."""
+    generic = summarize("read_system_prompt", "read", [], {"section": "2.1"})
+    assert summary_detail(generic, "read_system_prompt", "read", []) == "2.1"
+    db = summarize("db_query", "write", ["users"], {"sql": "DELETE FROM users"})
+    assert summary_detail(db, "db_query", "write", ["users"]) == "DELETE FROM users"
+    own = "update_system_prompt overwrite section 'tone': Always answer in full sentences"
+    assert summary_detail(own, "update_system_prompt", "write", []) == (
+        "overwrite section 'tone': Always answer in full sentences")

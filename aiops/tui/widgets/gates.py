@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from aiops.gates.broker import summary_detail
 from aiops.tui.format import one_line, sql_of, time_left
 from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
@@ -123,10 +124,9 @@ goes to the message input.
         if sql is not None:
             body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql", theme=RowSQL))
         else:
-            summary = str(g.get("summary") or "")
-            # The summary repeats tool and operation; what follows the first ": " is the interesting part.
-            _, sep, rest = summary.partition(": ")
-            body = Content.styled("  " + one_line(rest if sep else summary, 400), "dim")
+            detail = summary_detail(str(g.get("summary") or ""), str(g.get("tool") or ""),
+                                    str(g.get("operation") or ""), g.get("tables") or ())
+            body = Content.styled("  " + one_line(detail, 400), "dim")
         lines.append((body, Content("")))
         return Rows(lines)
 
