@@ -638,8 +638,8 @@ class Engine:
         return msg
 
     def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
-               persist: bool = True) -> None:
-        self.bus.publish(ev.NOTICE, session_id, {"text": text}, turn_id)
+               persist: bool = True, extra: dict[str, Any] | None = None) -> None:
+        self.bus.publish(ev.NOTICE, session_id, {"text": text, **(extra or {})}, turn_id)
         if persist and session_id:
             self._spawn(self.record(session_id, Message("notice", text, turn_id=turn_id)))
 

@@ -62,7 +62,10 @@ class Gatekeeper:
         self.engine.bus.publish(name, session_id, data, turn_id)
         if name == "gate" and gate is not None:
             self.engine.live_state_changed(session_id)
-            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False)
+            # Not stored (the gate's own records are), and named by its gate: a view that shows
+            # it while the gate waits drops it when the gate is answered, as the history has it.
+            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False,
+                               extra={"gate_id": gate.id})
         elif name == "gate_resolved":
             self.engine.live_state_changed(session_id)
 

@@ -72,6 +72,8 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert not app.inbox.gates
         assert "⚑ 1 gate" not in screen_text(app)
         assert "approved by console" in chat_text(app)
+        # The wait is over: its line goes, as the history (which never had it) shows the session.
+        assert "waiting for operator approval" not in chat_text(app)
         history = await app.adapter.engine.history(app.selected)
         gate_records = [m for m in history if m.role == "gate"]
         assert gate_records[-1].meta["decision"] == "approved" and gate_records[-1].meta["by"] == "console"

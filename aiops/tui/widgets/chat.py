@@ -301,6 +301,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
         self.has_more = False
         self._current: AssistantMessage | None = None
         self._tools: dict[str, ToolCallBlock] = {}
+        self._waiting: dict[str, NoticeLine] = {}  # "waiting for approval" lines, by gate id
         self._details_open = False
 
     def on_mount(self) -> None:
@@ -315,6 +316,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
         await self._finish_current()
         self.session_id = session_id
         self._tools.clear()
+        self._waiting.clear()
         self._current = None
         with self.app.batch_update():
             await self.remove_children()
@@ -415,13 +417,18 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
                              duration_ms=data.get("duration_ms"), gate=data.get("gate"), status=data.get("status"))
         elif name == ev.GATE_RESOLVED:
             await self._finish_current()
+            if (waiting := self._waiting.pop(str(data.get("id")), None)) is not None:
+                await waiting.remove()  # the history has the decision only, not the wait
             await self._add(GateLine(data))
         elif name == ev.NOTICE:
             await self._finish_current()
             if data.get("command"):
                 await self._add(CommandOutput(data.get("text", ""), data.get("command")))
             else:
-                await self._add(NoticeLine(data.get("text", "")))
+                line = NoticeLine(data.get("text", ""))
+                if data.get("gate_id"):
+                    self._waiting[str(data["gate_id"])] = line
+                await self._add(line)
         elif name == ev.ERROR:
             await self._finish_current()
             await self._add(ErrorLine(data.get("message", ""), data.get("code")))
