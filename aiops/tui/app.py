@@ -37,7 +37,7 @@ from aiops.tui.adapter import (
     ServicesStarted,
 )
 from aiops.tui.commands import ConsoleCommands, focused_pane
-from aiops.tui.format import one_line
+from aiops.tui.format import gate_outcome, one_line
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help, unknown_ids
 from aiops.tui.screens.main import MainScreen
 from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
@@ -514,7 +514,7 @@ class AiopsApp(App[int]):
         if details is not None and details.gate_id == gate.get("id") and details.is_attached:
             self._details = None
             details.dismiss(None)
-            self.notify(f"gate {gate.get('decision')} by {gate.get('by')}", timeout=4)
+            self.notify(f"gate {gate_outcome(gate)}", timeout=4)
 
     def bell(self) -> None:
         self.bells += 1

@@ -73,3 +73,14 @@ def duration(ms: float | None) -> str:
     if ms < 1000:
         return f"{ms:.0f} ms"
     return f"{ms / 1000:.1f} s"
+
+
+def gate_outcome(info: dict[str, Any]) -> str:
+    """How a gate was answered, in words: "approved for the session by ops", "timed out",
+    "cancelled (session deleted)". "timeout by timeout" says one thing twice; "cancelled by
+    client disconnected" reads as why, so it is put as why."""
+    decision = str(info.get("decision") or "")
+    by = str(info.get("by") or "")
+    scope_txt = " for the session" if info.get("scope") == "session" and decision == "approved" else ""
+    by_txt = "" if not by or by == decision else (f" ({by})" if decision == "cancelled" else f" by {by}")
+    return f"{'timed out' if decision == 'timeout' else decision}{scope_txt}{by_txt}"

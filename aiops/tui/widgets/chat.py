@@ -21,7 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Collapsible, Markdown, Static
 
 from aiops.engine import events as ev
-from aiops.tui.format import args_preview, duration, one_line, pretty_json, sql_of
+from aiops.tui.format import args_preview, duration, gate_outcome, one_line, pretty_json, sql_of
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
 from aiops.tui.widgets.fitted import HangingText
 
@@ -182,14 +182,8 @@ class GateLine(Static):
 
     def __init__(self, info: dict[str, Any]) -> None:
         decision = str(info.get("decision") or "")
-        scope = info.get("scope")
-        by = info.get("by") or ""
         summary = info.get("summary") or info.get("tool") or ""
-        scope_txt = " for the session" if scope == "session" and decision == "approved" else ""
-        # "timeout by timeout" says one thing twice; "cancelled by client disconnected" reads as why.
-        by_txt = "" if not by or by == decision else (f" ({by})" if decision == "cancelled" else f" by {by}")
-        label = "timed out" if decision == "timeout" else decision
-        super().__init__(Content.assemble(("⚑ ", "bold"), f"{label}{scope_txt}{by_txt}: ", summary),
+        super().__init__(Content.assemble(("⚑ ", "bold"), f"{gate_outcome(info)}: ", summary),
                          classes=f"msg gate-line {decision}")
         self.info = info
 
