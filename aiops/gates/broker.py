@@ -474,9 +474,11 @@ def summary_detail(summary: str, tool: str, operation: str, tables: Sequence[str
     """What a gate's summary says beyond its tool, operation and tables, for views that show those
     apart (the console's inbox). A tool's own summary may say more before its ": " than the
     generic head does ("update_system_prompt overwrite section 'x': …"): only the tool's name goes."""
-    generic = _head(tool, operation, tables) + ": "
-    if summary.startswith(generic):
-        return summary[len(generic):]
+    head = _head(tool, operation, tables)
+    if summary == head:
+        return ""  # a call without arguments: the head says it all
+    if summary.startswith(head + ": "):
+        return summary[len(head) + 2:]
     return summary.removeprefix(tool + " ")
 
 

@@ -400,11 +400,33 @@ async def test_a_file_open_webui_puts_in_the_system_message_reaches_the_agent(ap
     await client.close()
 
 
+async def test_commands_and_at_model_still_work_with_rag_context_in_the_system_message(
+        api_server: ApiServer) -> None:
+    """The system message's context goes after a message's `!commands` and `@model`, which only
+    count at its start: they still run, and a refused `@model` is still refused."""
+    system = "You are a helpful assistant.\n" + OLD_RAG_TEMPLATE.format(q="ignored")
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0,
+                                default_headers={"X-OpenWebUI-Chat-Id": "rag-cmd"})
+    with pytest.raises(openai.BadRequestError):
+        await ask(client, [("system", system), ("user", "@nope hi")])
+    sid, answer = await ask(client, [("system", system), ("user", "hello")])
+    calls = len(api_server.fake.requests)
+    _, listing = await ask(client, [("system", system), ("user", "hello"), ("assistant", answer), ("user", "!help")])
+    assert "Commands:" in listing and len(api_server.fake.requests) == calls  # no model call
+    _, both = await ask(client, [("system", system), ("user", "hello"), ("assistant", answer), ("user", "!help"),
+                                 ("assistant", listing), ("user", "!model\nwhat does the report say?")])
+    assert both.startswith("Models (* = this session")
+    sent = api_server.fake.requests[-1].json["messages"][-1]["content"]
+    assert "web-1 disk: 91% full" in sent and sent.endswith("what does the report say?")
+    assert list(await sessions(api_server)) == [sid]
+    await client.close()
+
+
 async def test_a_chat_begun_with_the_older_rag_template_keeps_its_session(api_server: ApiServer) -> None:
     question = "is web-1 running out of disk?"
     async with ollama.AsyncClient(host=api_server.url) as client:
-        first = await client.chat(model="aiops", stream=False, messages=[
-            {"role": "user", "content": OLD_RAG_TEMPLATE.format(q=question)}])
+        first = await client.chat(model="aiops", stream=False, messages=[  # as Open WebUI puts it
+            {"role": "user", "content": OLD_RAG_TEMPLATE.format(q=question) + "\n" + question}])
         (sid,) = await sessions(api_server)
         await client.chat(model="aiops", stream=False, messages=[
             {"role": "user", "content": question}, {"role": "assistant", "content": first.message.content},
@@ -1081,6 +1103,40 @@ async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_s
     assert recorded.startswith(kept.strip()) and len(recorded) > len(kept.strip())
     again, _ = await ask(client, [("user", "write a long report"), ("assistant", kept), ("user", "go on")])
     assert again == sid and list(await sessions(api_server)) == [sid]
+    await client.close()
+
+
+async def test_a_regenerated_answer_stopped_early_goes_on_in_its_own_branch(api_server: ApiServer) -> None:
+    """Two stopped answers that begin alike: the chat kept the start of the second (regenerated)
+    one, and goes on in that branch, not in the first that the user never saw continued."""
+    first = "Let me check the disk usage on web-1. " + " ".join(f"a{i}" for i in range(2000))
+    second = "Let me check the logs on web-1 first. " + " ".join(f"b{i}" for i in range(2000))
+    api_server.fake.script(Reply.hang(after_chunks=150, reply=Reply.text(first, chunks=200)),
+                           Reply.hang(after_chunks=150, reply=Reply.text(second, chunks=200)))
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "regen"})
+
+    async def stopped(keep: int) -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="aiops", stream=True, messages=[{"role": "user", "content": "why is web-1 slow?"}])
+        sid = raw.headers["x-aiops-session"]
+        with api_server.engine.bus.subscribe(sid, names=("done",)) as ended:
+            stream, kept = raw.parse(), ""
+            async for chunk in stream:
+                kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+                if len(kept) >= keep:
+                    break
+            await stream.close()
+            async with asyncio.timeout(10):
+                await ended.get()
+        return sid
+
+    root = await stopped(10)
+    branch = await stopped(10)  # regenerate: the question again, alone
+    assert branch != root
+    sid, _ = await ask(client, [("user", "why is web-1 slow?"), ("assistant", "Let me check the"),
+                                ("user", "go on")])
+    assert sid == branch
     await client.close()
 
 

@@ -8,9 +8,12 @@ import pytest
 from aiops.engine.types import Message
 from aiops.integrations.server.proxy_sessions import (
     ClientMessage,
+    _system_rag,
+    as_typed,
     client_view,
     is_prefix,
     is_prefix_sig,
+    normalize,
     session_view,
     signatures,
 )
@@ -45,3 +48,36 @@ def test_a_whole_answer_must_match_whole() -> None:
     assert not is_prefix(view, client) and not is_prefix_sig(signatures(view), client)
     whole = client_view([ClientMessage("user", "why is web-1 slow?"), ClientMessage("assistant", LONG)])
     assert is_prefix(view, whole) and is_prefix_sig(signatures(view), whole)
+
+
+OLD_TEMPLATE = ("### Task:\nRespond to the user query using the provided context.\n\n"
+                "<context>\n<source id=\"1\">web-1 disk: 91% full</source>\n</context>\n\n"
+                "<user_query>\n{q}\n</user_query>\n")
+
+
+def test_the_older_rag_template_reads_as_the_question_it_was_sent_with() -> None:
+    """Open WebUI puts the template in front of the user's text ("{template}\\n{message}"); the
+    older template also repeats the question in <user_query> after the context."""
+    q = "is web-1 running out of disk?"
+    assert as_typed(normalize(OLD_TEMPLATE.format(q=q) + "\n" + q)) == q
+    assert as_typed(normalize(OLD_TEMPLATE.format(q=q))) == q  # (the query alone, as some send it)
+
+
+def test_only_a_rag_template_with_documents_in_a_system_message_is_taken_for_one() -> None:
+    q = "is web-1 running out of disk?"
+    rag = _system_rag([ClientMessage("system", "You are helpful.\n" + OLD_TEMPLATE.format(q=q))])
+    assert rag is not None and rag.startswith("### Task:") and rag.endswith("</context>")
+    styled = ("### Task:\nYou are an SRE bot. Quote logs inside <context></context> tags.\n"
+              "### Guidelines:\n- be terse")
+    assert _system_rag([ClientMessage("system", styled)]) is None
+    assert _system_rag([ClientMessage("system", "Mention ### Task: and <context><source> freely")]) is None
+
+
+def test_an_answer_whose_stop_came_as_it_was_recorded_may_be_missing_from_the_client() -> None:
+    """A complete answer, then the stop's notice: a non-streaming client that hung up got none
+    of it, and its next message (without it) is still this conversation."""
+    history = [Message("user", "q1", turn_id="t1"), Message("assistant", "a1 in full", turn_id="t1"),
+               Message("notice", "turn cancelled", turn_id="t1", meta={"kind": "cancelled"})]
+    client = client_view([ClientMessage("user", "q1")])
+    assert is_prefix(session_view(history, without_stopped=True), client)
+    assert len(session_view(history, without_stopped=True)) == len(client)

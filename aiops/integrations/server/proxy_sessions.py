@@ -67,6 +67,7 @@ PUBLIC_MODEL = "aiops"  # "the session's model"; `aiops/<key>` names a registry 
 TASK_PREFIX = "### Task:"
 TASK_HISTORY_TAG = "<chat_history>"
 RAG_CONTEXT_END = "</context>"  # where the default RAG template ends, and the question begins
+RAG_CONTEXT_START = "<context>"
 RAG_QUERY_OPEN, RAG_QUERY_CLOSE = "<user_query>", "</user_query>"
 # Open WebUI's tool-selection request (its tools on a model without native function calling): its
 # default template as the system message, then "Query: …" or "History:\n…\nQuery: …" (older
@@ -381,29 +382,56 @@ def as_typed(text: str) -> str:
     that keeps sending the template, or a message the user typed in that shape, matches too."""
     if text.startswith(TASK_PREFIX) and RAG_CONTEXT_END in text:
         question = text.rpartition(RAG_CONTEXT_END)[2].strip()
-        # Older Open WebUI templates repeat the question after the context, in <user_query>.
-        if question.startswith(RAG_QUERY_OPEN) and question.endswith(RAG_QUERY_CLOSE):
-            question = question[len(RAG_QUERY_OPEN):-len(RAG_QUERY_CLOSE)].strip()
+        # Older Open WebUI templates repeat the question after the context, in <user_query>,
+        # and the message goes on with the question as typed.
+        if question.startswith(RAG_QUERY_OPEN) and RAG_QUERY_CLOSE in question:
+            inside, _, after = question[len(RAG_QUERY_OPEN):].partition(RAG_QUERY_CLOSE)
+            question = after.strip() or inside.strip()
         return question
     return text
 
 
-def with_system_context(messages: Sequence[ClientMessage]) -> Sequence[ClientMessage]:
+def _system_rag(messages: Sequence[ClientMessage]) -> str | None:
+    """Open WebUI's RAG template in a client system message (`### Task:` at a line's start, then
+    `<context>` holding its `<source …>` documents, then `</context>`), as far as its context
+    ends; None when there is none (a system prompt merely written in that style, say)."""
+    for m in reversed(messages):
+        if m.role != "system":
+            continue
+        text = m.text
+        start = 0 if text.startswith(TASK_PREFIX) else text.find("\n" + TASK_PREFIX) + 1
+        if start == 0 and not text.startswith(TASK_PREFIX):
+            continue
+        end = text.rfind(RAG_CONTEXT_END)
+        opened = text.find(RAG_CONTEXT_START, start, end) if end > start else -1
+        if opened >= 0 and text.find("<source", opened, end) >= 0:
+            return text[start:end + len(RAG_CONTEXT_END)]
+    return None
+
+
+def with_system_context(messages: Sequence[ClientMessage], engine: Engine) -> Sequence[ClientMessage]:
     """The client's messages, the new one carrying the RAG context Open WebUI put in the system
     message (with RAG_SYSTEM_CONTEXT, and in older versions for any OpenAI connection) instead of
     the message itself: client system messages are not given to the agent, and the attached file
     or search results would otherwise be lost. Put in front of the question, as Open WebUI does
-    when it puts it in the message, and compared the same way (see as_typed)."""
+    when it puts it in the message, and compared the same way (see as_typed); after the
+    message's `!commands` and its `@model`, which only count at its start."""
     new = messages[-1]
     if new.role != "user" or new.text.lstrip().startswith(TASK_PREFIX):
         return messages
-    for m in reversed(messages[:-1]):
-        if m.role == "system" and (start := m.text.find(TASK_PREFIX)) >= 0:
-            end = m.text.rfind(RAG_CONTEXT_END)
-            if end > start:
-                context = m.text[start:end + len(RAG_CONTEXT_END)]
-                return [*messages[:-1], ClientMessage("user", f"{context}\n{new.text}")]
-    return messages
+    context = _system_rag(messages[:-1])
+    if context is None:
+        return messages
+    try:
+        parsed = engine.parse(new.text, "proxy")
+    except EngineError:
+        return messages  # refused later, as it is
+    raw = engine.commands.raw_names()
+    if not parsed.text or any(command_name(c) in raw for c in parsed.commands):
+        return messages  # commands only, or one that takes the rest of the message as its argument
+    text = "\n".join(parsed.commands) + "\n" if parsed.commands else ""
+    text += f"@{parsed.model} " if parsed.model else ""
+    return [*messages[:-1], ClientMessage("user", f"{text}{context}\n{parsed.text}")]
 
 
 # Statuses of a recorded answer a client may never have got (see session_view).
@@ -411,8 +439,10 @@ MAYBE_UNSEEN = ("cancelled", "error")
 
 
 def _maybe_unseen(m: Message) -> bool:
-    """A record of a turn that ended stopped or failed: a non-streaming client got no text of it."""
-    return m.role == "error" or (m.role == "assistant" and m.status in MAYBE_UNSEEN)
+    """A record of a turn that ended stopped or failed: a non-streaming client got no text of it.
+    A stop can also come as the answer is recorded whole: then only its notice says so."""
+    return (m.role == "error" or (m.role == "assistant" and m.status in MAYBE_UNSEEN)
+            or (m.role == "notice" and m.meta.get("kind") == "cancelled"))
 
 
 # The role, in a session's view, of an answer a client may hold only the start of: the turn was
@@ -453,12 +483,12 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             if not turns:
                 continue
             turn = turns[-1]
-        if turn.turn_id == m.turn_id and (_maybe_unseen(m) or (m.role == "notice"
-                                                               and m.meta.get("kind") == "cancelled")):
+        if turn.turn_id == m.turn_id and _maybe_unseen(m):
             turn.cut = True
-        if without_stopped and _maybe_unseen(m) and turn.turn_id == m.turn_id:
-            turn.unseen = True
-        elif m.role == "assistant" and m.content:
+            if without_stopped:
+                turn.unseen = True
+                continue
+        if m.role == "assistant" and m.content:
             turn.answer.append(m.content)
         elif m.role == "notice" and m.meta.get("kind") == "command" and turn.turn_id == m.turn_id:
             turn.outputs.append(m.content)
@@ -501,10 +531,10 @@ def signatures(view: Sequence[Entry]) -> list[Signature]:
     return [(role, hash(text), len(text), text if role == HELD_IN_PART else None) for role, text in view]
 
 
-def _same_sig(client: Entry, ours: Signature) -> bool:
+def _same_sig(client: Entry, ours: Signature, in_part: bool = True) -> bool:
     role, h, n, whole = ours
     if whole is not None:
-        return client[0] == "assistant" and whole.startswith(client[1])
+        return client[0] == "assistant" and (whole.startswith(client[1]) if in_part else whole == client[1])
     if client[0] != role:
         return False
     text = client[1]
@@ -514,8 +544,10 @@ def _same_sig(client: Entry, ours: Signature) -> bool:
             and hash(text[len(text) - n:]) == h)
 
 
-def is_prefix_sig(ours: Sequence[Signature], client: Sequence[Entry]) -> bool:
-    return len(ours) <= len(client) and all(_same_sig(c, o) for c, o in zip(client, ours, strict=False))
+def is_prefix_sig(ours: Sequence[Signature], client: Sequence[Entry], *, in_part: bool = True) -> bool:
+    """`ours` begins the client's conversation; with `in_part`, a stopped answer of ours may be
+    held by the client in part (see HELD_IN_PART)."""
+    return len(ours) <= len(client) and all(_same_sig(c, o, in_part) for c, o in zip(client, ours, strict=False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,7 +655,7 @@ class StartedTurn:
     imported: int = 0
 
 
-_SEEN_MAX = 4096  # compact views kept (a few KB each at most)
+_SEEN_MAX = 4096  # compact views kept (a few KB each, plus the text of any stopped answer)
 
 
 async def _finish(job: Coroutine[Any, Any, None]) -> None:
@@ -717,7 +749,7 @@ class ProxySessions:
         submit the new message. Sessions `who` may not use are never continued; new ones are
         owned by `who`."""
         check_conversation(messages)
-        messages = with_system_context(messages)
+        messages = with_system_context(messages, self.engine)
         _check_turn_model(self.engine, messages[-1].text)
         # One admission from the first look at the sessions to the submit: a shutdown that
         # begins meanwhile waits for it, rather than closing the store under a half-imported
@@ -814,8 +846,12 @@ class ProxySessions:
     async def _match(self, known: list[str], conv: ConversationId, client: list[Entry], who: Caller,
                      trusted: bool) -> tuple[str, int] | None:
         """The session to continue and how many of the client's messages it holds, or None: the
-        one holding all of them, else the one holding the longest prefix of them."""
+        one holding all of them, else the one holding the longest prefix of them. One that holds
+        them only by taking the client's copy of a stopped answer for part of its own comes after
+        one that holds them outright, and the newest such branch first: a regenerated answer
+        stopped early often begins as the first one did."""
         best: tuple[str, int] | None = None  # a session whose conversation is a prefix of the client's
+        in_part: tuple[str, int] | None = None  # holds them all, an answer of it in part
         root_used = False
         for sid in list(known):
             seen = await self._seen_of(sid, trusted)
@@ -830,13 +866,16 @@ class ProxySessions:
                 root_used = bool(ours)
             if not client and ours and not conv.explicit:
                 continue  # a first message never continues an existing conversation
-            if len(ours) == len(client) and is_prefix_sig(ours, client):
-                return sid, len(client)
-            alt = seen.unstopped
-            if alt is not None and len(alt) == len(client) and is_prefix_sig(alt, client):
-                return sid, len(client)  # all of it but a stopped answer the client never got
+            for view in (ours, seen.unstopped):  # (unstopped: without a stopped answer the client never got)
+                if view is not None and len(view) == len(client):
+                    if is_prefix_sig(view, client, in_part=False):
+                        return sid, len(client)
+                    if is_prefix_sig(view, client):
+                        in_part = (sid, len(client))  # the newest one wins: `known` is oldest first
             if (best is None or len(ours) > best[1]) and is_prefix_sig(ours, client):
                 best = (sid, len(ours))
+        if in_part is not None:
+            return in_part
         if not client and conv.explicit and root_used:
             # X-Aiops-Session with only the new message: aiops holds the history.
             return conv.root, 0

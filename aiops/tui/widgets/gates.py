@@ -126,8 +126,9 @@ goes to the message input.
         else:
             detail = summary_detail(str(g.get("summary") or ""), str(g.get("tool") or ""),
                                     str(g.get("operation") or ""), g.get("tables") or ())
-            body = Content.styled("  " + one_line(detail, 400), "dim")
-        lines.append((body, Content("")))
+            body = Content.styled("  " + one_line(detail, 400), "dim") if detail else None
+        if body is not None:
+            lines.append((body, Content("")))
         return Rows(lines)
 
     @staticmethod
