@@ -1077,6 +1077,25 @@ async def test_a_stopped_answer_the_client_never_got_does_not_fork_its_conversat
     await client.close()
 
 
+async def stop_streaming(srv: ApiServer, client: openai.AsyncOpenAI, question: str, *,
+                         after: int) -> tuple[str, str]:
+    """Ask a new chat's first question, streamed, and press stop once `after` characters have
+    come: (session id, what the chat kept), once the turn has ended."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": question}])
+    sid = raw.headers["x-aiops-session"]
+    with srv.engine.bus.subscribe(sid, names=("done",)) as ended:
+        stream, kept = raw.parse(), ""
+        async for chunk in stream:
+            kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            if len(kept) > after:
+                break
+        await stream.close()
+        async with asyncio.timeout(10):
+            await ended.get()
+    return sid, kept
+
+
 async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_server: ApiServer) -> None:
     """Stop pressed while a fast model streams: the chat UI keeps what it had read, while aiops
     has recorded more (a fast model writes ahead of a reader). The next message, sent with the
@@ -1087,18 +1106,7 @@ async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_s
     api_server.fake.script(Reply.hang(after_chunks=250, reply=Reply.text(answer, chunks=300)))
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-OpenWebUI-Chat-Id": "fast-stop"})
-    raw = await client.chat.completions.with_raw_response.create(
-        model="aiops", stream=True, messages=[{"role": "user", "content": "write a long report"}])
-    sid = raw.headers["x-aiops-session"]
-    with api_server.engine.bus.subscribe(sid, names=("done",)) as ended:
-        stream, kept = raw.parse(), ""
-        async for chunk in stream:
-            kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            if len(kept) > 200:
-                break  # the user pressed stop: the chat keeps what it has
-        await stream.close()
-        async with asyncio.timeout(10):
-            await ended.get()
+    sid, kept = await stop_streaming(api_server, client, "write a long report", after=200)
     recorded = next(m["content"] for m in await history(api_server, sid) if m["role"] == "assistant")
     assert recorded.startswith(kept.strip()) and len(recorded) > len(kept.strip())
     again, _ = await ask(client, [("user", "write a long report"), ("assistant", kept), ("user", "go on")])
@@ -1116,23 +1124,8 @@ async def test_a_regenerated_answer_stopped_early_goes_on_in_its_own_branch(api_
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-OpenWebUI-Chat-Id": "regen"})
 
-    async def stopped(keep: int) -> str:
-        raw = await client.chat.completions.with_raw_response.create(
-            model="aiops", stream=True, messages=[{"role": "user", "content": "why is web-1 slow?"}])
-        sid = raw.headers["x-aiops-session"]
-        with api_server.engine.bus.subscribe(sid, names=("done",)) as ended:
-            stream, kept = raw.parse(), ""
-            async for chunk in stream:
-                kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-                if len(kept) >= keep:
-                    break
-            await stream.close()
-            async with asyncio.timeout(10):
-                await ended.get()
-        return sid
-
-    root = await stopped(10)
-    branch = await stopped(10)  # regenerate: the question again, alone
+    root, _ = await stop_streaming(api_server, client, "why is web-1 slow?", after=10)
+    branch, _ = await stop_streaming(api_server, client, "why is web-1 slow?", after=10)  # regenerated
     assert branch != root
     sid, _ = await ask(client, [("user", "why is web-1 slow?"), ("assistant", "Let me check the"),
                                 ("user", "go on")])
