@@ -251,8 +251,9 @@ def turn_error(request: web.Request, error: dict[str, Any] | None, default_code:
 def answer_text(request: web.Request, result: TurnResult, session_id: str) -> str:
     """The text of a non-streaming answer. A turn stopped midway (by the operator, a `!stop`, a
     deleted session) or ended by the engine at a limit says so at its end, as a stream does,
-    instead of passing its partial (often empty) text off as the whole answer. A shutdown that cut it is a 503 with no text: the client
-    should not take a half answer for a reply. The partial answer stays recorded either way."""
+    instead of passing its partial (often empty) text off as the whole answer. A shutdown that
+    cut it is a 503 with no text: the client should not take a half answer for a reply. The
+    partial answer stays recorded either way."""
     if result.status == "cancelled" and request.app[STATE_KEY].closing:
         raise HttpError(503, "shutting_down", "the server shut down before the answer was done; the "
                         "partial answer is kept in the session", headers={SESSION_HEADER: session_id,
@@ -391,6 +392,9 @@ def as_typed(text: str) -> str:
     return text
 
 
+_TASK_LINE = re.compile("^" + re.escape(TASK_PREFIX), re.MULTILINE)
+
+
 def _system_rag(messages: Sequence[ClientMessage]) -> str | None:
     """Open WebUI's RAG template in a client system message (`### Task:` at a line's start, then
     `<context>` holding its `<source …>` documents, then `</context>`), as far as its context
@@ -399,10 +403,9 @@ def _system_rag(messages: Sequence[ClientMessage]) -> str | None:
         if m.role != "system":
             continue
         text = m.text
-        start = 0 if text.startswith(TASK_PREFIX) else text.find("\n" + TASK_PREFIX) + 1
-        if start == 0 and not text.startswith(TASK_PREFIX):
+        if (task := _TASK_LINE.search(text)) is None:
             continue
-        end = text.rfind(RAG_CONTEXT_END)
+        start, end = task.start(), text.rfind(RAG_CONTEXT_END)
         opened = text.find(RAG_CONTEXT_START, start, end) if end > start else -1
         if opened >= 0 and text.find("<source", opened, end) >= 0:
             return text[start:end + len(RAG_CONTEXT_END)]
