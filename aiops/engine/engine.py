@@ -21,8 +21,8 @@ from typing import Any
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
 from aiops.engine.backends import Backend, make_backend
+from aiops.engine.bus import EventBus
 from aiops.engine.commands import CommandContext, CommandRegistry, ParsedInput, not_the_senders
-from aiops.engine.events import EventBus
 from aiops.engine.gatekeeper import SESSION_DELETED, Gatekeeper
 from aiops.engine.lock import DataDirLock
 from aiops.engine.plugins import (
