@@ -9,7 +9,7 @@ Registered through `pytest_plugins` in tests/conftest.py, so every test can ask 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import tomli_w
 
 from tests.fakes.gemini_server import FakeGemini
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack_server import FakeSlack
 
 
 @pytest.fixture
@@ -31,6 +32,13 @@ def fake_openai() -> Iterator[FakeOpenAI]:
 def fake_gemini() -> Iterator[FakeGemini]:
     """A started FakeGemini (echo replies until scripted); stopped after the test."""
     with FakeGemini() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    """A started FakeSlack on the test's loop (the Web API and a Socket Mode socket)."""
+    async with FakeSlack() as fake:
         yield fake
 
 
