@@ -52,6 +52,7 @@ class Posted:
     text: str
     blocks: list[dict[str, Any]]
     versions: list[str] = field(default_factory=list)  # texts before each chat.update
+    block_versions: list[list[dict[str, Any]]] = field(default_factory=list)  # blocks before each
     ephemeral_to: str | None = None
 
 
@@ -150,8 +151,10 @@ class FakeSlack:
                                  "retry_attempt": retry_attempt, "retry_reason": "timeout" if retry_attempt else ""})
 
     async def press(self, user: str, message: Posted, action_id: str) -> str:
-        """A user presses the button `action_id` of `message` (an `interactive` envelope)."""
-        value = next(e["value"] for b in message.blocks if b.get("type") == "actions"
+        """A user presses the button `action_id` of `message` (an `interactive` envelope). A button
+        an update has since removed may still be pressed: a client that had not seen the update."""
+        value = next(e["value"] for blocks in (message.blocks, *reversed(message.block_versions))
+                     for b in blocks if b.get("type") == "actions"
                      for e in b["elements"] if e["action_id"] == action_id)
         payload = {"type": "block_actions", "user": {"id": user, "username": user.lower()},
                    "team": {"id": TEAM}, "channel": {"id": message.channel},
@@ -266,6 +269,7 @@ class FakeSlack:
                 if found is None:
                     return 200, {"ok": False, "error": "message_not_found"}, {}
                 found.versions.append(found.text)
+                found.block_versions.append(found.blocks)
                 found.text = str(args.get("text", ""))
                 if "blocks" in args:
                     found.blocks = _blocks(args["blocks"])

@@ -3,7 +3,6 @@ Socket Mode), the real engine against the fake model."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 
@@ -121,7 +120,6 @@ async def test_an_approver_answers_a_gate_with_a_button_and_no_one_else_can(fake
     placeholder = fake_slack.thread("C1", event["ts"])[0]
     await fake_slack.wait_for(lambda: "waiting for operator approval of `write_note write" in placeholder.text,
                               "the placeholder to say what waits")
-    waiting = copy.deepcopy(gate_msg)
     # Someone who is not an approver: told so, and the gate still waits.
     await fake_slack.wait_acked(await fake_slack.press("UEVE", gate_msg, APPROVE))
     await fake_slack.wait_for(lambda: fake_slack.ephemerals("UEVE"), "the refusal")
@@ -137,7 +135,7 @@ async def test_an_approver_answers_a_gate_with_a_button_and_no_one_else_can(fake
     record = [m for m in await engine.history(f"slack-C1-{event['ts']}") if m.role == "gate"][-1]
     assert record.meta["decision"] == "approved" and record.meta["by"] == "slack:UBOSS"
     # A second answer (a stale button): the first answer won, and the presser is told.
-    await fake_slack.press("UBOSS", waiting, DENY)
+    await fake_slack.press("UBOSS", gate_msg, DENY)
     await fake_slack.wait_for(lambda: fake_slack.ephemerals("UBOSS"), "the late answer's reply")
     assert fake_slack.ephemerals("UBOSS") == ["Already answered: approved by <@UBOSS>."]
 
