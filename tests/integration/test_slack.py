@@ -277,6 +277,28 @@ async def test_a_bad_token_is_a_clear_error_and_aiops_runs_on(fake_slack, engine
     assert (await engine.run(None, "hi", kind="api")).text == "echo: hi"
 
 
+async def test_a_bad_app_token_is_a_clear_error(fake_slack, engine_factory):
+    env = {"SLACK_APP_TOKEN": "xapp-not-this-app", "SLACK_BOT_TOKEN": BOT_TOKEN}
+    engine = await slack_engine(engine_factory, fake_slack, env=env)
+    await engine.plugins_ready()
+    assert status(engine).reason == ("apps.connections.open failed: invalid_auth (HTTP 200): check "
+                                     "SLACK_APP_TOKEN and that Socket Mode is on for the app")
+
+
+async def test_slack_down_at_start_up_is_retried_until_it_answers(fake_slack, engine_factory, fake_openai):
+    fake_slack.fail("auth.test", 1, status=503)
+    engine = await slack_engine(engine_factory, fake_slack, env=dict(SLACK_ENV))
+    # Start-up does not wait for Slack: the plugin keeps trying in the background until it answers.
+    assert status(engine).state == "started"
+    await fake_slack.wait_connected()
+    await engine.plugins_ready()
+    assert [c.status for c in fake_slack.calls_of("auth.test")] == [503, 200]
+    assert status(engine).reason == "connected as @aiops (Fake Team)"
+    event = fake_slack.mention("U1", "hi")
+    await fake_slack.send_event(event)
+    assert [m.text for m in await answered(fake_slack, event["ts"])] == ["echo: hi"]
+
+
 async def test_a_missing_token_skips_the_plugin(fake_slack, engine_factory):
     engine = await slack_engine(engine_factory, fake_slack, env={"SLACK_APP_TOKEN": APP_TOKEN})
     assert (status(engine).state, status(engine).reason) == (

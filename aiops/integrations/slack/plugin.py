@@ -9,11 +9,11 @@ Slack's `disconnect` refresh, a stale ping) is slack-sdk's own.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from slack_sdk.errors import SlackApiError
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.socket_mode.request import SocketModeRequest
@@ -25,7 +25,7 @@ from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.gates.broker import GateAlreadyResolved, GateError
 from aiops.integrations.slack.gate_blocks import ACTIONS, who
 from aiops.integrations.slack.intake import Seen, UserMessage, read_message
-from aiops.integrations.slack.poster import Poster, describe, web_client
+from aiops.integrations.slack.poster import Poster, describe, transient, web_client
 from aiops.integrations.slack.redact import sdk_logger
 from aiops.integrations.slack.settings import SlackSettings
 from aiops.integrations.slack.threads import ThreadTurn
@@ -49,6 +49,8 @@ USER_REFUSED = "Sorry, you are not on this agent's list of Slack users."
 CHANNEL_REFUSED = "Sorry, this agent does not answer in this channel."
 # How long `ready` (`aiops plugins`) waits for the first connection before it reports.
 READY_SECONDS = 10.0
+# Seconds between connection attempts while Slack cannot be reached.
+CONNECT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 # How long a stop lets replies in flight finish (their turns are already stopped).
 STOP_GRACE_SECONDS = 3.0
 
@@ -115,23 +117,32 @@ class SlackPlugin(Plugin):
         self._report(f"{self._connected_note}; {note}" if self._connected_note else note)
 
     async def _connect(self) -> None:
+        """Check the tokens and open the socket. Slack unreachable (or having a bad moment) is
+        retried with backoff for as long as aiops runs; a token Slack refuses is reported once."""
         app_token, bot_token = self._tokens
         cfg = self.cfg
         logger = sdk_logger(self._tokens)
         web = web_client(bot_token, cfg.api_url, logger)
         self.poster = Poster(web, self._delivery_failed)
-        try:
-            auth = await web.auth_test()
-        except Exception as e:  # noqa: BLE001 - reported; the rest of aiops runs on
-            why = f"check {cfg.bot_token_env}" if isinstance(e, SlackApiError) else f"is {cfg.api_url} reachable?"
-            return self._fail(f"auth.test failed: {describe(e)}: {why}")
+        for attempt in itertools.count():
+            failed = "auth.test"
+            try:
+                auth = await web.auth_test()
+                failed = "apps.connections.open"
+                url = str((await web.apps_connections_open(app_token=app_token))["url"])
+                break
+            except Exception as e:  # noqa: BLE001 - reported; the rest of aiops runs on
+                if not transient(e):
+                    check = (f"check {cfg.bot_token_env}" if failed == "auth.test" else
+                             f"check {cfg.app_token_env} and that Socket Mode is on for the app")
+                    return self._fail(f"{failed} failed: {describe(e)}: {check}")
+                delay = CONNECT_BACKOFF[min(attempt, len(CONNECT_BACKOFF) - 1)]
+                note = f"cannot reach Slack at {cfg.api_url} ({failed}: {describe(e)}); retrying in {delay:g}s"
+                log.warning("slack: %s", note)
+                self._report(note)
+                await asyncio.sleep(delay)
         self.bot_user_id = str(auth.get("user_id") or "")
         bot = f"@{auth.get('user') or self.bot_user_id}"
-        try:
-            url = str((await web.apps_connections_open(app_token=app_token))["url"])
-        except Exception as e:  # noqa: BLE001
-            return self._fail(f"apps.connections.open failed: {describe(e)}: check {cfg.app_token_env} "
-                              f"and that Socket Mode is on for the app")
         socket = SocketModeClient(app_token=app_token, web_client=web, logger=logger)
         socket.socket_mode_request_listeners.append(self._on_request)
         socket.message_listeners.append(self._on_message)
@@ -163,7 +174,8 @@ class SlackPlugin(Plugin):
             self._report(self._connected_note)  # (again, after a reconnection)
 
     async def _on_close(self, message: Any) -> None:
-        if self._connected_note:
+        # The SDK calls this after its reconnection attempt: only a socket still down is news.
+        if self._connected_note and self.socket is not None and not await self.socket.is_connected():
             self._report("connection to Slack lost: reconnecting…")
 
     def _spawn(self, coro: Any) -> None:
@@ -225,6 +237,8 @@ class SlackPlugin(Plugin):
             text = "\n".join(line for line in text.splitlines()
                              if not (line.lstrip().startswith("!") and command_name(line) == "help"))
         if not text.strip():
+            if not names:  # a bare mention: say what the agent does
+                await self.poster.post(msg.channel, msg.thread_ts, HELP)
             return
         self._threads.add(msg.session_id)
         if names and not parse_input(text).text:

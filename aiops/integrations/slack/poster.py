@@ -38,7 +38,8 @@ def web_client(token: str, base_url: str, logger: logging.Logger) -> AsyncWebCli
     ])
 
 
-def _transient(e: Exception) -> bool:
+def transient(e: Exception) -> bool:
+    """A failure a later attempt may not meet (connection, HTTP 5xx or 429, Slack's transient errors)."""
     if isinstance(e, SlackApiError):
         status = getattr(e.response, "status_code", 200)
         error = e.response.get("error") if isinstance(e.response.data, dict) else None
@@ -66,7 +67,7 @@ class Poster:
             try:
                 return await call()
             except Exception as e:  # noqa: BLE001 - every failure is reported, none raised into a turn
-                if attempt < len(self.backoff) and _transient(e):
+                if attempt < len(self.backoff) and transient(e):
                     log.info("slack: %s failed (%s); retrying in %gs", what, describe(e), self.backoff[attempt])
                     await asyncio.sleep(self.backoff[attempt])
                     continue

@@ -109,7 +109,9 @@ class ThreadTurn:
                     if ts is not None:
                         await self.poster.update(self.msg.channel, ts, outcome_text(gate), outcome_blocks(gate))
                     await self._status(WORKING)
-                case Notice(text=text, command=None, gate_id=None):
+                case Notice(text=text, command=None) if getattr(event, "gate_id", None) is None:
+                    # (Transitional: the engine's "waiting for approval" notice names its gate;
+                    # the gate's own events show that here.)
                     await self._status(f"{WORKING} {escape(text)}")
                 case ErrorEvent(error=info):
                     error = info
