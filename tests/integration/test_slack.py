@@ -3,13 +3,18 @@ Socket Mode), the real engine against the fake model."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import re
+import subprocess
+import sys
 
 from aiops.engine.engine import Engine
 from aiops.integrations.slack.gate_blocks import APPROVE, DENY
 from aiops.integrations.slack.plugin import HELP, NOT_PERMITTED, USER_REFUSED
 from aiops.integrations.slack.threads import WORKING
+from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when, message_text
 from tests.fakes.slack_server import APP_TOKEN, BOT_TOKEN, FakeSlack, Posted
 from tests.support.slack import SLACK_ENV, WriteNotePlugin, slack_table
@@ -297,6 +302,25 @@ async def test_slack_down_at_start_up_is_retried_until_it_answers(fake_slack, en
     event = fake_slack.mention("U1", "hi")
     await fake_slack.send_event(event)
     assert [m.text for m in await answered(fake_slack, event["ts"])] == ["echo: hi"]
+
+
+async def test_aiops_plugins_shows_a_refused_token(fake_slack, fake_openai, tmp_path):
+    """`aiops plugins` (its own process, the plugin found through its entry point) says what Slack
+    said about a token (the connected case: test_a_mention_is_answered_in_its_thread)."""
+    config = make_config_dir(tmp_path, {"m": openai_model_entry(fake_openai)}, "m",
+                             {"plugins.toml": slack_table(fake_slack)})
+
+    def plugins(**env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SLACK_")}
+        r = subprocess.run([sys.executable, "-m", "aiops.cli", "--config-dir", str(config), "--data-dir",
+                            str(tmp_path / "data"), "plugins"], capture_output=True, text=True, timeout=60,
+                           env=base | env)
+        assert r.returncode == 0, r.stderr
+        return next(line for line in r.stdout.splitlines() if line.startswith("slack"))
+
+    bad = await asyncio.to_thread(plugins, **(SLACK_ENV | {"SLACK_BOT_TOKEN": "xoxb-revoked"}))
+    assert bad.split(None, 2) == ["slack", "started",
+                                  "auth.test failed: invalid_auth (HTTP 200): check SLACK_BOT_TOKEN"]
 
 
 async def test_a_missing_token_skips_the_plugin(fake_slack, engine_factory):
