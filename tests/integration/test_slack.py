@@ -111,6 +111,19 @@ async def test_a_second_message_in_the_thread_continues_the_session(fake_slack, 
     assert fake_slack.thread("C1", other["ts"]) == []
 
 
+async def test_a_direct_message_is_answered_and_a_failing_model_is_an_error_in_the_thread(
+        fake_slack, engine_factory, fake_openai):
+    await slack_engine(engine_factory, fake_slack)
+    fake_openai.script(Reply.error(500, "the model is down"))
+    dm = fake_slack.message("U1", "are you there?", channel="D1")
+    await fake_slack.send_event(dm)
+    (reply,) = await answered(fake_slack, dm["ts"], channel="D1")
+    assert reply.text.startswith("*error:*") and "the model is down" in reply.text
+    # The session still works.
+    await fake_slack.send_event(fake_slack.message("U1", "now?", channel="D1", thread_ts=dm["ts"]))
+    assert (await answered(fake_slack, dm["ts"], 2, channel="D1"))[1].text == "echo: now?"
+
+
 async def test_an_approver_answers_a_gate_with_a_button_and_no_one_else_can(fake_slack, engine_factory,
                                                                           fake_openai):
     notes = WriteNotePlugin()
