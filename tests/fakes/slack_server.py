@@ -172,11 +172,13 @@ class FakeSlack:
         await ws.send_str(json.dumps(envelope))
         return envelope_id
 
-    async def drop(self) -> None:
-        """Close the open sockets, after a `disconnect` message as Slack sends before a refresh."""
+    async def drop(self, *, announce: bool = True) -> None:
+        """Close the open sockets: after a `disconnect` message, as Slack does before it refreshes a
+        connection, or (`announce=False`) with a bare close frame, as when a server goes away."""
         for ws in list(self._sockets):
             if not ws.closed:
-                await ws.send_str(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
+                if announce:
+                    await ws.send_str(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
                 await ws.close()
 
     # -- observing --

@@ -177,13 +177,15 @@ async def test_a_gate_denied_elsewhere_says_so_in_the_thread(fake_slack, engine_
 
 async def test_a_dropped_socket_reconnects(fake_slack, engine_factory, fake_openai):
     engine = await slack_engine(engine_factory, fake_slack)
-    await fake_slack.drop()
-    await fake_slack.wait_connected(2)
-    assert len(fake_slack.calls_of("apps.connections.open")) == 2  # a fresh URL for the new socket
-    event = fake_slack.mention("U1", "still there?")
-    await fake_slack.send_event(event)
-    (reply,) = await answered(fake_slack, event["ts"])
-    assert reply.text == "echo: still there?"
+    # Slack's refresh (a `disconnect` message, then the close), then a bare close.
+    for n, announce in ((2, True), (3, False)):
+        await fake_slack.drop(announce=announce)
+        await fake_slack.wait_connected(n)
+        assert len(fake_slack.calls_of("apps.connections.open")) >= n  # a fresh URL for each socket
+        event = fake_slack.mention("U1", f"still there? {n}")
+        await fake_slack.send_event(event)
+        (reply,) = await answered(fake_slack, event["ts"])
+        assert reply.text == f"echo: still there? {n}"
     assert status(engine).reason == "connected as @aiops (Fake Team)"
 
 
