@@ -28,8 +28,9 @@ async def test_a_slack_gate_is_approved_in_the_console_and_the_thread_says_so(fa
         await fake_slack.send_event(event)
         # In the inbox like any client's gate, named as a Slack session's.
         await wait_for(pilot, lambda: app.inbox.gates, "the Slack gate in the inbox")
-        (gate,) = app.inbox.gates.values()
-        assert gate["client_kind"] == "slack" and gate["session_id"] == f"slack-C1-{event['ts']}"
+        (gate,) = engine.pending_gates()
+        assert list(app.inbox.gates) == [gate.id]
+        assert gate.client_kind == "slack" and gate.session_id == f"slack-C1-{event['ts']}"
         assert "write_note write" in region_text(app, "#side")
         gate_msg = await fake_slack.wait_for(
             lambda: next((m for m in fake_slack.thread("C1", event["ts"]) if "approval:" in m.text), None),
