@@ -115,3 +115,30 @@ def test_tokens_are_checked_without_ever_being_shown():
     with pytest.raises(PluginUnavailable) as e:
         cfg.tokens({"SLACK_APP_TOKEN": "xoxb-secret-swapped", "SLACK_BOT_TOKEN": "xapp-other"})
     assert str(e.value) == "secret SLACK_APP_TOKEN is not a xapp-… token (app-level token, Socket Mode)"
+
+
+def gate(**kw):
+    from aiops.engine.events import GateInfo
+
+    base = {"id": "g1", "session_id": "slack-C1-1.0", "client_kind": "slack", "tool": "db_query",
+            "operation": "write", "summary": "db_query write on users: DELETE FROM users WHERE a < 3"}
+    return GateInfo.from_dict(base | kw)
+
+
+def test_a_gate_in_the_thread_says_what_waits_and_who_decided():
+    from aiops.integrations.slack.gate_blocks import outcome_text, waiting_blocks, waiting_text
+
+    assert waiting_text(gate()) == (":hourglass_flowing_sand: waiting for operator approval: "
+                                    "`db_query write on users: DELETE FROM users WHERE a &lt; 3`")
+    buttons = waiting_blocks(gate(), buttons=True)[1]["elements"]
+    assert [(b["text"]["text"], b["value"]) for b in buttons] == [("Approve", "g1"), ("Deny", "g1")]
+    assert all(b["type"] != "actions" for b in waiting_blocks(gate(), buttons=False))
+    assert outcome_text(gate(decision="approved", scope="once", by="console")).startswith(
+        ":white_check_mark: approved by console: `db_query")
+    assert outcome_text(gate(decision="approved", scope="session", by="slack:U9")).startswith(
+        ":white_check_mark: approved for the session by <@U9>: ")
+    assert outcome_text(gate(decision="denied", by="api:<ops>")).startswith(":no_entry: denied by api:&lt;ops&gt;:")
+    assert "no operator answered in time" in outcome_text(gate(decision="timeout", by="timeout"))
+    # A summary's backticks cannot end the code span; a huge one is cut.
+    tricky = waiting_text(gate(summary="run `rm -rf` " + "x" * 1000))
+    assert tricky.count("`") == 2 and len(tricky) < 400

@@ -22,21 +22,34 @@ def who(by: str | None) -> str:
     return escape(by)
 
 
+# A summary longer than this is cut (the console shows the whole gate).
+SUMMARY_CHARS = 300
+
+
+def summary(gate: GateInfo) -> str:
+    """The gate's summary as inline code: escaped, its backticks (which would end the code) made
+    quotes, cut to SUMMARY_CHARS."""
+    text = " ".join(gate.summary.split()).replace("`", "'")
+    if len(text) > SUMMARY_CHARS:
+        text = text[:SUMMARY_CHARS - 1] + "…"
+    return f"`{escape(text)}`"
+
+
 def waiting_text(gate: GateInfo) -> str:
-    return f":hourglass_flowing_sand: waiting for operator approval: `{escape(gate.summary)}`"
+    return f":hourglass_flowing_sand: waiting for operator approval: {summary(gate)}"
 
 
 def outcome_text(gate: GateInfo) -> str:
-    summary = f"`{escape(gate.summary)}`"
+    what = summary(gate)
     match gate.decision:
         case "approved":
             scope = " for the session" if gate.scope == "session" else ""
-            return f":white_check_mark: approved{scope} by {who(gate.by)}: {summary}"
+            return f":white_check_mark: approved{scope} by {who(gate.by)}: {what}"
         case "denied":
-            return f":no_entry: denied by {who(gate.by)}: {summary}"
+            return f":no_entry: denied by {who(gate.by)}: {what}"
         case "timeout":
-            return f":alarm_clock: no operator answered in time: {summary} (not run)"
-    return f":heavy_multiplication_x: cancelled ({escape(gate.by or 'stopped')}): {summary} (not run)"
+            return f":alarm_clock: no operator answered in time: {what} (not run)"
+    return f":heavy_multiplication_x: cancelled ({escape(gate.by or 'stopped')}): {what} (not run)"
 
 
 def waiting_blocks(gate: GateInfo, buttons: bool) -> list[dict[str, Any]]:

@@ -24,7 +24,13 @@ from aiops.engine.events import (
     ToolCalled,
     is_slow_consumer,
 )
-from aiops.integrations.slack.gate_blocks import outcome_blocks, outcome_text, waiting_blocks, waiting_text
+from aiops.integrations.slack.gate_blocks import (
+    outcome_blocks,
+    outcome_text,
+    summary,
+    waiting_blocks,
+    waiting_text,
+)
 from aiops.integrations.slack.intake import UserMessage
 from aiops.integrations.slack.markup import escape, markdown_to_mrkdwn
 from aiops.integrations.slack.poster import Poster
@@ -102,8 +108,7 @@ class ThreadTurn:
                                                 waiting_blocks(gate, self.buttons))
                     if ts is not None:
                         self.gate_messages[gate.id] = ts
-                    await self._status(f":raised_hand: waiting for operator approval of "
-                                       f"`{escape(gate.summary)}`")
+                    await self._status(f":raised_hand: waiting for operator approval of {summary(gate)}")
                 case GateResolved(gate=gate):
                     ts = self.gate_messages.pop(gate.id, None)
                     if ts is not None:
