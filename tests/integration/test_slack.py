@@ -124,6 +124,22 @@ async def test_a_direct_message_is_answered_and_a_failing_model_is_an_error_in_t
     assert (await answered(fake_slack, dm["ts"], 2, channel="D1"))[1].text == "echo: now?"
 
 
+async def test_with_channel_messages_on_every_message_in_its_channels_is_answered(fake_slack, engine_factory,
+                                                                                fake_openai):
+    await slack_engine(engine_factory, fake_slack, channel_messages=True)
+    plain = fake_slack.message("U1", "disk alert on db-3")
+    await fake_slack.send_event(plain)
+    assert [m.text for m in await answered(fake_slack, plain["ts"])] == ["echo: disk alert on db-3"]
+    # Still not the bot's own messages, other bots' or edits.
+    for ignored in (fake_slack.message("UBOT", "echo"), fake_slack.message("U7", "beep", bot_id="B7"),
+                    fake_slack.message("U1", "fixed typo", subtype="message_changed")):
+        await fake_slack.wait_acked(await fake_slack.send_event(ignored))
+    last = fake_slack.message("U1", "and now?")
+    await fake_slack.send_event(last)
+    await answered(fake_slack, last["ts"])
+    assert user_texts(fake_openai) == ["disk alert on db-3", "and now?"]
+
+
 async def test_an_approver_answers_a_gate_with_a_button_and_no_one_else_can(fake_slack, engine_factory,
                                                                           fake_openai):
     notes = WriteNotePlugin()
