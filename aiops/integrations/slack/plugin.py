@@ -73,7 +73,7 @@ class SlackPlugin(Plugin):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._events = Seen()  # event ids: Slack's redeliveries
         self._messages = Seen()  # channel:ts: one message as `message` and `app_mention`
-        self._threads: set[str] = set()  # sessions this process answered in
+        self._threads = Seen()  # sessions answered in lately (older ones: looked up in the store)
 
     @property
     def cfg(self) -> SlackSettings:
