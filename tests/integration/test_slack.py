@@ -140,6 +140,20 @@ async def test_with_channel_messages_on_every_message_in_its_channels_is_answere
     assert user_texts(fake_openai) == ["disk alert on db-3", "and now?"]
 
 
+async def test_a_thread_continues_after_a_restart(fake_slack, engine_factory, fake_openai):
+    first_engine = await slack_engine(engine_factory, fake_slack)
+    first = fake_slack.mention("U1", "remember 42")
+    await fake_slack.send_event(first)
+    await answered(fake_slack, first["ts"])
+    await first_engine.stop()
+    await slack_engine(engine_factory, fake_slack)  # the same data dir, a new process's plugin
+    # No mention: the thread is known from the store, and its conversation goes on.
+    await fake_slack.send_event(fake_slack.message("U1", "what was it?", thread_ts=first["ts"]))
+    await answered(fake_slack, first["ts"], 2)
+    convo = [message_text(m) for m in fake_openai.requests[-1].json["messages"] if m["role"] == "user"]
+    assert convo == ["remember 42", "what was it?"]
+
+
 async def test_an_approver_answers_a_gate_with_a_button_and_no_one_else_can(fake_slack, engine_factory,
                                                                           fake_openai):
     notes = WriteNotePlugin()
