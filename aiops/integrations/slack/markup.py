@@ -12,11 +12,14 @@ nothing it writes becomes a mention or a link Slack did not see in its Markdown.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from markdown_it import MarkdownIt
-from markdown_it.tree import SyntaxTreeNode
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+    from markdown_it.tree import SyntaxTreeNode
 
 # ---- Slack markup -> text ---------------------------------------------------------------------------
 
@@ -75,7 +78,15 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-_MD = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+@functools.cache
+def _parser() -> MarkdownIt:
+    # Imported on first use: the plugin's module is loaded whenever plugins are discovered, even
+    # with Slack disabled, and start-up should not pay for a parser it may never use.
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+
+
 _LINK_SCHEMES = ("http://", "https://", "mailto:")
 _INDENT = "    "
 FENCE = "```"
@@ -84,7 +95,9 @@ FENCE = "```"
 def markdown_to_mrkdwn(markdown: str) -> str:
     """The model's Markdown as Slack mrkdwn: emphasis, links, lists, quotes and code kept;
     headings bold; tables as aligned code blocks; everything else escaped text."""
-    root = SyntaxTreeNode(_MD.parse(markdown))
+    from markdown_it.tree import SyntaxTreeNode
+
+    root = SyntaxTreeNode(_parser().parse(markdown))
     return _blocks(root.children).strip("\n")
 
 

@@ -14,24 +14,25 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from slack_sdk.socket_mode.aiohttp import SocketModeClient
-from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
-from slack_sdk.socket_mode.request import SocketModeRequest
-from slack_sdk.socket_mode.response import SocketModeResponse
-
 from aiops.engine.commands import command_name, parse_input
 from aiops.engine.engine import EngineError
 from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.gates.broker import GateAlreadyResolved, GateError
 from aiops.integrations.slack.gate_blocks import ACTIONS, who
 from aiops.integrations.slack.intake import Seen, UserMessage, read_message
-from aiops.integrations.slack.poster import Poster, describe, transient, web_client
 from aiops.integrations.slack.redact import sdk_logger
 from aiops.integrations.slack.settings import SlackSettings
-from aiops.integrations.slack.threads import ThreadTurn
 
 if TYPE_CHECKING:
+    from slack_sdk.socket_mode.aiohttp import SocketModeClient
+    from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+    from slack_sdk.socket_mode.request import SocketModeRequest
+
     from aiops.engine.facade import EngineFacade
+    from aiops.integrations.slack.poster import Poster
+
+# slack-sdk, the Web API poster and the Markdown parser are imported when the plugin starts: this
+# module is loaded whenever plugins are discovered (every aiops start), Slack enabled or not.
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,14 @@ READY_SECONDS = 10.0
 CONNECT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 # How long a stop lets replies in flight finish (their turns are already stopped).
 STOP_GRACE_SECONDS = 3.0
+
+
+def _import_runtime() -> None:
+    import importlib
+
+    for module in ("slack_sdk.socket_mode.aiohttp", "aiops.integrations.slack.poster",
+                   "aiops.integrations.slack.threads", "markdown_it", "markdown_it.tree"):
+        importlib.import_module(module)
 
 
 class SlackPlugin(Plugin):
@@ -119,6 +128,12 @@ class SlackPlugin(Plugin):
     async def _connect(self) -> None:
         """Check the tokens and open the socket. Slack unreachable (or having a bad moment) is
         retried with backoff for as long as aiops runs; a token Slack refuses is reported once."""
+        # (In a thread: importing slack-sdk takes a while, and the loop serves the console meanwhile.)
+        await asyncio.to_thread(_import_runtime)
+        from slack_sdk.socket_mode.aiohttp import SocketModeClient
+
+        from aiops.integrations.slack.poster import Poster, describe, transient, web_client
+
         app_token, bot_token = self._tokens
         cfg = self.cfg
         logger = sdk_logger(self._tokens)
@@ -162,7 +177,7 @@ class SlackPlugin(Plugin):
 
     async def _on_request(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
         # Acknowledged first, at once: Slack redelivers what is not acknowledged within 3 s.
-        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+        await client.send_socket_mode_response({"envelope_id": req.envelope_id})
         if req.type == "events_api":
             self._spawn(self._on_event(req.payload))
         elif req.type == "interactive":
@@ -244,6 +259,8 @@ class SlackPlugin(Plugin):
         if names and not parse_input(text).text:
             await self._run_commands(msg, text)
             return
+        from aiops.integrations.slack.threads import ThreadTurn
+
         await ThreadTurn(self.engine, self.poster, msg, buttons=bool(self.cfg.approvers)).run(text)
 
     async def _run_commands(self, msg: UserMessage, text: str) -> None:
