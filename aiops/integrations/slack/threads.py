@@ -87,7 +87,12 @@ class ThreadTurn:
             except EngineError as e:
                 await self._finish(f"**error:** {e}")
                 return
-            await self._follow(sub, handle.id)
+            try:
+                await self._follow(sub, handle.id)
+            except Exception:  # noqa: BLE001 - a bug here must not leave "working…" for good
+                log.exception("slack: following turn %s failed", handle.id)
+                await self._finish("**error:** showing this answer failed (see aiops.log); it is in the "
+                                   "session's history")
 
     async def _status(self, text: str) -> None:
         if self.placeholder is not None:
