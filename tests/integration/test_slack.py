@@ -24,10 +24,11 @@ NOTE = ("write_note", {"text": "disk at 91%"})
 STATUSES = (WORKING, ":raised_hand:", ":hourglass_flowing_sand:")
 
 
-async def slack_engine(engine_factory, slack: FakeSlack, *, plugins=None, env=None, **settings) -> Engine:
+async def slack_engine(engine_factory, slack: FakeSlack, *, plugins=None, env=None, files=None,
+                       **settings) -> Engine:
     """An engine with the Slack plugin (found through its entry point) connected to the fake."""
     toml = slack_table(slack, **settings) + ("\n[notes]\nenabled = true\n" if plugins else "")
-    engine = await engine_factory(extra_files={"plugins.toml": toml}, plugins=plugins,
+    engine = await engine_factory(extra_files={"plugins.toml": toml, **(files or {})}, plugins=plugins,
                                   env=SLACK_ENV if env is None else env)
     if env is None:
         await slack.wait_connected()
@@ -314,6 +315,24 @@ async def test_stop_from_the_thread_stops_the_running_answer(fake_slack, engine_
     msgs = await answered(fake_slack, event["ts"], 2)
     assert msgs[1].text == "stopping the running turn"
     assert msgs[0].text.endswith("_(stopped)_")
+
+
+async def test_a_thread_that_falls_behind_the_events_still_gets_the_answer(fake_slack, engine_factory,
+                                                                           fake_openai):
+    # Readers may fall 2 events behind: the thread's reader, waiting on Slack while a turn calls
+    # five tools at once, is dropped from the stream and takes the answer from the turn itself.
+    notes = WriteNotePlugin()
+    engine = await slack_engine(engine_factory, fake_slack, plugins=[notes],
+                                files={"aiops.toml": "[engine]\nqueue_size = 2\n",
+                                       "gates.toml": "[defaults]\nread = \"allow\"\nwrite = \"allow\"\n"})
+    calls = [("write_note", {"text": f"n{i}"}) for i in range(5)]
+    fake_openai.responder = call_tool_when("note five", *calls, then_text="five notes written")
+    event = fake_slack.mention("U1", "note five")
+    await fake_slack.send_event(event)
+    (reply,) = await answered(fake_slack, event["ts"])
+    assert reply.text == "five notes written"
+    assert sorted(notes.notes) == [f"n{i}" for i in range(5)]
+    assert status(engine).state == "started"
 
 
 async def test_a_bad_token_is_a_clear_error_and_aiops_runs_on(fake_slack, engine_factory, fake_openai):

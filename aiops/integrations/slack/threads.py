@@ -47,22 +47,19 @@ WORKING = ":hourglass_flowing_sand: working…"
 _FOLLOWED = (TOOL_CALL, GATE, GATE_RESOLVED, NOTICE, ERROR, DONE)
 
 
-def answer_text(done: Done | None, error: ErrorInfo | None) -> str:
+def answer_text(text: str, status: str, error: str | None = None, *, finish_reason: str | None = None,
+                ended: str | None = None) -> str:
     """The Markdown a finished turn leaves in its thread."""
-    if done is None:
-        return "**error:** the turn's events were lost; its answer is in the session's history"
-    text = done.text.strip()
     notes: list[str] = []
-    if done.status == "cancelled":
+    if status == "cancelled":
         notes.append("*(stopped)*")
-    elif done.status == "error":
-        err = done.error or error
-        notes.append(f"**error:** {err.message if err else 'the turn failed'}")
-    if done.finish_reason == "length":
+    elif status == "error":
+        notes.append(f"**error:** {error or 'the turn failed'}")
+    if finish_reason == "length":
         notes.append("*(cut at the model's output limit)*")
-    if done.ended:
-        notes.append(f"*({done.ended})*")
-    return "\n\n".join([t for t in (text, *notes) if t]) or "*(no answer)*"
+    if ended:
+        notes.append(f"*({ended})*")
+    return "\n\n".join([t for t in (text.strip(), *notes) if t]) or "*(no answer)*"
 
 
 class ThreadTurn:
@@ -88,17 +85,26 @@ class ThreadTurn:
                 await self._finish(f"**error:** {e}")
                 return
             try:
-                await self._follow(sub, handle.id)
+                done = await self._follow(sub, handle.id)
             except Exception:  # noqa: BLE001 - a bug here must not leave "working…" for good
                 log.exception("slack: following turn %s failed", handle.id)
                 await self._finish("**error:** showing this answer failed (see aiops.log); it is in the "
                                    "session's history")
+                return
+        if done is None:
+            # The stream ended before the turn's `done` (this reader fell too far behind): the
+            # turn's result says how it ended.
+            result = await handle.wait()
+            done = answer_text(str(getattr(result, "text", "")), str(getattr(result, "status", "error")))
+        await self._finish(done)
 
     async def _status(self, text: str) -> None:
         if self.placeholder is not None:
             await self.poster.update(self.msg.channel, self.placeholder, text)
 
-    async def _follow(self, sub: Subscription, turn_id: str) -> None:
+    async def _follow(self, sub: Subscription, turn_id: str) -> str | None:
+        """Show the turn's progress; its answer (Markdown) once it is done, None if the stream
+        ended first."""
         error: ErrorInfo | None = None
         async for event in sub:
             if is_slow_consumer(event):
@@ -125,11 +131,11 @@ class ThreadTurn:
                     await self._status(f"{WORKING} {escape(text)}")
                 case ErrorEvent(error=info):
                     error = info
-                case Done():
-                    await self._finish(answer_text(event, error))
-                    return
-        # The stream ended before the turn's `done` (it fell behind, or the engine is stopping).
-        await self._finish(answer_text(None, error))
+                case Done(text=text, status=status, finish_reason=reason, ended=ended):
+                    err = event.error or error
+                    return answer_text(text, status, err.message if err else None, finish_reason=reason,
+                                       ended=ended)
+        return None
 
     async def _finish(self, markdown: str) -> None:
         msg = self.msg
