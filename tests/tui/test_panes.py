@@ -98,7 +98,7 @@ async def test_a_section_whose_tool_is_not_registered_is_marked_inactive(make_ap
         await ready(pilot)
         reader = await _prompt_section(pilot, app, "tools_db")
         tree = region_text(app, "#prompt-sections")
-        assert "3. tools_db ⊘ needs db_query" in tree and "(6 sections, 1 inactive)" in tree
+        assert "3. tools_db ⊘ needs db_query" in tree and "(12 sections, 7 inactive)" in tree
         assert "⊘" not in tree.replace("tools_db ⊘", "")  # the others: in the prompt
         assert "inactive: needs db_query (not registered); left out of the prompt" in reader
         # Dimmed: drawn unlike an active section (with the cursor on neither).
