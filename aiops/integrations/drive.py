@@ -55,6 +55,8 @@ class DriveSettings(DataToolSettings):
     credentials_env: str = "GOOGLE_APPLICATION_CREDENTIALS"
     token_file_env: str = "GOOGLE_DRIVE_TOKEN_FILE"
     base_url: str = "https://www.googleapis.com"
+    # The OAuth token endpoint; empty: the credentials file's `token_uri`, else Google's.
+    token_uri: str = ""
     scopes: list[str] = Field(default_factory=lambda: ["https://www.googleapis.com/auth/drive"])
     # Larger files are not read or appended to (their text would not fit a tool result anyway).
     max_file_bytes: int = Field(2_000_000, ge=1_000)
@@ -100,11 +102,16 @@ def _load_credentials(settings: DriveSettings, env: Any) -> tuple[Any, str]:
 
             if info.get("type") != "service_account":
                 raise ValueError("not a service-account key (its type is not service_account)")
+            if settings.token_uri:
+                info = {**info, "token_uri": settings.token_uri}
             creds = service_account.Credentials.from_service_account_info(info, scopes=settings.scopes)
             return creds, f"service account {info.get('client_email', '?')}"
         from google.oauth2.credentials import Credentials
 
         creds = Credentials.from_authorized_user_info(info, scopes=settings.scopes)
+        # google-auth ignores a token file's token_uri (it always uses Google's); honour it.
+        if uri := settings.token_uri or info.get("token_uri"):
+            creds = creds.with_token_uri(uri)
         return creds, "OAuth token file"
     except ValueError as e:
         # google-auth's messages name missing fields, never their values.
@@ -273,6 +280,8 @@ class DriveClient:
             raise DriveRefused(f"cannot append to {name!r}: it is a {kind}, whose content cannot be written "
                                f"back as text; create a new text file instead")
         async with self._file_locks[meta["id"]]:
+            # Looked up again under the lock: an append from this process may just have landed.
+            meta = await self._meta(meta["id"])
             version = str(meta.get("version"))
             current = await self.read_text(meta)
             sep = "\n" if current and not current.endswith("\n") and not content.startswith("\n") else ""

@@ -3,7 +3,12 @@ engine turn and read back what the model and the operator got."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from aiops.engine.engine import Engine
 from aiops.engine.types import Message
@@ -34,3 +39,14 @@ async def call_tool(engine: Engine, fake: FakeOpenAI, name: str, args: dict[str,
 def status_of(engine: Engine, name: str) -> tuple[str, str]:
     s = next(s for s in engine.plugin_status if s.name == name)
     return s.state, s.reason
+
+
+def service_account_file(path: Path, key: rsa.RSAPrivateKey, token_uri: str,
+                         email: str = "aiops-test@project.iam.gserviceaccount.com") -> Path:
+    """A service-account JSON key file (as Google's console downloads it) for `key`."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    path.write_text(json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "k1",
+                                "private_key": pem, "client_email": email, "client_id": "1",
+                                "token_uri": token_uri}))
+    return path
