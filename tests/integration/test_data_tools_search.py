@@ -274,3 +274,23 @@ async def test_the_shipped_prompt_has_a_section_for_each_tool_only_when_it_exist
                            "google_drive"])
     for name in ("ddgs_search", "xai_search", "google_search", "google_drive"):
         assert f"with {name}" in every
+
+
+def test_aiops_plugins_lists_each_data_tool_with_why_it_did_not_start(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.fakes.fixtures import make_config_dir
+
+    cfg = make_config_dir(tmp_path, {"m": {"type": "openai", "model_id": "x", "base_url": "http://127.0.0.1:9"}},
+                          "m", {"plugins.toml": plugins_toml({"tavily_search": {}, "google_drive": {}})})
+    env = {k: v for k, v in os.environ.items() if k not in ("TAVILY_API_KEY", "GOOGLE_DRIVE_FOLDER_ID")}
+    r = subprocess.run([sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir",
+                        str(tmp_path / "data"), "plugins"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "tavily_search  skipped   secret TAVILY_API_KEY is not set (Tavily API key)" in lines
+    assert ("google_drive   skipped   no Drive folder: set folder_id in [google_drive] or "
+            "$GOOGLE_DRIVE_FOLDER_ID") in lines
+    assert "ddgs_search    disabled  enabled = false in " + str(cfg / "plugins.toml") in lines
