@@ -367,7 +367,10 @@ class GoogleDrivePlugin(Plugin):
                 return ToolOutput("the Drive folder is empty")
             lines = [f"{f.get('name')}  (id {f.get('id')}, {_kind(f)}, modified {f.get('modifiedTime', '?')})"
                      for f in files]
-            return output(f"{len(files)} file(s) in the Drive folder:\n" + "\n".join(lines), cap, files=files)
+            more = (f" (the first {len(files)}, by name: list_limit in plugins.toml)"
+                    if len(files) >= self.settings.list_limit else "")
+            return output(f"{len(files)} file(s) in the Drive folder{more}:\n" + "\n".join(lines), cap,
+                          files=files)
         if op == "create":
             meta = await client.create(args.file_name.strip(), args.content)
             return ToolOutput(f"created {meta.get('name')!r} (id {meta.get('id')}, {len(args.content)} characters)",

@@ -82,6 +82,8 @@ class UrlExtractPlugin(Plugin):
 
         async def execute(args: UrlExtractArgs, ctx: ToolContext) -> ToolOutput:
             url = normalize_url(args.url)
+            if not url.lower().startswith(("http://", "https://")):
+                return error(f"url_extract reads http and https pages only, not {url.split(':', 1)[0]}: URLs")
             body: dict[str, Any] = {"urls": [url], "extract_depth": s.extract_depth, "format": "markdown"}
             if args.query.strip():
                 body |= {"query": args.query.strip(), "chunks_per_source": s.chunks_per_source}
