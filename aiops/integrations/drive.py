@@ -82,14 +82,19 @@ def _quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _missing_credentials(settings: DriveSettings, env: Any) -> str | None:
+    if any(env.get(v) for v in (settings.credentials_env, settings.token_file_env) if v):
+        return None
+    return (f"secret {settings.credentials_env} (a service-account JSON file) or {settings.token_file_env} "
+            f"(an OAuth token file) is not set")
+
+
 def _load_credentials(settings: DriveSettings, env: Any) -> tuple[Any, str]:
     """google-auth credentials from the environment, and a description for the status."""
+    if missing := _missing_credentials(settings, env):
+        raise PluginUnavailable(missing)
     sa_path = env.get(settings.credentials_env) if settings.credentials_env else None
     token_path = env.get(settings.token_file_env) if settings.token_file_env else None
-    if not sa_path and not token_path:
-        raise PluginUnavailable(
-            f"secret {settings.credentials_env} (a service-account JSON file) or {settings.token_file_env} "
-            f"(an OAuth token file) is not set")
     path = Path(sa_path or token_path or "")
     try:
         info = json.loads(path.read_text())
@@ -335,8 +340,11 @@ class GoogleDrivePlugin(Plugin):
     async def setup(self, api: PluginAPI) -> None:
         s: DriveSettings = self.settings
         folder = s.folder_id or (api.env.get(s.folder_id_env, "") if s.folder_id_env else "")
-        if not folder:
-            raise PluginUnavailable(f"no Drive folder: set folder_id in [google_drive] or ${s.folder_id_env}")
+        # Both reasons at once, so the operator fixes the set-up in one go.
+        problems = [p for p in (_missing_credentials(s, api.env), "" if folder else
+                                f"no Drive folder: set folder_id in [google_drive] or ${s.folder_id_env}") if p]
+        if problems:
+            raise PluginUnavailable("; ".join(problems))
         if not _ID.fullmatch(folder):
             raise PluginUnavailable(f"the Drive folder id {folder!r} is not a Drive id")
         creds, who = _load_credentials(s, api.env)

@@ -187,6 +187,11 @@ async def test_credentials_that_are_missing_or_refused(engine_factory, fake_open
     assert status_of(engine, "google_drive") == (
         "skipped", "secret GOOGLE_APPLICATION_CREDENTIALS (a service-account JSON file) or GOOGLE_DRIVE_TOKEN_FILE "
                    "(an OAuth token file) is not set")
+    gone = tmp_path / "nowhere.json"
+    engine = await engine_factory(extra_files={"plugins.toml": plugins_toml({"google_drive": {
+        "base_url": drive.base_url, "folder_id": FOLDER}})}, env={"GOOGLE_APPLICATION_CREDENTIALS": str(gone)})
+    assert status_of(engine, "google_drive") == (
+        "skipped", f"cannot read the Drive credentials file {gone}: FileNotFoundError")
     # A key the token endpoint does not accept: each call says so, the session goes on.
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = other.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

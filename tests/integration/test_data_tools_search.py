@@ -267,7 +267,9 @@ async def test_each_tool_without_its_secret_is_skipped_with_the_reason(engine_fa
     assert status_of(engine, "xai_search") == ("skipped", "secret XAI_API_KEY is not set (xAI API key)")
     assert status_of(engine, "google_search") == ("skipped", "secret GEMINI_API_KEY is not set (Gemini API key)")
     assert status_of(engine, "google_drive") == (
-        "skipped", "no Drive folder: set folder_id in [google_drive] or $GOOGLE_DRIVE_FOLDER_ID")
+        "skipped", "secret GOOGLE_APPLICATION_CREDENTIALS (a service-account JSON file) or GOOGLE_DRIVE_TOKEN_FILE "
+                   "(an OAuth token file) is not set; no Drive folder: set folder_id in [google_drive] or "
+                   "$GOOGLE_DRIVE_FOLDER_ID")
     assert status_of(engine, "ddgs_search")[0] == "disabled"
     for name in ("tavily_search", "url_extract", "xai_search", "google_search", "google_drive"):
         assert name not in engine.tools
@@ -302,12 +304,14 @@ def test_aiops_plugins_lists_each_data_tool_with_why_it_did_not_start(tmp_path: 
 
     cfg = make_config_dir(tmp_path, {"m": {"type": "openai", "model_id": "x", "base_url": "http://127.0.0.1:9"}},
                           "m", {"plugins.toml": plugins_toml({"tavily_search": {}, "google_drive": {}})})
-    env = {k: v for k, v in os.environ.items() if k not in ("TAVILY_API_KEY", "GOOGLE_DRIVE_FOLDER_ID")}
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "TAVILY_API_KEY", "GOOGLE_DRIVE_FOLDER_ID", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_DRIVE_TOKEN_FILE")}
     r = subprocess.run([sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir",
                         str(tmp_path / "data"), "plugins"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "tavily_search  skipped   secret TAVILY_API_KEY is not set (Tavily API key)" in lines
-    assert ("google_drive   skipped   no Drive folder: set folder_id in [google_drive] or "
-            "$GOOGLE_DRIVE_FOLDER_ID") in lines
+    assert ("google_drive   skipped   secret GOOGLE_APPLICATION_CREDENTIALS (a service-account JSON file) or "
+            "GOOGLE_DRIVE_TOKEN_FILE (an OAuth token file) is not set; no Drive folder: set folder_id in "
+            "[google_drive] or $GOOGLE_DRIVE_FOLDER_ID") in lines
     assert "ddgs_search    disabled  enabled = false in " + str(cfg / "plugins.toml") in lines
