@@ -29,11 +29,11 @@ def services(tmp_path: Path) -> Iterator[tuple[FakeTavily, FakeDrive, Path]]:
         yield tavily, drive, service_account_file(tmp_path / "sa.json", key, drive.token_uri)
 
 
-def make_console(tmp_path, fake_openai, notes, services) -> AiopsApp:
+def make_console(tmp_path, fake_openai, notes, services, max_result_chars: int = 8000) -> AiopsApp:
     tavily, drive, sa = services
     # Only the plugins' tables: the gates are the shipped ones (reads allowed, writes ask).
     plugins = "[notes]\nenabled = true\n" + plugins_toml({
-        "tavily_search": {"base_url": tavily.base_url},
+        "tavily_search": {"base_url": tavily.base_url, "max_result_chars": max_result_chars},
         "google_drive": {"base_url": drive.base_url, "folder_id": FOLDER}})
     cfg = console_config(tmp_path, fake_openai, extra_files={"plugins.toml": plugins})
     engine = Engine(cfg, plugins=[notes, TavilySearchPlugin(), GoogleDrivePlugin()], discover_plugins=False,
@@ -44,7 +44,9 @@ def make_console(tmp_path, fake_openai, notes, services) -> AiopsApp:
 async def test_a_web_search_is_allowed_without_asking(tmp_path, fake_openai, notes, services):
     tavily, _, _ = services
     tavily.results = [{"title": "Nginx 502 guide", "url": "https://docs.example/502", "content": "check upstream"}]
-    app = make_console(tmp_path, fake_openai, notes, services)
+    tavily.results += [{"title": f"Page {i}", "url": f"https://docs.example/{i}", "content": "filler " * 40}
+                       for i in range(2, 6)]
+    app = make_console(tmp_path, fake_openai, notes, services, max_result_chars=600)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         fake_openai.responder = call_tool_when("look it up", ("tavily_search", {"query": "nginx 502"}))
@@ -54,6 +56,10 @@ async def test_a_web_search_is_allowed_without_asking(tmp_path, fake_openai, not
         assert "waiting for operator approval" not in chat_text(app)
         tool = next(m for m in await app.adapter.engine.history(app.selected) if m.role == "tool")
         assert tool.meta["gate"] == "allow" and "https://docs.example/502" in tool.content
+        # The model got a cut copy; the operator reads the whole result in the console.
+        assert "characters cut here" in tool.content and "https://docs.example/3" not in tool.content
+        await send(pilot, "!fulltext")
+        await wait_chat(pilot, "https://docs.example/3")
 
 
 async def test_a_drive_delete_asks_and_runs_once_approved_in_the_console(tmp_path, fake_openai, notes, services):
