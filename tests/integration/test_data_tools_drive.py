@@ -96,6 +96,8 @@ async def test_list_read_create_append_delete_in_the_folder(engine_factory, fake
     assert new.id in drive.files and drive.files[new.id].trashed  # in the trash, not gone
     gone = await call_tool(engine, fake_openai, "google_drive", {"operation": "read", "file_id": new.id})
     assert gone.meta["is_error"] and "in the trash" in gone.content
+    # One sign-in for all of it: the access token is reused until it expires.
+    assert len(drive.tokens.assertions) == 1 and len(drive.tokens.issued) == 1
 
 
 @pytest.mark.parametrize("operation", ["read", "append", "delete"])
