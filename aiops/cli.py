@@ -332,8 +332,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([s.to_dict() for s in statuses], indent=2))
         return 0
+    width = max((len(s.name) for s in statuses), default=0)
     for s in statuses:
-        print(f"{s.name:<12} {s.state:<9} {s.reason}")
+        print(f"{s.name:<{width}}  {s.state:<9} {s.reason}")
     if not statuses:
         print("no plugins found")
     return 0
