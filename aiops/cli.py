@@ -39,8 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="debug logging (to the log file)")
 
-    def sub_parser(**kw: Any) -> argparse.ArgumentParser:
-        return argparse.ArgumentParser(parents=[common], **kw)
+    class SubParser(argparse.ArgumentParser):
+        """Every sub-command's parser: the common options come with it."""
+
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(parents=[common], **kw)
 
     p = argparse.ArgumentParser(prog="aiops", description="Operator console for a multi-client AI agent.",
                                 parents=[common])
@@ -49,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     # `aiops --port 18999` is `aiops console --port 18999`.
     _server_args(p)
     _console_args(p)
-    sub = p.add_subparsers(dest="command", parser_class=sub_parser)
+    sub = p.add_subparsers(dest="command", parser_class=SubParser)
 
     c = sub.add_parser("console", help="the full-screen console (the default)")
     _server_args(c)
@@ -70,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
 
     cfg = sub.add_parser("config", help="configuration: paths, check, init")
-    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=sub_parser)
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=SubParser)
     cfg_sub.add_parser("paths", help="print every path in use")
     cfg_sub.add_parser("check", help="validate every config file")
     ini = cfg_sub.add_parser("init", help="copy the shipped defaults (config files and system prompt) "
@@ -576,8 +579,8 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         try:
             turn = await engine.submit(session, args.text, kind="console", model=args.model,
                                        is_operator=True)
-        except EngineError as e:
-            raise CliError(str(e)) from None
+        except EngineError as err:
+            raise CliError(str(err)) from None
         # A message of commands only creates no session, and `!session ID delete` may remove it.
         live = await engine.session(session)
         if not args.json and live is not None:

@@ -244,11 +244,11 @@ def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
                 tools[tc.id] = block
                 out.append(block)
         elif m.role == "tool":
-            block = tools.get(m.tool_call_id or "")
-            if block is None:
-                block = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
-                out.append(block)
-            block.set_result(m.content, is_error=bool(m.meta.get("is_error")),
+            found = tools.get(m.tool_call_id or "")
+            if found is None:
+                found = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
+                out.append(found)
+            found.set_result(m.content, is_error=bool(m.meta.get("is_error")),
                              duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"), status=m.status)
         elif m.role == "gate":
             # The stored record is the resolved gate object (its summary, else the record's text).

@@ -124,6 +124,7 @@ goes to the message input.
             lines.append((Content.assemble("  ", ("tables ", "dim"), (", ".join(g.tables), "bold")),
                           Content("")))
         sql = sql_of(dict(g.args))
+        body: Content | None
         if sql is not None:
             body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql", theme=RowSQL))
         else:
