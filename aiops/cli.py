@@ -12,13 +12,14 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiops import __version__
 
 if TYPE_CHECKING:
+    from aiops.engine.events import GateInfo, GateOpened
     from aiops.engine.lock import DataDirLock
 
 
@@ -38,8 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="debug logging (to the log file)")
 
-    def sub_parser(**kw: Any) -> argparse.ArgumentParser:
-        return argparse.ArgumentParser(parents=[common], **kw)
+    class SubParser(argparse.ArgumentParser):
+        """Every sub-command's parser: the common options come with it."""
+
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(parents=[common], **kw)
 
     p = argparse.ArgumentParser(prog="aiops", description="Operator console for a multi-client AI agent.",
                                 parents=[common])
@@ -48,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     # `aiops --port 18999` is `aiops console --port 18999`.
     _server_args(p)
     _console_args(p)
-    sub = p.add_subparsers(dest="command", parser_class=sub_parser)
+    sub = p.add_subparsers(dest="command", parser_class=SubParser)
 
     c = sub.add_parser("console", help="the full-screen console (the default)")
     _server_args(c)
@@ -69,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
 
     cfg = sub.add_parser("config", help="configuration: paths, check, init")
-    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=sub_parser)
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, parser_class=SubParser)
     cfg_sub.add_parser("paths", help="print every path in use")
     cfg_sub.add_parser("check", help="validate every config file")
     ini = cfg_sub.add_parser("init", help="copy the shipped defaults (config files and system prompt) "
@@ -395,16 +399,19 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rule_hint(gate: dict[str, Any]) -> str:
+def _rule_hint(gate: GateInfo | Mapping[str, Any]) -> str:
     """The gates.toml rule that decided `gate`, phrased as the setting that would allow it."""
-    op = gate["operation"]
-    if gate.get("tool_type") == "db":
-        tables = gate.get("tables") or []
-        if not tables:  # the statement names no table: the unknown rule decides
+    from aiops.engine.events import GateInfo
+
+    if not isinstance(gate, GateInfo):
+        gate = GateInfo.from_dict(gate)
+    op = gate.operation
+    if gate.tool_type == "db":
+        if not gate.tables:  # the statement names no table: the unknown rule decides
             return f'[db.unknown] {op} = "allow"'
-        rules = " and ".join(f'[db.tables."{t}"] {op} = "allow"' for t in tables)
+        rules = " and ".join(f'[db.tables."{t}"] {op} = "allow"' for t in gate.tables)
         return f"{rules} (and [db.unknown] {op}, if the statement does more than touch its tables)"
-    return f'[tools."{gate["tool"]}"] {op} = "allow"'
+    return f'[tools."{gate.tool}"] {op} = "allow"'
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -463,13 +470,13 @@ class _TerminalAsker:
             self._lines = lines
         return self._lines
 
-    async def ask(self, gate: dict[str, Any]) -> tuple[str, str]:
+    async def ask(self, gate: GateInfo) -> tuple[Literal["approved", "denied"], Literal["once", "session"]]:
         """(decision, scope) from the operator; EOF or anything but y/s is a denial."""
         async with self._lock:
             lines = self._start()
             while not lines.empty():  # typed ahead, before this question was shown
                 lines.get_nowait()
-            print(f"approve {gate['tool']}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
+            print(f"approve {gate.tool}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
                   flush=True)
             answer = (await lines.get()).strip().lower()
         if answer in ("y", "yes"):
@@ -489,13 +496,24 @@ def _shown(text: str) -> str:
     return text.translate(_CONTROLS)
 
 
+def _waiting_line(opened: GateOpened) -> dict[str, Any]:
+    """The "waiting for approval" notice that follows a gate in `aiops chat --json`, derived from
+    the gate itself (the line, its keys and their order as the engine's notice had them)."""
+    from aiops.gates.broker import waiting_notice
+
+    line: dict[str, Any] = {"event": "notice", "text": waiting_notice(opened.gate), "gate_id": opened.gate.id,
+                            "session_id": opened.session_id}
+    if opened.turn_id is not None:
+        line["turn_id"] = opened.turn_id
+    return line
+
+
 async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = None) -> int:
     import uuid
-    from types import SimpleNamespace
 
     from aiops.engine import events as ev
     from aiops.engine.engine import Engine, EngineError
-    from aiops.gates.broker import GateError, waiting_notice
+    from aiops.gates.broker import GateError
 
     engine = Engine(cfg)
     await engine.start()
@@ -506,30 +524,51 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
     # be answered here: on the terminal, or (without one) refused at once rather than waited on.
     asker = _TerminalAsker() if sys.stdin.isatty() else None
     asking: dict[str, asyncio.Task[None]] = {}
-    waiting_texts: set[str] = set()  # the console's "waiting for approval" notices: we ask instead
     say = sys.stderr if args.json else out  # keeps --json output to JSON lines
 
-    async def answer(gate: dict[str, Any]) -> None:
+    async def answer(gate: ev.GateInfo) -> None:
+        decision: Literal["approved", "denied"]
+        scope: Literal["once", "session"]
         if asker is None:
             decision, scope, by = "denied", "once", "aiops chat (no terminal)"
         else:
             decision, scope = await asker.ask(gate)
             by = "aiops chat (terminal)"
         try:
-            engine.gatekeeper.broker.resolve(gate["id"], decision, scope, by=by)
+            engine.resolve_gate(gate.id, decision, scope, by=by)
         except GateError as e:
-            say.write(f"[gate {gate['id']}: {e}]\n")
+            say.write(f"[gate {gate.id}: {e}]\n")
             return
         if asker is None:
             gates_toml = cfg.paths.config_dir / "gates.toml"
             say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
-                      f"{gate['tool']} {gate['operation']}, set {_rule_hint(gate)} in {gates_toml} "
+                      f"{gate.tool} {gate.operation}, set {_rule_hint(gate)} in {gates_toml} "
                       f"(`aiops config init` copies the defaults there), or send the message through "
                       f"a running aiops (the console, or `aiops serve` and its API) and approve it "
                       f"there]\n")
         else:
             say.write(f"[{decision}{' for this session' if scope == 'session' else ''}]\n")
         say.flush()
+
+    def show(e: ev.Event) -> None:
+        """One event as text on the terminal (the waiting notice is not shown: we ask instead)."""
+        match e:
+            case ev.Tok(text=text):
+                out.write(_shown(text))
+            case ev.ToolCalled():
+                out.write(f"\n→ {_shown(e.tool)}({json.dumps(e.arguments)[:200]})\n")
+            case ev.ToolReturned():
+                first = (e.content.strip().splitlines() or [""])[0][:200]
+                mark = "✗" if e.is_error else "←"
+                out.write(f"{mark} {_shown(e.tool)}: {_shown(first)} ({e.duration_ms:.0f} ms)\n")
+            case ev.Notice(command=str(command)) if command:
+                out.write(f"{_shown(e.text)}\n")  # a command's output, as is
+            case ev.Notice():
+                out.write(f"\n[{_shown(e.text)}]\n")
+            case ev.GateOpened(gate=gate):
+                out.write(f"\n[gate {gate.id}: {_shown(gate.summary)}]\n")
+            case ev.ErrorEvent():
+                out.write(f"\nerror: {_shown(e.message)}\n")
 
     try:
         for p in engine.plugin_status:
@@ -543,55 +582,45 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
             session = live.id
         else:
             session = f"console-{uuid.uuid4().hex[:8]}"
-        sub = engine.bus.subscribe(session)
+        sub = engine.subscribe(session)
         try:
             turn = await engine.submit(session, args.text, kind="console", model=args.model,
                                        is_operator=True)
-        except EngineError as e:
-            raise CliError(str(e)) from None
+        except EngineError as err:
+            raise CliError(str(err)) from None
         # A message of commands only creates no session, and `!session ID delete` may remove it.
         live = await engine.session(session)
         if not args.json and live is not None:
             print(f"[session {live.row.short_id} · {live.model_key(engine)}]", file=sys.stderr)
         async for e in sub:
-            if e.turn_id != turn.id and e.name != ev.ERROR:
+            if e.turn_id != turn.id and not isinstance(e, ev.ErrorEvent):
                 continue
-            if e.name == ev.NOTICE and e.data.get("command") and e.data.get("ok") is False:
-                status = 1  # a !command reported an error
-            if e.name == ev.GATE_RESOLVED:
-                task = asking.pop(e.data["id"], None)
-                if task is not None and not task.done():  # resolved before we had an answer: a timeout
-                    task.cancel()
-                    say.write(f"\n[gate {e.data['id']}: {e.data['decision']} by {e.data['by']}]\n")
+            match e:
+                case ev.Notice(gate_id=str()):
+                    # The engine's own "waiting for approval" notice (while it still sends one):
+                    # this view derives that line from the gate event instead.
+                    continue
+                case ev.Notice(command=str(command), ok=False) if command:
+                    status = 1  # a !command reported an error
+                case ev.GateResolved(gate=gate):
+                    task = asking.pop(gate.id, None)
+                    if task is not None and not task.done():  # resolved before we had an answer: a timeout
+                        task.cancel()
+                        say.write(f"\n[gate {gate.id}: {gate.decision} by {gate.by}]\n")
             if args.json:
                 out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
-            elif e.name == ev.TOK:
-                out.write(_shown(e.data["text"]))
-            elif e.name == ev.TOOL_CALL:
-                out.write(f"\n→ {_shown(e.data['name'])}({json.dumps(e.data['arguments'])[:200]})\n")
-            elif e.name == ev.TOOL_RESULT:
-                first = (e.data["content"].strip().splitlines() or [""])[0][:200]
-                mark = "✗" if e.data["is_error"] else "←"
-                out.write(f"{mark} {_shown(e.data['name'])}: {_shown(first)} ({e.data['duration_ms']:.0f} ms)\n")
-            elif e.name == ev.NOTICE and e.data.get("command"):
-                out.write(f"{_shown(e.data['text'])}\n")  # a command's output, as is
-            elif e.name == ev.NOTICE:
-                if e.data["text"] not in waiting_texts:
-                    out.write(f"\n[{_shown(e.data['text'])}]\n")
-            elif e.name == ev.GATE:
-                out.write(f"\n[gate {e.data['id']}: {_shown(e.data['summary'])}]\n")
-            elif e.name == ev.ERROR:
-                out.write(f"\nerror: {_shown(e.data['message'])}\n")
-            if e.name == ev.ERROR:
+                if isinstance(e, ev.GateOpened):
+                    out.write(json.dumps(_waiting_line(e), default=str) + "\n")
+            else:
+                show(e)
+            if isinstance(e, ev.ErrorEvent):
                 status = 1
-            elif e.name == ev.DONE:
+            elif isinstance(e, ev.Done):
                 out.write("\n")
-            if e.name == ev.DONE:
                 break
-            if e.name == ev.GATE:
+            if isinstance(e, ev.GateOpened):
                 out.flush()
-                waiting_texts.add(waiting_notice(SimpleNamespace(**e.data)))
-                asking[e.data["id"]] = asyncio.create_task(answer(e.data))
+                asking[e.gate.id] = asyncio.create_task(answer(e.gate))
             out.flush()
         sub.close()
     finally:

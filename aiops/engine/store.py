@@ -665,7 +665,8 @@ class Store:
                     frontier = rows[-1]["id"]
                 # Turns that began at or above the frontier are all known: take them latest first.
                 # (One that began lower may yet be passed by one not read so far.)
-                ready = sorted((k for k, first in starts.items() if done or first >= frontier),
+                ready = sorted((k for k, first in starts.items()
+                                if done or (frontier is not None and first >= frontier)),
                                key=starts.__getitem__, reverse=True)
                 chosen, total = [], 0
                 for k in ready:

@@ -1,9 +1,12 @@
 """The one boundary between the engine and the console's widgets.
 
-Engine events become typed Textual messages here, and every request the console makes of the engine
-(submit, stop, history, gates, rate limits, the prompt tree, the server) goes through
-`EngineAdapter`. Widgets and screens never touch the engine: they receive these messages and plain
-dicts, so a remote engine (the HTTP API and its SSE stream) can later stand behind the same widgets.
+Each typed engine event (`aiops.engine.events`) becomes one Textual message class here, carrying
+the event; every request the console makes of the engine (submit, stop, history, gates, rate
+limits, the prompt tree, the server) goes through `EngineAdapter`, which asks the engine's facade
+(`resolve_gate`, `pending_gates`, `rate_usage`, …). Widgets and screens never touch the engine:
+they receive these messages, typed values (GateInfo, RateInfo) and session records, so a remote
+engine (the HTTP API and its SSE stream, read back with `events.from_wire`) can later stand behind
+the same widgets.
 
 Ordering: events are posted to the App synchronously when the engine publishes them (a bus
 listener), and results of history reads are posted after the read completes. The store runs on one
@@ -20,7 +23,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from textual.message import Message
 
@@ -41,105 +44,135 @@ log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 5.0
 
+# The console's answer keys say approve / deny; the facade takes the decision's past tense.
+_ANSWERS: dict[str, Literal["approved", "denied"]] = {
+    "approve": "approved", "approved": "approved", "deny": "denied", "denied": "denied"}
+
 
 # ---- messages: engine events ------------------------------------------------------------------------
+#
+# One Textual message class per typed engine event, each carrying its event (harlequin's
+# messages.py style): the App has one `@on` handler per class and reads the event's typed fields.
 
 
-class EngineEvent(Message):
-    """One engine event, as a Textual message. Subclasses exist per event name."""
+class EngineMessage(Message):
+    """One engine event, as a Textual message (a subclass per event type)."""
 
-    def __init__(self, name: str, session_id: str | None, data: dict[str, Any], turn_id: str | None,
-                 ts: float) -> None:
+    event: Event
+
+    def __init__(self, event: Event) -> None:
         super().__init__()
-        self.name = name
-        self.session_id = session_id
-        self.data = data
-        self.turn_id = turn_id
-        self.ts = ts
-
-    def merged_with(self, other: EngineEvent) -> EngineEvent | None:
-        """Two adjacent text deltas of one turn as one (for replay buffers); None if they differ."""
-        if (type(self) is type(other) and self.name in (ev.TOK, ev.THINKING)
-                and self.turn_id == other.turn_id):
-            return type(self)(self.name, self.session_id,
-                              {**self.data, "text": self.data.get("text", "") + other.data.get("text", "")},
-                              self.turn_id, other.ts)
-        return None
+        self.event = event
 
 
-class TokenArrived(EngineEvent):
+class TokenArrived(EngineMessage):
     """`tok`: a delta of the assistant's answer."""
 
+    event: ev.Tok
 
-class ThinkingArrived(EngineEvent):
+
+class ThinkingArrived(EngineMessage):
     """`thinking`: a delta of the model's reasoning."""
 
-
-class ToolCallStarted(EngineEvent):
-    """`tool_call`: {id, name, arguments}."""
+    event: ev.Thinking
 
 
-class ToolCallFinished(EngineEvent):
-    """`tool_result`: {id, name, content, is_error, duration_ms, gate?, data?, status?}; status is
-    "cancelled" or "error" for a call its stopped or failed turn left without a result."""
+class ToolCallStarted(EngineMessage):
+    """`tool_call`: the model called a tool."""
+
+    event: ev.ToolCalled
 
 
-class GateOpened(EngineEvent):
-    """`gate`: the gate object of DESIGN.md."""
+class ToolCallFinished(EngineMessage):
+    """`tool_result`: a tool call's result (or why its stopped or failed turn left it without one)."""
+
+    event: ev.ToolReturned
 
 
-class GateResolved(EngineEvent):
-    """`gate_resolved`: the gate object plus decision, scope, by, at."""
+class GateOpened(EngineMessage):
+    """`gate`: a tool call waits for an operator's answer."""
+
+    event: ev.GateOpened
 
 
-class NoticePosted(EngineEvent):
-    """`notice`: status text, or a command's output (data has `command`)."""
+class GateResolved(EngineMessage):
+    """`gate_resolved`: a gate was answered, timed out or was cancelled."""
+
+    event: ev.GateResolved
 
 
-class ErrorRaised(EngineEvent):
-    """`error`: {code, message}."""
+class NoticePosted(EngineMessage):
+    """`notice`: status text, or a command's output."""
+
+    event: ev.Notice
 
 
-class TurnDone(EngineEvent):
+class ErrorRaised(EngineMessage):
+    """`error`: a failure of the model, a backend or the turn."""
+
+    event: ev.ErrorEvent
+
+
+class TurnDone(EngineMessage):
     """`done`: the end of a turn, always."""
 
+    event: ev.Done
 
-class UserPosted(EngineEvent):
+
+class UserPosted(EngineMessage):
     """`user`: a user message was committed."""
 
+    event: ev.UserPosted
 
-class TurnStarted(EngineEvent):
+
+class TurnStarted(EngineMessage):
     """`turn`: a queued turn started running."""
 
-
-class SessionChanged(EngineEvent):
-    """`session`: created / updated / deleted, with the session dict."""
+    event: ev.TurnStarted
 
 
-class RateChanged(EngineEvent):
+class SessionChanged(EngineMessage):
+    """`session`: a session was created, updated or deleted."""
+
+    event: ev.SessionChanged
+
+
+class RateChanged(EngineMessage):
     """`rate`: rate-limit usage of one session changed."""
 
+    event: ev.RateChanged
 
-EVENT_MESSAGES: dict[str, type[EngineEvent]] = {
-    ev.TOK: TokenArrived,
-    ev.THINKING: ThinkingArrived,
-    ev.TOOL_CALL: ToolCallStarted,
-    ev.TOOL_RESULT: ToolCallFinished,
-    ev.GATE: GateOpened,
-    ev.GATE_RESOLVED: GateResolved,
-    ev.NOTICE: NoticePosted,
-    ev.ERROR: ErrorRaised,
-    ev.DONE: TurnDone,
-    ev.USER: UserPosted,
-    ev.TURN: TurnStarted,
-    ev.SESSION: SessionChanged,
-    ev.RATE: RateChanged,
+
+EVENT_MESSAGES: dict[type[Event], type[EngineMessage]] = {
+    ev.Tok: TokenArrived,
+    ev.Thinking: ThinkingArrived,
+    ev.ToolCalled: ToolCallStarted,
+    ev.ToolReturned: ToolCallFinished,
+    ev.GateOpened: GateOpened,
+    ev.GateResolved: GateResolved,
+    ev.Notice: NoticePosted,
+    ev.ErrorEvent: ErrorRaised,
+    ev.Done: TurnDone,
+    ev.UserPosted: UserPosted,
+    ev.TurnStarted: TurnStarted,
+    ev.SessionChanged: SessionChanged,
+    ev.RateChanged: RateChanged,
 }
 
 
-def to_message(event: Event) -> EngineEvent:
-    cls = EVENT_MESSAGES.get(event.name, EngineEvent)
-    return cls(event.name, event.session_id, dict(event.data), event.turn_id, event.ts)
+def to_message(event: Event) -> EngineMessage:
+    return EVENT_MESSAGES[type(event)](event)
+
+
+def merged_delta(first: Event, second: Event) -> Event | None:
+    """Two adjacent text deltas of one turn as one (for replay buffers); None if they differ."""
+    if first.turn_id != second.turn_id:
+        return None
+    if isinstance(first, ev.Tok) and isinstance(second, ev.Tok):
+        return dataclasses.replace(first, text=first.text + second.text, ts=second.ts)
+    if isinstance(first, ev.Thinking) and isinstance(second, ev.Thinking):
+        return dataclasses.replace(first, text=first.text + second.text, ts=second.ts)
+    return None
 
 
 # ---- messages: services and reads ---------------------------------------------------------------------
@@ -374,32 +407,28 @@ class EngineAdapter:
 
     # -- gates --
 
-    def pending_gates(self) -> list[dict[str, Any]]:
-        out = []
-        for g in self.engine.gatekeeper.broker.pending():
-            d = g.to_dict()
-            d["turn_id"] = g.turn_id
-            out.append(d)
-        return out
+    def pending_gates(self) -> list[ev.GateInfo]:
+        return self.engine.pending_gates()
 
     def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> str | None:
-        """Answer a gate as the console; the reason it could not be answered, or None."""
+        """Answer a gate as the console (`decision`: approve or deny; `scope`: once or session);
+        the reason it could not be answered, or None."""
+        answer = _ANSWERS[decision]  # a KeyError is a bug of ours, not the operator's
         try:
-            self.engine.gatekeeper.broker.resolve(gate_id, decision, scope, by="console")
+            self.engine.resolve_gate(gate_id, answer, "session" if scope == "session" else "once", by="console")
         except GateError as e:
             return str(e)
         return None
 
     # -- rate limits --
 
-    def rate_usage(self, session_id: str | None = None) -> list[dict[str, Any]]:
+    def rate_usage(self, session_id: str | None = None) -> list[ev.RateInfo]:
         """Usage of every session that used a limited tool type, plus every limited type of
         `session_id` (the one the operator is looking at), sorted."""
-        limiter = self.engine.gatekeeper.limiter
-        rows = {(u.session_id, u.tool_type): u for u in limiter.usage()}
+        rows = {(u.session_id, u.tool_type): u for u in self.engine.rate_usage()}
         if session_id is not None:
-            rows.update({(u.session_id, u.tool_type): u for u in limiter.usage(session_id)})
-        return [dataclasses.asdict(rows[k]) for k in sorted(rows)]
+            rows.update({(u.session_id, u.tool_type): u for u in self.engine.rate_usage(session_id)})
+        return [rows[k] for k in sorted(rows)]
 
     def enable_rate(self, session_id: str, tool_type: str) -> bool:
         return self.engine.gatekeeper.limiter.enable(session_id, tool_type)

@@ -29,12 +29,26 @@ from aiops.engine import gc_policy
 from aiops.logs import log_file_handler
 from aiops.tui.adapter import (
     EngineAdapter,
-    EngineEvent,
+    EngineMessage,
+    ErrorRaised,
+    GateOpened,
+    GateResolved,
     HistoryLoaded,
     ModelProbe,
     ModelsChecked,
+    NoticePosted,
+    RateChanged,
     ServicesFailed,
     ServicesStarted,
+    SessionChanged,
+    ThinkingArrived,
+    TokenArrived,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnDone,
+    TurnStarted,
+    UserPosted,
+    merged_delta,
 )
 from aiops.tui.commands import ConsoleCommands, focused_pane
 from aiops.tui.format import gate_outcome, one_line
@@ -130,8 +144,8 @@ class AiopsApp(App[int]):
         self.probes: dict[str, ModelProbe] = {}
         # The running turn of each session and its events so far (replayed when a session is shown).
         self.live_turn: dict[str, str] = {}
-        self.live_events: dict[str, list[EngineEvent]] = {}
-        self._user_events: dict[str, EngineEvent] = {}
+        self.live_events: dict[str, list[ev.Event]] = {}
+        self._user_events: dict[str, ev.UserPosted] = {}
         # Turns this console's input submitted, until they end: turn id -> (session id, text typed).
         self._typed_here: dict[str, tuple[str, str]] = {}
         self._details: GateDetailsScreen | None = None
@@ -404,114 +418,149 @@ class AiopsApp(App[int]):
         return (self.is_running and not self._exit and bool(self.screen_stack)
                 and isinstance(self.screen_stack[0], MainScreen))
 
-    @on(EngineEvent)
-    async def _engine_event(self, msg: EngineEvent) -> None:
-        if not self._drawing:
-            return
-        name, sid = msg.name, msg.session_id
-        if name == ev.SESSION:
-            await self._session_event(msg)
-            if not self._drawing:
-                return
-        elif name == ev.GATE:
-            self._gate_opened(msg.data, msg.turn_id)
-        elif name == ev.GATE_RESOLVED:
-            self._gate_resolved(msg.data)
-        elif name == ev.RATE:
+    # One handler per event message: what the event means to the console's state (gates, limits,
+    # sessions, model reachability), then `_follow` draws it in the chat and the sessions list.
+
+    @on(TokenArrived)
+    @on(ThinkingArrived)
+    @on(ToolCallStarted)
+    @on(ToolCallFinished)
+    @on(NoticePosted)
+    @on(TurnStarted)
+    async def _conversation_event(self, msg: EngineMessage) -> None:
+        await self._follow(msg.event)
+
+    @on(UserPosted)
+    async def _user_posted(self, msg: UserPosted) -> None:
+        await self._follow(msg.event, unread=True)
+
+    @on(GateOpened)
+    async def _gate_opened_event(self, msg: GateOpened) -> None:
+        if self._drawing:
+            self._gate_opened(msg.event.gate)
+            await self._follow(msg.event, unread=True)
+
+    @on(GateResolved)
+    async def _gate_resolved_event(self, msg: GateResolved) -> None:
+        if self._drawing:
+            self._gate_resolved(msg.event.gate)
+            await self._follow(msg.event)
+
+    @on(RateChanged)
+    async def _rate_changed(self, msg: RateChanged) -> None:
+        if self._drawing:
             self._refresh_limits()
-        elif name == ev.DONE:
-            self._model_outcome(msg)
-        elif name == ev.ERROR and msg.data.get("code") == "model_error":
-            self._model_outcome(msg)
-        if sid is None:
+            await self._follow(msg.event)
+
+    @on(ErrorRaised)
+    async def _error_raised(self, msg: ErrorRaised) -> None:
+        if self._drawing and msg.event.code == "model_error":
+            self._model_failed(msg.event)
+        await self._follow(msg.event, unread=True)
+
+    @on(TurnDone)
+    async def _turn_done(self, msg: TurnDone) -> None:
+        if self._drawing:
+            self._model_answered(msg.event)
+        await self._follow(msg.event, unread=True)
+
+    @on(SessionChanged)
+    async def _session_changed(self, msg: SessionChanged) -> None:
+        event = msg.event
+        sid = event.session_id
+        if not self._drawing or sid is None:
             return
-        self._track_live(msg)
-        if sid == self.selected and self.chat.session_id == sid and name != ev.SESSION:
-            await self.chat.apply(msg)
+        if event.change == "deleted":
+            await self._session_deleted(sid)
+            return
+        old_model = self.sessions_list.sessions.get(sid, {}).get("model")
+        self.sessions_list.upsert({"client_id": sid, **event.session})
+        if sid == self.selected:
+            self._update_session_labels()
+            if self.sessions_list.sessions.get(sid, {}).get("model") != old_model:
+                self._refresh_prompt()
+                self._update_guidance()
+
+    async def _follow(self, event: ev.Event, *, unread: bool = False) -> None:
+        """An event of a session: kept for the live turn's replay, drawn when its session is shown
+        (otherwise `unread` marks the session), and the session's last activity."""
+        sid = event.session_id
+        if sid is None or not self._drawing:
+            return
+        self._track_live(event)
+        if sid == self.selected and self.chat.session_id == sid:
+            await self.chat.apply(event)
             if not self._drawing:  # the app began to close while drawing
                 return
-        elif name in (ev.DONE, ev.GATE, ev.ERROR, ev.USER):
+        elif unread:
             self.sessions_list.mark_unread(sid)
-        if name != ev.SESSION:
-            self.sessions_list.touch(sid, msg.ts)
+        self.sessions_list.touch(sid, event.ts)
 
-    def _track_live(self, msg: EngineEvent) -> None:
-        sid, tid, name = msg.session_id or "", msg.turn_id, msg.name
-        if name == ev.USER and tid:
-            self._user_events[tid] = msg
+    def _track_live(self, event: ev.Event) -> None:
+        sid, tid = event.session_id or "", event.turn_id
+        if isinstance(event, ev.UserPosted) and tid:
+            self._user_events[tid] = event
             while len(self._user_events) > 500:
                 self._user_events.pop(next(iter(self._user_events)))
-        if name == ev.TURN and tid:
+        if isinstance(event, ev.TurnStarted) and tid:
             self.live_turn[sid] = tid
             first = self._user_events.get(tid)
-            self.live_events[sid] = [first, msg] if first is not None else [msg]
+            self.live_events[sid] = [first, event] if first is not None else [event]
         elif tid and self.live_turn.get(sid) == tid:
             buf = self.live_events.setdefault(sid, [])
-            merged = buf[-1].merged_with(msg) if buf else None
+            merged = merged_delta(buf[-1], event) if buf else None
             if merged is not None:
                 buf[-1] = merged
             else:
-                buf.append(msg)
-            if name == ev.DONE:
+                buf.append(event)
+            if isinstance(event, ev.Done):
                 self.live_turn.pop(sid, None)
                 self.live_events.pop(sid, None)
                 self._user_events.pop(tid, None)
-        if name == ev.DONE and tid:
+        if isinstance(event, ev.Done) and tid:
             self._typed_here.pop(tid, None)
-        if name in (ev.TURN, ev.DONE):
+        if isinstance(event, ev.TurnStarted | ev.Done):
             if sid == self.selected:
                 self.chat_input.busy = sid in self.live_turn
             self.status.running = len(self.live_turn)
 
-    async def _session_event(self, msg: EngineEvent) -> None:
-        data = msg.data
-        sid = data.get("client_id") or msg.session_id
-        if data.get("change") == "deleted":
-            shown = self.sessions_list.sessions.get(sid, {})
-            self.sessions_list.remove(sid)
-            if sid == self.selected:
-                # Said, not just done: the chat the operator was reading changes under them.
-                self.notify(f"session {shown.get('short_id') or sid} ({sid}) was deleted", timeout=6)
-                console = [s for s in self.sessions_list.sessions.values() if s.get("kind") == "console"]
-                if console:
-                    await self.select_session(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])
-                else:
-                    await self._new_session(focus=False)
-            return
-        old_model = self.sessions_list.sessions.get(sid, {}).get("model")
-        self.sessions_list.upsert(data)
+    async def _session_deleted(self, sid: str) -> None:
+        shown = self.sessions_list.sessions.get(sid, {})
+        self.sessions_list.drop(sid)
         if sid == self.selected:
-            self._update_session_labels()
-            if data.get("model") != old_model:
-                self._refresh_prompt()
-                self._update_guidance()
+            # Said, not just done: the chat the operator was reading changes under them.
+            self.notify(f"session {shown.get('short_id') or sid} ({sid}) was deleted", timeout=6)
+            console = [s for s in self.sessions_list.sessions.values() if s.get("kind") == "console"]
+            if console:
+                await self.select_session(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])
+            else:
+                await self._new_session(focus=False)
 
     # ---- gates -------------------------------------------------------------------------------------------
 
-    def _set_gates(self, gates: list[dict[str, Any]]) -> None:
+    def _set_gates(self, gates: list[ev.GateInfo]) -> None:
         self.inbox.set_gates(gates)
         self.main.set_gate_count(len(self.inbox.gates))
 
-    def _gate_opened(self, gate: dict[str, Any], turn_id: str | None) -> None:
-        gate = {**gate, "turn_id": turn_id}
+    def _gate_opened(self, gate: ev.GateInfo) -> None:
         self.inbox.add(gate)
         self.main.set_gate_count(len(self.inbox.gates))
         # Short and brief: the header badge and the inbox carry the details; this only says that
         # something waits and which key answers it.
-        who = f"{gate.get('client_kind')} {self.sessions_list.short_id(gate.get('session_id'))}"
-        what = f"{gate.get('tool')} {gate.get('operation', '')}".rstrip()
+        who = f"{gate.client_kind} {self.sessions_list.short_id(gate.session_id)}"
+        what = f"{gate.tool} {gate.operation}".rstrip()
         self.notify(f"{who} · {one_line(what, 30)}", title=f"⚑ approval needed · {self.key_name('app.jump_gate')}",
                     severity="warning", timeout=GATE_TOAST_SECONDS, markup=False)
         if self.ring_bell:
             self.bell()
 
-    def _gate_resolved(self, gate: dict[str, Any]) -> None:
-        self.inbox.remove(gate.get("id", ""))
+    def _gate_resolved(self, gate: ev.GateInfo) -> None:
+        self.inbox.drop(gate.id)
         self.main.set_gate_count(len(self.inbox.gates))
         if not self.inbox.gates and self.main.focused is self.inbox:
             self._return_from_gates()  # nothing left to answer where the jump led
         details = self._details
-        if details is not None and details.gate_id == gate.get("id") and details.is_attached:
+        if details is not None and details.gate_id == gate.id and details.is_attached:
             self._details = None
             details.dismiss(None)
             self.notify(f"gate {gate_outcome(gate)}", timeout=4)
@@ -542,22 +591,22 @@ class AiopsApp(App[int]):
         self.chat_input.insert(msg.character)
 
     def _answer(self, gate_id: str, decision: str, scope: str, stop: bool) -> None:
-        gate = self.inbox.gates.get(gate_id, {})
+        gate = self.inbox.gates.get(gate_id)
         error = self.adapter.resolve_gate(gate_id, decision, scope)
         if error:
-            self.inbox.remove(gate_id)
+            self.inbox.drop(gate_id)
             self.main.set_gate_count(len(self.inbox.gates))
             self.notify(error, severity="warning", timeout=5)
             return
-        if stop and gate.get("session_id"):
-            self.adapter.stop_turn(gate["session_id"])
+        if stop and gate is not None and gate.session_id:
+            self.adapter.stop_turn(gate.session_id)
 
     @on(GatesInbox.DetailsRequested)
     async def _gate_details(self, msg: GatesInbox.DetailsRequested) -> None:
         gate = self.inbox.gates.get(msg.gate_id)
         if gate is None:
             return
-        sid = gate.get("session_id") or ""
+        sid = gate.session_id
         context = ""
         with contextlib.suppress(Exception):
             page = await self.adapter.load_history(sid, 8)
@@ -571,7 +620,7 @@ class AiopsApp(App[int]):
                     lines.append(f"tool call: {tc.name}")
             context = "\n".join(lines[-8:])
         live = self.live_events.get(sid, [])
-        partial = "".join(e.data.get("text", "") for e in live if e.name == ev.TOK)
+        partial = "".join(e.text for e in live if isinstance(e, ev.Tok))
         if partial.strip():
             context += f"\n(streaming) {one_line(partial, 300)}"
         if not self._drawing or msg.gate_id not in self.inbox.gates:
@@ -655,18 +704,17 @@ class AiopsApp(App[int]):
         self.probes = dict(msg.probes)
         self._update_guidance()
 
-    def _model_outcome(self, msg: EngineEvent) -> None:
-        model = msg.data.get("model")
-        if msg.name == ev.DONE:
-            if model and msg.data.get("status") == "complete" and not msg.data.get("command"):
-                self.probes[model] = ModelProbe(model, True, "", self.adapter.describe_model(model))
-                self._update_guidance()
-            return
-        sid = msg.session_id
-        info = self.sessions_list.sessions.get(sid or "", {})
+    def _model_answered(self, done: ev.Done) -> None:
+        """A whole answer: its model is reachable, whatever the last probe said."""
+        model = done.model
+        if model and done.status == "complete" and not done.command:
+            self.probes[model] = ModelProbe(model, True, "", self.adapter.describe_model(model))
+            self._update_guidance()
+
+    def _model_failed(self, error: ev.ErrorEvent) -> None:
+        info = self.sessions_list.sessions.get(error.session_id or "", {})
         key = info.get("model") or self.adapter.default_model()
-        self.probes[key] = ModelProbe(key, False, one_line(msg.data.get("message", ""), 200),
-                                      self.adapter.describe_model(key))
+        self.probes[key] = ModelProbe(key, False, one_line(error.message, 200), self.adapter.describe_model(key))
         self._update_guidance()
 
     def _update_guidance(self) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from aiops.engine.events import GateInfo
 
 STATE_MARK = {"idle": "·", "running": "▶", "waiting": "⚑"}
 
@@ -75,12 +78,15 @@ def duration(ms: float | None) -> str:
     return f"{ms / 1000:.1f} s"
 
 
-def gate_outcome(info: dict[str, Any]) -> str:
+def gate_outcome(info: GateInfo | Mapping[str, Any]) -> str:
     """How a gate was answered, in words: "approved for the session by ops", "timed out",
     "cancelled (session deleted)". "timeout by timeout" says one thing twice; "cancelled by
-    client disconnected" reads as why, so it is put as why."""
-    decision = str(info.get("decision") or "")
-    by = str(info.get("by") or "")
-    scope_txt = " for the session" if info.get("scope") == "session" and decision == "approved" else ""
+    client disconnected" reads as why, so it is put as why. `info`: a resolved gate, or the
+    resolution keys of a stored gate record."""
+    if not isinstance(info, GateInfo):
+        info = GateInfo.from_dict(info)
+    decision = str(info.decision or "")
+    by = str(info.by or "")
+    scope_txt = " for the session" if info.scope == "session" and decision == "approved" else ""
     by_txt = "" if not by or by == decision else (f" ({by})" if decision == "cancelled" else f" by {by}")
     return f"{'timed out' if decision == 'timeout' else decision}{scope_txt}{by_txt}"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 # Panes, in the order the palette lists them after the focused one.
 PANES: dict[str, str] = {
@@ -142,7 +142,8 @@ KEYS: tuple[KeySpec, ...] = (
 BY_ID: dict[str, KeySpec] = {k.id: k for k in KEYS}
 
 
-def bindings_for(pane: str) -> list[Binding]:
+def bindings_for(pane: str) -> list[BindingType]:
+    # Typed as Textual's BINDINGS are, so a widget's BINDINGS = bindings_for(...) overrides them.
     return [k.binding() for k in KEYS if k.pane == pane]
 
 

@@ -3,6 +3,7 @@ statuses, command-only runs, a session deleting itself, and models it cannot use
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import subprocess
@@ -47,6 +48,30 @@ def test_without_a_terminal_an_ask_gate_is_denied_at_once_saying_how_to_allow_it
     assert "✗ update_system_prompt" in r.stdout
     assert r.stdout.rstrip().endswith("I could not change it.")
     assert "Be brief." not in (cfg / "system_prompt" / "default" / ".system_prompt_role").read_text()
+
+
+def test_json_output_follows_a_gate_with_one_waiting_notice_and_text_output_shows_none(setup):
+    """`--json` writes every event of the turn as one line; right after a gate comes the "waiting for
+    approval" notice naming it (key order included: scripts diff these lines), once."""
+    cfg, data, fake = setup
+    fake.script(Reply.tool_calls(EDIT), Reply.text("I could not change it."))
+    r = chat(cfg, data, "make yourself brief", "--json")
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines() if line]  # the last line is empty
+    names = [e["event"] for e in events]
+    at = names.index("gate")
+    gate, notice = events[at], events[at + 1]
+    assert list(notice) == ["event", "text", "gate_id", "session_id", "turn_id"]
+    assert notice == {"event": "notice", "text": "waiting for operator approval: update_system_prompt write",
+                      "gate_id": gate["id"], "session_id": gate["session_id"], "turn_id": gate["turn_id"]}
+    assert sum(1 for e in events if e["event"] == "notice" and "gate_id" in e) == 1
+    resolved = events[names.index("gate_resolved")]
+    assert resolved["id"] == gate["id"] and resolved["decision"] == "denied"
+    assert names[-1] == "done" and events[-1]["text"] == "I could not change it."
+
+    fake.script(Reply.tool_calls(EDIT), Reply.text("No."))
+    r = chat(cfg, data, "make yourself brief")
+    assert "[gate " in r.stdout and "waiting for operator approval" not in r.stdout + r.stderr
 
 
 def test_on_a_terminal_the_operator_answers_the_gate_inline(setup):

@@ -32,7 +32,7 @@ async def test_a_gate_from_the_openai_proxy_is_approved_in_the_console(make_app,
             await wait_for(pilot, lambda: app.inbox.gates or request.done(), "the proxy's gate")
             assert not request.done(), request.result() if request.done() else None
             gate = next(iter(app.inbox.gates.values()))
-            assert gate["client_kind"] == "proxy" and gate["tool"] == "write_note"
+            assert gate.client_kind == "proxy" and gate.tool == "write_note"
             side = region_text(app, "#side")
             assert "proxy" in side and "write_note write" in side and "from the chat UI" in side
             assert "proxy (1)" in screen_text(app)  # the chat UI's session is listed with its kind

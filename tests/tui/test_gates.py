@@ -12,6 +12,7 @@ from textual import events
 from textual.widgets import Markdown
 
 from aiops.engine.engine import Engine
+from aiops.engine.events import GateInfo
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp
 from aiops.tui.screens.modals import GateDetailsScreen
@@ -37,7 +38,7 @@ from tests.tui.conftest import (
 NOTE = ("write_note", {"text": "disk at 91%"})
 
 
-async def _ask(pilot, app, fake_openai, trigger: str = "note this") -> dict:
+async def _ask(pilot, app, fake_openai, trigger: str = "note this") -> GateInfo:
     """Send a message whose turn calls write_note; return the gate once it is in the inbox."""
     fake_openai.responder = call_tool_when(trigger, NOTE)
     await send(pilot, f"please {trigger}")
@@ -50,7 +51,7 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
         gate = await _ask(pilot, app, fake_openai)
-        assert gate["tool"] == "write_note" and gate["operation"] == "write"
+        assert gate.tool == "write_note" and gate.operation == "write"
         # Seen without stealing focus: the inbox, the header badge, a notification, the bell.
         inbox = region_text(app, "#side")
         assert "write_note write" in inbox and "disk at 91%" in inbox and "Gates (1)" in inbox
@@ -154,7 +155,7 @@ async def test_a_gate_answered_elsewhere_leaves_at_once(make_app, fake_openai):
         await pilot.press("ctrl+g", "enter")
         await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
         # An operator answers through the API (the broker is what the API calls).
-        app.adapter.engine.gatekeeper.broker.resolve(gate["id"], "approve", by="api:ops")
+        app.adapter.engine.gatekeeper.broker.resolve(gate.id, "approve", by="api:ops")
         await wait_for(pilot, lambda: not isinstance(app.screen, GateDetailsScreen), "the details to close")
         await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
         assert "No gate is waiting." in region_text(app, "#side")
@@ -343,7 +344,7 @@ async def test_a_gate_resolved_through_the_engine_leaves_the_inbox_and_returns_t
         await pilot.press("ctrl+g")
         await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
         # Answered through the API while the operator looks at it (the broker is what the API calls).
-        app.adapter.engine.gatekeeper.broker.resolve(gate["id"], "deny", by="api:ops")
+        app.adapter.engine.gatekeeper.broker.resolve(gate.id, "deny", by="api:ops")
         await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
         await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "the input")
         await wait_chat(pilot, "denied by api:ops")

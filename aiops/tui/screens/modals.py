@@ -7,7 +7,6 @@ main screen's bar (under the modal) would offer keys that do nothing while the m
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -17,6 +16,7 @@ from textual.highlight import highlight
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Markdown, Static, TextArea
 
+from aiops.engine.events import GateInfo
 from aiops.tui.format import pretty_json, sql_of, time_left
 from aiops.tui.keys import PANES, KeySpec, display_keys, keys_of, specs_for
 from aiops.tui.widgets.footer import ConsoleFooter
@@ -69,7 +69,7 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
         Binding("escape", "close", "Close", tooltip="Close without answering", id="gate_details.close"),
     ]
 
-    def __init__(self, gate: dict[str, Any], session_label: str, context: str) -> None:
+    def __init__(self, gate: GateInfo, session_label: str, context: str) -> None:
         super().__init__(classes="modal")
         self.gate = gate
         self.session_label = session_label
@@ -77,19 +77,18 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
 
     @property
     def gate_id(self) -> str:
-        return str(self.gate.get("id"))
+        return self.gate.id
 
     def compose(self) -> ComposeResult:
         g = self.gate
-        head = (f"{g.get('client_kind')} session {self.session_label} · {g.get('tool')} "
-                f"{g.get('operation')} · {g.get('tool_type')}")
-        args = g.get("args") or {}
+        head = f"{g.client_kind} session {self.session_label} · {g.tool} {g.operation} · {g.tool_type}"
+        args = dict(g.args)
         sql = sql_of(args)
         with Vertical(id="dialog"):
             yield Label(Content.assemble(("⚑ gate ", "bold"), self.gate_id), classes="dialog-title")
             yield Static(Content(head))
-            if g.get("tables"):
-                yield Static(Content("tables: " + ", ".join(g["tables"])))
+            if g.tables:
+                yield Static(Content("tables: " + ", ".join(g.tables)))
             yield Static(self._time_left(), id="gate-time-left")
             with VerticalScroll(id="gate-body"):
                 # Textual's highlighter uses theme variables: the colours follow the theme.
@@ -117,14 +116,14 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
         return f"{key} {text}"
 
     def _time_left(self) -> Content:
-        expires = self.gate.get("expires_at")
+        expires = self.gate.expires_at
         left = time_left(expires)
         if expires is None:
             return Content.assemble("time left: ", (left, "bold"), " (waits until answered)")
         return Content.assemble("time left: ", (left, "bold $warning"))
 
     def on_mount(self) -> None:
-        if self.gate.get("expires_at") is not None:
+        if self.gate.expires_at is not None:
             self.set_interval(1, self._tick)
 
     def _tick(self) -> None:

@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Collapsible, Markdown, Static
 
 from aiops.engine import events as ev
+from aiops.gates.broker import waiting_notice
 from aiops.tui.format import args_preview, duration, gate_outcome, one_line, pretty_json, sql_of
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
 from aiops.tui.widgets.fitted import HangingText
@@ -28,8 +29,8 @@ from aiops.tui.widgets.fitted import HangingText
 if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
+    from aiops.engine.events import Event
     from aiops.engine.types import Message as HistoryMessage
-    from aiops.tui.adapter import EngineEvent
 
 PREVIEW_LINES = 30
 
@@ -180,12 +181,10 @@ class ToolCallBlock(Collapsible):
 class GateLine(Static):
     """A gate decision, inline where it happened."""
 
-    def __init__(self, info: dict[str, Any]) -> None:
-        decision = str(info.get("decision") or "")
-        summary = info.get("summary") or info.get("tool") or ""
-        super().__init__(Content.assemble(("⚑ ", "bold"), f"{gate_outcome(info)}: ", summary),
-                         classes=f"msg gate-line {decision}")
-        self.info = info
+    def __init__(self, gate: ev.GateInfo) -> None:
+        super().__init__(Content.assemble(("⚑ ", "bold"), f"{gate_outcome(gate)}: ", gate.summary or gate.tool),
+                         classes=f"msg gate-line {gate.decision or ''}")
+        self.gate = gate
 
 
 class NoticeLine(Static):
@@ -245,16 +244,15 @@ def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
                 tools[tc.id] = block
                 out.append(block)
         elif m.role == "tool":
-            block = tools.get(m.tool_call_id or "")
-            if block is None:
-                block = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
-                out.append(block)
-            block.set_result(m.content, is_error=bool(m.meta.get("is_error")),
+            found = tools.get(m.tool_call_id or "")
+            if found is None:
+                found = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
+                out.append(found)
+            found.set_result(m.content, is_error=bool(m.meta.get("is_error")),
                              duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"), status=m.status)
         elif m.role == "gate":
-            info = dict(m.meta)
-            info.setdefault("summary", m.content)
-            out.append(GateLine(info))
+            # The stored record is the resolved gate object (its summary, else the record's text).
+            out.append(GateLine(ev.GateInfo.from_dict({"summary": m.content, **m.meta})))
         elif m.role == "notice":
             if m.meta.get("kind") == "command":
                 out.append(CommandOutput(m.content, m.meta.get("command")))
@@ -304,7 +302,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
     # -- building the view --
 
     async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
-                   live: Iterable[EngineEvent] = ()) -> None:
+                   live: Iterable[Event] = ()) -> None:
         """Replace the view: a page of history, then the events of the live turn (if any)."""
         live = list(live)
         await self._finish_current()
@@ -377,57 +375,64 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
 
     # -- live events --
 
-    async def apply(self, event: EngineEvent) -> None:
+    async def apply(self, event: Event) -> None:
         """Draw one live event of this session."""
-        name, data = event.name, event.data
-        if name == ev.TOK:
-            text = data.get("text", "")
-            if self._current is None and not text.strip():
-                return
-            await (await self._assistant()).write(text)
-        elif name == ev.THINKING:
-            await (await self._assistant()).think(data.get("text", ""))
-        elif name == ev.USER:
-            await self._finish_current()
-            await self._add(UserMessage(data.get("text", ""), command=bool(data.get("command")),
-                                        model=data.get("model")))
-        elif name == ev.TOOL_CALL:
-            await self._finish_current()
-            block = ToolCallBlock(data.get("id", ""), data.get("name", "tool"), data.get("arguments", {}))
-            if self._details_open:
-                block.collapsed = False
-            self._tools[block.call_id] = block
-            await self._add(block)
-        elif name == ev.TOOL_RESULT:
-            block = self._tools.get(data.get("id", ""))
-            if block is None:
-                block = ToolCallBlock(data.get("id", ""), data.get("name", "tool"), {})
+        match event:
+            case ev.Tok(text=text):
+                if self._current is None and not text.strip():
+                    return
+                await (await self._assistant()).write(text)
+            case ev.Thinking(text=text):
+                await (await self._assistant()).think(text)
+            case ev.UserPosted():
+                await self._finish_current()
+                await self._add(UserMessage(event.text, command=event.command, model=event.model))
+            case ev.ToolCalled():
+                await self._finish_current()
+                block = ToolCallBlock(event.call_id, event.tool, event.arguments)
+                if self._details_open:
+                    block.collapsed = False
                 self._tools[block.call_id] = block
                 await self._add(block)
-            content = data.get("content", "")
-            if data.get("truncated"):
-                content += "\n… (preview; the full result is in the session history)"
-            block.set_result(content, is_error=bool(data.get("is_error")),
-                             duration_ms=data.get("duration_ms"), gate=data.get("gate"), status=data.get("status"))
-        elif name == ev.GATE_RESOLVED:
-            await self._finish_current()
-            if (waiting := self._waiting.pop(str(data.get("id")), None)) is not None:
-                await waiting.remove()  # the history has the decision only, not the wait
-            await self._add(GateLine(data))
-        elif name == ev.NOTICE:
-            await self._finish_current()
-            if data.get("command"):
-                await self._add(CommandOutput(data.get("text", ""), data.get("command")))
-            else:
-                line = NoticeLine(data.get("text", ""))
-                if data.get("gate_id"):
-                    self._waiting[str(data["gate_id"])] = line
+            case ev.ToolReturned():
+                await self._tool_returned(event)
+            case ev.GateOpened(gate=gate):
+                # Shown while the gate waits, dropped when it is answered (the history keeps
+                # only the decision): derived from the gate's own events.
+                await self._finish_current()
+                line = NoticeLine(waiting_notice(gate))
+                self._waiting[gate.id] = line
                 await self._add(line)
-        elif name == ev.ERROR:
-            await self._finish_current()
-            await self._add(ErrorLine(data.get("message", ""), data.get("code")))
-        elif name == ev.DONE:
-            await self._finish_current()
+            case ev.GateResolved(gate=gate):
+                await self._finish_current()
+                if (waiting := self._waiting.pop(gate.id, None)) is not None:
+                    await waiting.remove()
+                await self._add(GateLine(gate))
+            case ev.Notice(gate_id=str()):
+                pass  # the engine's own "waiting for approval" notice: drawn from GateOpened above
+            case ev.Notice(command=str(command)) if command:
+                await self._finish_current()
+                await self._add(CommandOutput(event.text, command))
+            case ev.Notice():
+                await self._finish_current()
+                await self._add(NoticeLine(event.text))
+            case ev.ErrorEvent():
+                await self._finish_current()
+                await self._add(ErrorLine(event.message, event.code))
+            case ev.Done():
+                await self._finish_current()
+
+    async def _tool_returned(self, event: ev.ToolReturned) -> None:
+        block = self._tools.get(event.call_id)
+        if block is None:
+            block = ToolCallBlock(event.call_id, event.tool, {})
+            self._tools[block.call_id] = block
+            await self._add(block)
+        content = event.content
+        if event.truncated:
+            content += "\n… (preview; the full result is in the session history)"
+        block.set_result(content, is_error=event.is_error, duration_ms=event.duration_ms, gate=event.gate,
+                         status=event.status)
 
     # -- actions --
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pygments.token import Token
@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from aiops.engine.events import GateInfo
 from aiops.gates.broker import summary_detail
 from aiops.tui.format import one_line, sql_of, time_left
 from aiops.tui.keys import bindings_for
@@ -78,7 +79,7 @@ goes to the message input.
                  clock: Callable[[], float] = time.monotonic, **kw: Any) -> None:
         """`clock` (seconds, monotonic) times the ARM_SECONDS pause; a test passes one it advances."""
         super().__init__(**kw)
-        self.gates: dict[str, dict[str, Any]] = {}
+        self.gates: dict[str, GateInfo] = {}
         self._short_id = short_id or (lambda sid: sid or "?")
         self._clock = clock
         # When a gate last moved under the cursor by itself (arrived, or slid up after an answer)
@@ -93,18 +94,20 @@ goes to the message input.
 
     # -- data --
 
-    def ordered(self) -> list[dict[str, Any]]:
-        return sorted(self.gates.values(), key=lambda g: g.get("created_at") or 0)
+    def ordered(self) -> list[GateInfo]:
+        return sorted(self.gates.values(), key=lambda g: g.created_at)
 
-    def set_gates(self, gates: list[dict[str, Any]]) -> None:
-        self.gates = {g["id"]: dict(g) for g in gates}
+    def set_gates(self, gates: Iterable[GateInfo]) -> None:
+        self.gates = {g.id: g for g in gates}
         self.rebuild()
 
-    def add(self, gate: dict[str, Any]) -> None:
-        self.gates[gate["id"]] = dict(gate)
+    def add(self, gate: GateInfo) -> None:
+        self.gates[gate.id] = gate
         self.rebuild()
 
-    def remove(self, gate_id: str) -> bool:
+    def drop(self, gate_id: str) -> bool:
+        """Take an answered (or vanished) gate out of the inbox; False if it was not in it.
+        (Not `remove`: that is every widget's own removal from the DOM.)"""
         if self.gates.pop(gate_id, None) is None:
             return False
         self.rebuild()
@@ -112,29 +115,29 @@ goes to the message input.
 
     # -- drawing --
 
-    def _prompt(self, g: dict[str, Any]) -> Rows:
-        who = f"{g.get('client_kind', '?')} {self._short_id(g.get('session_id'))}"
-        what = f"{g.get('tool', '?')} {g.get('operation', '')}".rstrip()
+    def _prompt(self, g: GateInfo) -> Rows:
+        who = f"{g.client_kind or '?'} {self._short_id(g.session_id)}"
+        what = f"{g.tool or '?'} {g.operation}".rstrip()
         head = Content.assemble(("⚑ ", "$warning"), (who, "bold"), " · ", what)
         lines: list[tuple[Content, Content]] = [(head, self._time_left(g))]
-        if g.get("tables"):
-            lines.append((Content.assemble("  ", ("tables ", "dim"), (", ".join(g["tables"]), "bold")),
+        if g.tables:
+            lines.append((Content.assemble("  ", ("tables ", "dim"), (", ".join(g.tables), "bold")),
                           Content("")))
-        sql = sql_of(g.get("args"))
+        sql = sql_of(dict(g.args))
+        body: Content | None
         if sql is not None:
             body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql", theme=RowSQL))
         else:
-            detail = summary_detail(str(g.get("summary") or ""), str(g.get("tool") or ""),
-                                    str(g.get("operation") or ""), g.get("tables") or ())
+            detail = summary_detail(g.summary, g.tool, g.operation, g.tables)
             body = Content.styled("  " + one_line(detail, 400), "dim") if detail else None
         if body is not None:
             lines.append((body, Content("")))
         return Rows(lines)
 
     @staticmethod
-    def _time_left(g: dict[str, Any]) -> Content:
-        left = time_left(g.get("expires_at"))
-        expires = g.get("expires_at")
+    def _time_left(g: GateInfo) -> Content:
+        expires = g.expires_at
+        left = time_left(expires)
         urgent = expires is not None and expires - time.time() < URGENT_SECONDS
         return Content.styled(left, "bold $error" if urgent else "$text-muted")
 
@@ -154,22 +157,22 @@ goes to the message input.
             self._moved_at = self._clock()
         self.border_title = f"Gates ({len(gates)})" if gates else "Gates"
 
-    def _set_gate_options(self, gates: list[dict[str, Any]], current: str | None, index: int) -> None:
+    def _set_gate_options(self, gates: list[GateInfo], current: str | None, index: int) -> None:
         with self.app.batch_update():
             if gates:
-                self.set_options(Option(self._prompt(g), id=g["id"]) for g in gates)
+                self.set_options(Option(self._prompt(g), id=g.id) for g in gates)
             else:
                 self.set_options([Option(Content.styled("No gate is waiting.", "dim italic"), disabled=True)])
             if gates:
-                ids = [g["id"] for g in gates]
+                ids = [g.id for g in gates]
                 self.highlighted = ids.index(current) if current in ids else min(index, len(ids) - 1)
 
     def _tick(self) -> None:
-        if any(g.get("expires_at") for g in self.gates.values()):
+        if any(g.expires_at for g in self.gates.values()):
             for g in self.ordered():
-                if g.get("expires_at"):
+                if g.expires_at:
                     try:
-                        self.replace_option_prompt(g["id"], self._prompt(g))
+                        self.replace_option_prompt(g.id, self._prompt(g))
                     except Exception:  # noqa: BLE001 - removed meanwhile
                         pass
 

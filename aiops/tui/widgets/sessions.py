@@ -79,7 +79,9 @@ to the message input.
         self.sessions[sid] = merged
         self.rebuild()
 
-    def remove(self, session_id: str) -> None:
+    def drop(self, session_id: str) -> None:
+        """Take a deleted session off the list. (Not `remove`: that is every widget's own removal
+        from the DOM.)"""
         self.sessions.pop(session_id, None)
         self.unread.discard(session_id)
         self.rebuild()
