@@ -173,6 +173,7 @@ class ServerConfig(_Strict):
     # The MCP endpoint (/mcp) listens on its own port on the same host; None: the main port + 1
     # (0 lets the OS choose, as port = 0 does). See docs/MCP.md.
     mcp_port: int | None = Field(None, ge=0, le=65535)
+    mcp_enabled: bool = True
 
     @field_validator("cors_origins")
     @classmethod

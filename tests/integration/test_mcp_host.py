@@ -210,7 +210,8 @@ class HttpMcp:
 
     async def start(self) -> None:
         app = self.build().streamable_http_app()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve())
         async with asyncio.timeout(10):
@@ -219,8 +220,7 @@ class HttpMcp:
 
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            self._server.force_exit = True  # open streams (the client's GET) end now
+            self._server.should_exit = True  # open streams are cut after timeout_graceful_shutdown
             await asyncio.gather(self._task, return_exceptions=True)
             self._server = self._task = None
 
