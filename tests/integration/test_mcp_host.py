@@ -8,6 +8,7 @@ reconnect). The model is the fake OpenAI server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
+from mcp.types import ImageContent, TextContent, ToolAnnotations
 
 from aiops.engine.engine import Engine
 from aiops.engine.events import GateOpened
@@ -26,6 +27,7 @@ from aiops.integrations.mcp.naming import model_tool_name
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.engine import next_event
 
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # an image's bytes, as a server sends them
 TIME_SERVER = str(Path(sys.executable).parent / "mcp-server-time")
 
 
@@ -198,6 +200,12 @@ class HttpMcp:
             """The whole log."""
             return "FIRST LINE\n" + "".join(f"line {i}\n" for i in range(20_000)) + "LAST LINE"
 
+        @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def screenshot() -> list[TextContent | ImageContent]:
+            """A picture of the board."""
+            return [TextContent(type="text", text="the board:"),
+                    ImageContent(type="image", data=base64.b64encode(PNG).decode(), mime_type="image/png")]
+
         @mcp.resource("notes://index")
         def index() -> str:
             return "milk, eggs"
@@ -322,3 +330,18 @@ async def test_operator_reads_a_resource_and_runs_a_prompt(engine_factory, fake_
     await fake_openai.wait_for_requests_async(1, timeout=20)
     asked = [m["content"] for m in fake_openai.last_request.json["messages"] if m["role"] == "user"]
     assert asked[-1] == "Summarize what we know about eggs."
+
+
+async def test_an_image_becomes_an_artifact_not_context(engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url)})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__screenshot", {})), Reply.text("seen"))
+    await engine.run("api-i", "show me", kind="api", timeout=20)
+    told = tool_results(fake_openai)[0]
+    assert told.startswith("the board:") and "image image/png" in told and "not shown to the model" in told
+    assert base64.b64encode(PNG).decode()[:40] not in told
+    tool_msg = next(m for m in await engine.history("api-i") if m.role == "tool")
+    (artifact,) = tool_msg.meta["data"]["artifacts"]
+    assert artifact["mime_type"] == "image/png"
+    assert await asyncio.to_thread(Path(artifact["path"]).read_bytes) == PNG
+    assert artifact["path"] in told

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
+import mcp_types as mt
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -66,9 +67,9 @@ def mcp_url(srv: ApiServer) -> str:
 
 
 @asynccontextmanager
-async def connect(srv: ApiServer, token: str) -> AsyncIterator[Client]:
+async def connect(srv: ApiServer, token: str, **kw) -> AsyncIterator[Client]:
     async with create_mcp_http_client(headers=TOKENS.header(token)) as http:
-        async with Client(streamable_http_client(mcp_url(srv), http_client=http)) as client:
+        async with Client(streamable_http_client(mcp_url(srv), http_client=http), **kw) as client:
             yield client
 
 
@@ -153,3 +154,36 @@ async def test_gate_notification_reaches_the_operator_who_approves_it_and_a_clie
                     await anext(aiter(other_events))
     audit = await srv.engine.store.audit()
     assert ("gate_resolved", "approved", "mcp:ops") in [(a.event, a.decision, a.actor) for a in audit]
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # legacy on purpose
+async def test_legacy_resources_subscribe_clients_hear_only_what_they_may_read(served):
+    """A handshake-era client (`resources/subscribe`, notifications on its standing stream)."""
+    srv, _ = served
+    heard: dict[str, asyncio.Queue[str]] = {"ops": asyncio.Queue(), "bot": asyncio.Queue(),
+                                            "other": asyncio.Queue()}
+
+    def handler(name: str):
+        async def on_message(message) -> None:
+            if isinstance(message, mt.ResourceUpdatedNotification):
+                heard[name].put_nowait(str(message.params.uri))
+        return on_message
+
+    srv.fake.script(Reply.text("first"), Reply.text("second"))
+    async with connect(srv, "ops", mode="legacy", message_handler=handler("ops")) as ops, \
+            connect(srv, "bot", mode="legacy", message_handler=handler("bot")) as bot, \
+            connect(srv, "other", mode="legacy", message_handler=handler("other")) as other:
+        sid = json.loads(text_of(await bot.call_tool("send_message", {"text": "one"})))["session"]
+        uri = f"aiops://sessions/{sid}"
+        await bot.subscribe_resource(uri)
+        await ops.subscribe_resource(uri)
+        for forbidden in (uri, "aiops://gates/history"):
+            with pytest.raises(MCPError) as e:
+                await other.subscribe_resource(forbidden)
+            assert e.value.error.code == -32950
+        await other.subscribe_resource("aiops://gates/pending")  # its own sessions' gates: none here
+        await bot.call_tool("send_message", {"text": "two", "session": sid})
+        async with asyncio.timeout(20):
+            assert await heard["bot"].get() == uri
+            assert await heard["ops"].get() == uri
+    assert heard["other"].empty()

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from mcp.shared.exceptions import MCPError
@@ -90,7 +91,8 @@ def mcp_command(plugin: McpPlugin) -> Command:
                 result = await conn.call(lambda c: c.read_resource(argv[2]))
             except (NotConnected, MCPError) as e:
                 raise CommandError(f"{argv[1]}: {e}") from None
-            rendered = render_contents(list(result.contents), plugin.artifacts, conn.name)
+            rendered = await asyncio.to_thread(render_contents, list(result.contents), plugin.artifacts,
+                                               conn.name)
             await ctx.engine.store.add_audit("operator_mcp_read", session_id=ctx.session_id,
                                              tool=f"mcp:{conn.name}", operation="read", decision="approved",
                                              actor=f"operator:{ctx.client_kind}", data={"uri": argv[2]})
@@ -102,7 +104,8 @@ def mcp_command(plugin: McpPlugin) -> Command:
                 result = await conn.call(lambda c: c.get_prompt(argv[2], arguments or None))
             except (NotConnected, MCPError) as e:
                 raise CommandError(f"{argv[1]}: {e}") from None
-            rendered = render_contents([m.content for m in result.messages], plugin.artifacts, conn.name)
+            rendered = await asyncio.to_thread(render_contents, [m.content for m in result.messages],
+                                               plugin.artifacts, conn.name)
             text = rendered.text.strip()
             if not text:
                 raise CommandError(f"prompt {argv[2]} of {conn.name} has no text")

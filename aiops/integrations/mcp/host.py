@@ -181,8 +181,10 @@ class McpPlugin(Plugin):
             if not isinstance(result, mt.CallToolResult):
                 return ToolOutput(f"error: MCP server {server} answered {original} with "
                                   f"{type(result).__name__}, not a tool result", is_error=True)
-            rendered = render_contents(list(result.content), self.artifacts, server)
-            data = operator_copy(rendered, self.artifacts, server, original, result.structured_content)
+            # Artifacts are files: written off the event loop.
+            rendered = await asyncio.to_thread(render_contents, list(result.content), self.artifacts, server)
+            data = await asyncio.to_thread(operator_copy, rendered, self.artifacts, server, original,
+                                           result.structured_content)
             text = cut_for_model(rendered.text, limit) or "(the tool returned no content)"
             return ToolOutput(text, data=data, is_error=bool(result.is_error))
 

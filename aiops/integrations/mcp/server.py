@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+import mcp_types as mt
 from mcp.server.mcpserver import MCPServer
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
@@ -110,7 +111,11 @@ class AiopsMcp:
                                         "to its agent, list sessions, answer gates (operators).",
                                         subscriptions=self.bus, middleware=[self._identify])
         self._forwarder: asyncio.Task[None] | None = None
+        # Legacy `resources/subscribe` clients (handshake-era protocol): their session, who they
+        # are and the URIs they asked for. Notified by the same rule as listen streams.
+        self._legacy: dict[Any, tuple[Identity, set[str]]] = {}
         self._register()
+        self._register_legacy_subscriptions()
 
     # ---- identity ---------------------------------------------------------------------------------
 
@@ -212,6 +217,44 @@ class AiopsMcp:
             return json.dumps({"gates": gk.rules.to_toml_dict(), "limits": gk.limits.model_dump(mode="json")},
                               default=str)
 
+    def _register_legacy_subscriptions(self) -> None:
+        async def subscribe(ctx: Any, params: mt.SubscribeRequestParams) -> mt.EmptyResult:
+            who = caller()
+            uri = str(params.uri)
+            if not self._may_read(who, uri):
+                raise refused(f"{uri} is not yours to read, so not to subscribe to")
+            self._legacy.setdefault(ctx.session, (who, set()))[1].add(uri)
+            return mt.EmptyResult()
+
+        async def unsubscribe(ctx: Any, params: mt.UnsubscribeRequestParams) -> mt.EmptyResult:
+            entry = self._legacy.get(ctx.session)
+            if entry is not None:
+                entry[1].discard(str(params.uri))
+            return mt.EmptyResult()
+
+        # MCPServer has no public way to serve these two; its lowlevel server's public API does.
+        low = self.mcp._lowlevel_server  # noqa: SLF001
+        low.add_request_handler("resources/subscribe", mt.SubscribeRequestParams, subscribe)
+        low.add_request_handler("resources/unsubscribe", mt.UnsubscribeRequestParams, unsubscribe)
+
+    def _may_read(self, who: Identity, uri: str) -> bool:
+        """Whether `who` may subscribe to `uri` (reading checks each resource itself)."""
+        if who.operator:
+            return True
+        if uri in (SESSIONS, PENDING):
+            return True  # filtered to the caller's own when read
+        return self._may_hear(who, uri) or (uri.startswith(SESSIONS + "/")
+                                            and uri.removeprefix(SESSIONS + "/") not in self._owners)
+
+    async def _notify_legacy(self, uri: str) -> None:
+        for session, (who, uris) in list(self._legacy.items()):
+            if uri not in uris or not self._may_hear(who, uri):
+                continue
+            try:
+                await session.send_resource_updated(uri)
+            except Exception:  # noqa: BLE001 - a session that went away is forgotten
+                self._legacy.pop(session, None)
+
     def _operator(self, what: str) -> Identity:
         who = caller()
         if not who.operator:
@@ -275,5 +318,6 @@ class AiopsMcp:
             for uri in uris:
                 try:
                     await self.bus.publish(ResourceUpdated(uri=uri))
+                    await self._notify_legacy(uri)
                 except Exception:  # noqa: BLE001 - one listener's failure must not end the others'
                     log.exception("mcp: notifying %s failed", uri)
