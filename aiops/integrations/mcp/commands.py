@@ -10,15 +10,23 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from mcp.shared.exceptions import MCPError
-
 from aiops.engine.commands import Command, CommandContext, CommandError
-from aiops.integrations.mcp.connection import NotConnected, ServerConnection
 from aiops.integrations.mcp.naming import model_tool_name
 from aiops.integrations.mcp.results import render_contents
 
 if TYPE_CHECKING:
+    from aiops.integrations.mcp.connection import ServerConnection
     from aiops.integrations.mcp.host import McpPlugin
+
+
+def _errors() -> tuple[type[Exception], ...]:
+    """What a request to a server may raise that the operator should read (imported late: the
+    SDK loads only when servers are configured)."""
+    from mcp.shared.exceptions import MCPError
+
+    from aiops.integrations.mcp.connection import NotConnected
+
+    return (NotConnected, MCPError)
 
 USAGE = "!mcp [read SERVER URI | prompt SERVER NAME [key=value ...]]"
 
@@ -47,13 +55,13 @@ async def _listing(plugin: McpPlugin, conn: ServerConnection) -> list[str]:
             names = [p.name + (f"({', '.join(a.name for a in p.arguments or [])})" if p.arguments else "")
                      for p in prompts.prompts]
             lines.append(f"  prompts: {', '.join(names) or 'none'}")
-        except (NotConnected, MCPError) as e:
+        except _errors() as e:
             lines.append(f"  prompts: error: {e}")
     if caps is not None and caps.resources is not None:
         try:
             res = await conn.call(lambda c: c.list_resources())
             lines.append(f"  resources: {', '.join(str(r.uri) for r in res.resources) or 'none'}")
-        except (NotConnected, MCPError) as e:
+        except _errors() as e:
             lines.append(f"  resources: error: {e}")
     return lines
 
@@ -89,7 +97,7 @@ def mcp_command(plugin: McpPlugin) -> Command:
             conn = _conn(plugin, argv[1])
             try:
                 result = await conn.call(lambda c: c.read_resource(argv[2]))
-            except (NotConnected, MCPError) as e:
+            except _errors() as e:
                 raise CommandError(f"{argv[1]}: {e}") from None
             rendered = await asyncio.to_thread(render_contents, list(result.contents), plugin.artifacts,
                                                conn.name)
@@ -102,7 +110,7 @@ def mcp_command(plugin: McpPlugin) -> Command:
             arguments = _prompt_args(argv[3:])
             try:
                 result = await conn.call(lambda c: c.get_prompt(argv[2], arguments or None))
-            except (NotConnected, MCPError) as e:
+            except _errors() as e:
                 raise CommandError(f"{argv[1]}: {e}") from None
             rendered = await asyncio.to_thread(render_contents, [m.content for m in result.messages],
                                                plugin.artifacts, conn.name)

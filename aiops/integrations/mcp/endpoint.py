@@ -25,9 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
-from aiops.integrations.mcp.server import SCOPE_KEY, AiopsMcp, Identity
+from aiops.integrations.mcp.identity import SCOPE_KEY, Identity
 from aiops.integrations.server.auth import (
     OPERATOR,
     Authenticator,
@@ -38,8 +36,11 @@ from aiops.integrations.server.auth import (
 )
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from aiops.config import Config
     from aiops.engine.engine import Engine
+    from aiops.integrations.mcp.server import AiopsMcp
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +97,26 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # aiops handles SIGINT/SIGTERM itself (the console, `aiops serve`); uvicorn must not.
-        yield
+def _load_sdk() -> tuple[Any, Any]:
+    """uvicorn and the MCP server module: about 1.5 s of CPU to import (the SDK's pydantic models),
+    so they are imported off the event loop, and only when /mcp is served."""
+    import uvicorn
+
+    from aiops.integrations.mcp import server
+
+    class QuietServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # aiops handles SIGINT/SIGTERM itself (the console, `aiops serve`); uvicorn must not.
+            yield
+
+    return QuietServer, server
 
 
 @dataclass
 class McpEndpoint:
     url: str
-    server: _Server
+    server: uvicorn.Server
     task: asyncio.Task[None]
     aiops_mcp: AiopsMcp
 
@@ -149,12 +159,15 @@ async def start_mcp_endpoint(engine: Engine, cfg: Config, host: str, main_port: 
         raise OSError(e.errno, f"cannot listen for MCP on {bind_host}:{port}: {why} (mcp_port in aiops.toml)") \
             from None
     sock.setblocking(False)
-    aiops_mcp = AiopsMcp(engine)
+    quiet_server, server_module = await asyncio.to_thread(_load_sdk)
+    import uvicorn
+
+    aiops_mcp = server_module.AiopsMcp(engine)
     app = aiops_mcp.mcp.streamable_http_app(streamable_http_path=PATH, host=bind_host)
     config = uvicorn.Config(AuthMiddleware(app, Authenticator(tokens)), lifespan="on", log_config=None,
                             access_log=False, log_level="warning",
                             timeout_graceful_shutdown=1)
-    server = _Server(config)
+    server = quiet_server(config)
     aiops_mcp.start()
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="mcp-endpoint")
     while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers only this flag

@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import mcp_types as mt
-from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict
 
 from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
-from aiops.integrations.mcp.connection import NotConnected, ServerConnection
 from aiops.integrations.mcp.naming import gate_target, model_tool_name
 from aiops.integrations.mcp.results import ArtifactStore, cut_for_model, operator_copy, render_contents
+
+if TYPE_CHECKING:
+    import mcp_types as mt
+
+    from aiops.integrations.mcp.connection import ServerConnection
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,11 @@ class McpPlugin(Plugin):
         cfg = engine.config.mcp
         data_dir = engine.config.paths.data_dir / "mcp"
         self.artifacts = ArtifactStore(data_dir / "artifacts")
-        for name, server in cfg.servers.items():
-            if not server.enabled:
-                continue
+        enabled = {name: server for name, server in cfg.servers.items() if server.enabled}
+        if enabled:
+            # The SDK costs ~1.5 s of CPU to import: only when there is a server to talk to.
+            from aiops.integrations.mcp.connection import ServerConnection
+        for name, server in enabled.items():
             self.connections[name] = ServerConnection(
                 name, server, cfg, api.env, data_dir / f"{name}.stderr.log", self._changed, self._elicited)
         api.register_command(mcp_command(self))
@@ -166,6 +170,11 @@ class McpPlugin(Plugin):
             return Classification(operation, summary=_summary(server, original, args.model_dump()))
 
         async def execute(args: BaseModel, ctx: ToolContext) -> ToolOutput:
+            import mcp_types as mt
+            from mcp.shared.exceptions import MCPError
+
+            from aiops.integrations.mcp.connection import NotConnected
+
             arguments = args.model_dump()
             calls = self._in_flight.setdefault(server, {})
             calls[id(ctx)] = ctx

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mcp_types as mt
-
 # The operator's copy of the text in the history; beyond this the full text is an artifact file.
 FULL_TEXT_IN_HISTORY = 256 * 1024
 
@@ -74,6 +72,8 @@ def _artifact(store: ArtifactStore, server: str, kind: str, data: bytes, mime: s
 
 def render_contents(blocks: list[Any], store: ArtifactStore, server: str) -> Rendered:
     """Content blocks (tool results, prompt messages) or resource contents, as text + artifacts."""
+    import mcp_types as mt  # (loaded by the connection already; kept out of the plugin's import)
+
     out = Rendered("")
     for block in blocks:
         match block:

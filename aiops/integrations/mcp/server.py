@@ -20,7 +20,6 @@ their history or the policy (the seed broadcast every change to everyone, approv
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 from aiops.engine.events import Done, GateOpened, GateResolved, SessionChanged, UserPosted
 from aiops.engine.store import OWNER_KEY
 from aiops.gates.broker import GateAlreadyResolved, GateError
+from aiops.integrations.mcp.identity import CALLER, SCOPE_KEY, Identity
 
 if TYPE_CHECKING:
     from aiops.engine.engine import Engine
@@ -47,18 +47,6 @@ PENDING = "aiops://gates/pending"
 HISTORY = "aiops://gates/history"
 POLICY = "aiops://policy"
 SEND_TIMEOUT = 3600.0
-
-
-class Identity:
-    __slots__ = ("principal", "operator")
-
-    def __init__(self, principal: str, operator: bool) -> None:
-        self.principal = principal
-        self.operator = operator
-
-
-CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("aiops_mcp_caller", default=None)
-SCOPE_KEY = "aiops_identity"  # where the endpoint puts the Identity in the ASGI scope
 
 
 def refused(message: str) -> MCPError:

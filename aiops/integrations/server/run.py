@@ -256,6 +256,8 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
 
 def _banner(handle: ServerHandle, unset: list[str]) -> str:
     parts = ["API /api/v1", "OpenAI /v1", "Ollama /api"]
+    if handle.mcp is not None:
+        parts.append(f"MCP {handle.mcp.url}")
     if len(handle.urls) > 1:
         parts.append("also " + ", ".join(handle.urls[1:]))
     if handle.token_count:
