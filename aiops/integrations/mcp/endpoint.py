@@ -5,7 +5,8 @@ session manager lives in the app's lifespan and whose responses are long SSE str
 anyio cancel scopes. Bridging that into aiohttp means a hand-written ASGI adapter (request body,
 streaming, disconnects, lifespan) in the middle of every MCP request; uvicorn runs it as the SDK
 intends. So the endpoint listens on `[server] mcp_port` (default: the main port + 1; 0 when the
-main port is 0), on the same host, started right after the main listeners and stopped with them.
+main port is 0), on the same host, bound right after the main listeners and stopped with them;
+the SDK's app is built on the first authenticated request (LazyApp).
 
 Authentication is the JSON API's, with the same functions (aiops.integrations.server.auth): a
 configured token's role, or — with no tokens — loopback callers addressed by a loopback name act
@@ -25,6 +26,8 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import uvicorn  # (0.1 s to import; the SDK itself loads on the first MCP request)
+
 from aiops.integrations.mcp.identity import SCOPE_KEY, Identity
 from aiops.integrations.server.auth import (
     OPERATOR,
@@ -36,8 +39,6 @@ from aiops.integrations.server.auth import (
 )
 
 if TYPE_CHECKING:
-    import uvicorn
-
     from aiops.config import Config
     from aiops.engine.engine import Engine
     from aiops.integrations.mcp.server import AiopsMcp
@@ -97,20 +98,72 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
-def _load_sdk() -> tuple[Any, Any]:
-    """uvicorn and the MCP server module: about 1.5 s of CPU to import (the SDK's pydantic models),
-    so they are imported off the event loop, and only when /mcp is served."""
-    import uvicorn
-
+def _load_sdk() -> Any:
+    """The MCP server module: about 1.5 s of CPU to import (the SDK's pydantic models), so it is
+    imported off the event loop, and only when the first MCP request arrives."""
     from aiops.integrations.mcp import server
 
-    class QuietServer(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            # aiops handles SIGINT/SIGTERM itself (the console, `aiops serve`); uvicorn must not.
-            yield
+    return server
 
-    return QuietServer, server
+
+class LazyApp:
+    """The SDK's app, built on the first (authenticated) request rather than at start-up: a server
+    nobody talks MCP to pays nothing for it. Its lifespan (the SDK's session manager) is held open
+    by one task from then until `close`, as anyio wants it entered and left by the same task."""
+
+    def __init__(self, engine: Engine, host: str) -> None:
+        self.engine = engine
+        self.host = host
+        self.aiops_mcp: AiopsMcp | None = None
+        self._app: ASGIApp | None = None
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[None] | None = None
+        self._release = asyncio.Event()
+
+    async def _build(self) -> ASGIApp:
+        async with self._lock:
+            if self._app is not None:
+                return self._app
+            server_module = await asyncio.to_thread(_load_sdk)
+            aiops_mcp = server_module.AiopsMcp(self.engine)
+            app = aiops_mcp.mcp.streamable_http_app(streamable_http_path=PATH, host=self.host)
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def hold() -> None:
+                try:
+                    async with app.router.lifespan_context(app):
+                        ready.set_result(None)
+                        await self._release.wait()
+                except BaseException as e:
+                    if not ready.done():
+                        ready.set_exception(e)
+                    raise
+
+            self._holder = asyncio.get_running_loop().create_task(hold(), name="mcp-lifespan")
+            await ready
+            aiops_mcp.start()
+            self.aiops_mcp, self._app = aiops_mcp, app
+            return app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # lifespan is off in uvicorn: the SDK's runs in `hold`
+        app = self._app or await self._build()
+        await app(scope, receive, send)
+
+    async def close(self) -> None:
+        self._release.set()
+        if self._holder is not None:
+            await asyncio.gather(self._holder, return_exceptions=True)
+        if self.aiops_mcp is not None:
+            await self.aiops_mcp.stop()
+
+
+class _Quiet(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # aiops handles SIGINT/SIGTERM itself (the console, `aiops serve`); uvicorn must not.
+        yield
 
 
 @dataclass
@@ -118,12 +171,10 @@ class McpEndpoint:
     url: str
     server: uvicorn.Server
     task: asyncio.Task[None]
-    aiops_mcp: AiopsMcp
+    app: LazyApp
 
     async def stop(self) -> None:
-        # Not force_exit: that skips the app's lifespan shutdown (the SDK's session manager), whose
-        # task then dies with the loop, logging a traceback. Open streams are cut after
-        # timeout_graceful_shutdown instead.
+        # Open streams are cut after timeout_graceful_shutdown; then the SDK's lifespan ends.
         self.server.should_exit = True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
@@ -131,7 +182,7 @@ class McpEndpoint:
         if not self.task.done():
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-        await self.aiops_mcp.stop()
+        await self.app.close()
 
 
 def mcp_port(cfg: Config, main_port: int) -> int:
@@ -159,27 +210,20 @@ async def start_mcp_endpoint(engine: Engine, cfg: Config, host: str, main_port: 
         raise OSError(e.errno, f"cannot listen for MCP on {bind_host}:{port}: {why} (mcp_port in aiops.toml)") \
             from None
     sock.setblocking(False)
-    quiet_server, server_module = await asyncio.to_thread(_load_sdk)
-    import uvicorn
-
-    aiops_mcp = server_module.AiopsMcp(engine)
-    app = aiops_mcp.mcp.streamable_http_app(streamable_http_path=PATH, host=bind_host)
-    config = uvicorn.Config(AuthMiddleware(app, Authenticator(tokens)), lifespan="on", log_config=None,
-                            access_log=False, log_level="warning",
-                            timeout_graceful_shutdown=1)
-    server = quiet_server(config)
-    aiops_mcp.start()
+    app = LazyApp(engine, bind_host)
+    config = uvicorn.Config(AuthMiddleware(app, Authenticator(tokens)), lifespan="off", log_config=None,
+                            access_log=False, log_level="warning", timeout_graceful_shutdown=1)
+    server = _Quiet(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="mcp-endpoint")
     while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn offers only this flag
         await asyncio.sleep(0.01)
     if task.done():
         sock.close()
-        await aiops_mcp.stop()
-        raise OSError(errno.EIO, f"the MCP endpoint did not start: {task.exception() if not task.cancelled() else 'cancelled'}")
-    actual = sock.getsockname()[1]
-    url = _url(host or "0.0.0.0", actual)
+        why = task.exception() if not task.cancelled() else "cancelled"
+        raise OSError(errno.EIO, f"the MCP endpoint did not start: {why}")
+    url = _url(host or "0.0.0.0", sock.getsockname()[1])
     log.info("MCP endpoint at %s", url)
-    return McpEndpoint(url, server, task, aiops_mcp)
+    return McpEndpoint(url, server, task, app)
 
 
 # Where each engine's endpoint is, for /api/v1/health (None: not serving, with the reason).

@@ -95,9 +95,20 @@ class AiopsMcp:
         # Session owners as last seen, for filtering notifications without a lookup per listener.
         self._owners: dict[str, str | None] = {}
         self.bus = AuthorizedBus(self._may_hear)
-        self.mcp: MCPServer = MCPServer("aiops", instructions="The aiops operator console: send messages "
-                                        "to its agent, list sessions, answer gates (operators).",
-                                        subscriptions=self.bus, middleware=[self._identify])
+        # MCPServer calls logging.basicConfig with a rich handler on stderr: harmless where aiops
+        # has set up logging (root has a handler, so basicConfig does nothing), and kept that way
+        # where it has not (a library use), since stderr may be the console's screen.
+        root = logging.getLogger()
+        guard = logging.NullHandler() if not root.handlers else None
+        if guard is not None:
+            root.addHandler(guard)
+        try:
+            self.mcp: MCPServer = MCPServer("aiops", instructions="The aiops operator console: send "
+                                            "messages to its agent, list sessions, answer gates (operators).",
+                                            subscriptions=self.bus, middleware=[self._identify])
+        finally:
+            if guard is not None:
+                root.removeHandler(guard)
         self._forwarder: asyncio.Task[None] | None = None
         # Legacy `resources/subscribe` clients (handshake-era protocol): their session, who they
         # are and the URIs they asked for. Notified by the same rule as listen streams.
