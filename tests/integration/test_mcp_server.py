@@ -116,6 +116,9 @@ async def test_client_sends_a_message_and_lists_only_its_sessions(served):
         assert e.value.error.code == -32950 and e.value.error.data == {"decision": "deny_abort"}
         with pytest.raises(MCPError):
             await other.read_resource("aiops://policy")
+        with pytest.raises(MCPError) as e:
+            await other.call_tool("send_message", {"text": "let me in", "session": sid})
+        assert e.value.error.code == -32950
     async with connect(srv, "ops") as ops:
         every = json.loads(text_of(await ops.call_tool("list_sessions", {})))
         assert sid in [s["client_id"] for s in every]
@@ -187,3 +190,17 @@ async def test_legacy_resources_subscribe_clients_hear_only_what_they_may_read(s
             assert await heard["bot"].get() == uri
             assert await heard["ops"].get() == uri
     assert heard["other"].empty()
+
+
+async def test_without_tokens_loopback_callers_are_operators_and_other_host_names_are_refused(
+        api_server_factory):
+    srv = await api_server_factory(server={"mcp_port": 0})
+    async with Client(mcp_url(srv)) as client:  # no token at all
+        policy = json.loads((await client.read_resource("aiops://policy")).contents[0].text)
+        assert "gates" in policy
+    # A page that points its own name at 127.0.0.1 (DNS rebinding) is not a loopback caller.
+    async with aiohttp.ClientSession() as s:
+        async with s.post(mcp_url(srv), json={}, headers={"Host": "attacker.example:80"}) as r:
+            assert r.status == 403
+        async with s.post(mcp_url(srv), json={}, headers={"Origin": "https://attacker.example"}) as r:
+            assert r.status == 403
