@@ -19,7 +19,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -51,6 +51,9 @@ class McpServerConfig(_Strict):
     # disabled_tools glob.
     enabled_tools: list[str] | None = None
     disabled_tools: list[str] = Field(default_factory=list)
+    # "auto": the 2026 protocol when the server has it, else the initialize handshake; "legacy":
+    # always the handshake (servers that ask the user questions mid-call need it over HTTP).
+    protocol: Literal["auto", "legacy"] = "auto"
     # Seconds one call may take.
     timeout: float = Field(60, gt=0)
     # Characters of a result the model sees (head and tail); the operator keeps the whole result.

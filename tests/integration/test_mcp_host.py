@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel
 
 from aiops.engine.engine import Engine
 from aiops.engine.events import GateOpened
@@ -161,6 +162,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Confirm(BaseModel):
+    """A yes/no question: no fields to fill in."""
+
+
+class NameForm(BaseModel):
+    name: str
+
+
 class HttpMcp:
     """An MCPServer served by uvicorn on a fixed port, which the test can stop and start again."""
 
@@ -205,6 +214,19 @@ class HttpMcp:
             """A picture of the board."""
             return [TextContent(type="text", text="the board:"),
                     ImageContent(type="image", data=base64.b64encode(PNG).decode(), mime_type="image/png")]
+
+        @mcp.tool()
+        async def wipe_board(ctx: Context) -> str:
+            """Wipe the board, after asking."""
+            answer = await ctx.elicit("Really wipe the whole board?", Confirm)
+            self.calls.append(f"wipe_board {answer.action}")
+            return f"answer: {answer.action}"
+
+        @mcp.tool()
+        async def sign_up(ctx: Context) -> str:
+            """Needs a name."""
+            answer = await ctx.elicit("Your name?", NameForm)
+            return f"answer: {answer.action}"
 
         @mcp.resource("notes://index")
         def index() -> str:
@@ -345,3 +367,34 @@ async def test_an_image_becomes_an_artifact_not_context(engine_factory, fake_ope
     assert artifact["mime_type"] == "image/png"
     assert await asyncio.to_thread(Path(artifact["path"]).read_bytes) == PNG
     assert artifact["path"] in told
+
+
+async def test_a_servers_question_goes_to_the_operator_like_a_gate(engine_factory, fake_openai, http_mcp):
+    gates = '[tools."mcp:files"]\nwrite = "allow"\n[wait]\napi = 0\n'
+    # Asking mid-call needs the handshake-era protocol over HTTP (the 2026 one has no back-channel).
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url, protocol='"legacy"'),
+                                               "gates.toml": gates})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__wipe_board", {})), Reply.text("asked"))
+    sub = engine.subscribe()
+    turn = await engine.submit("api-q", "wipe it", kind="api")
+    opened = await next_event(sub, "gate")
+    assert isinstance(opened, GateOpened)
+    assert opened.gate.summary == "MCP server files asks: Really wipe the whole board?"
+    engine.resolve_gate(opened.gate.id, "approved", by="test-operator")
+    await turn.wait(20)
+    assert tool_results(fake_openai)[0] == "answer: accept"
+    # Denied: the server hears "decline".
+    fake_openai.script(Reply.tool_calls(("files__wipe_board", {})), Reply.text("asked again"))
+    turn = await engine.submit("api-q", "wipe it now", kind="api")
+    opened = await next_event(sub, "gate")
+    engine.resolve_gate(opened.gate.id, "denied", by="test-operator")
+    await turn.wait(20)
+    assert tool_results(fake_openai)[-1] == "answer: decline"
+    assert http_mcp.calls == ["wipe_board accept", "wipe_board decline"]
+    # A form with fields cannot be answered from a gate: declined, and the session is told.
+    fake_openai.script(Reply.tool_calls(("files__sign_up", {})), Reply.text("no name"))
+    await engine.run("api-q", "sign me up", kind="api", timeout=20)
+    assert tool_results(fake_openai)[-1] == "answer: decline"
+    notices = [m.content for m in await engine.history("api-q") if m.role == "notice"]
+    assert any("asked for name" in n and "declined" in n for n in notices), notices

@@ -42,7 +42,8 @@ class NotConnected(Exception):
 class ServerConnection:
     def __init__(self, name: str, cfg: McpServerConfig, settings: McpConfig, env: Mapping[str, str],
                  stderr_path: Path, on_change: Callable[[ServerConnection], Awaitable[None]],
-                 on_elicit: Callable[[ServerConnection, mt.ElicitRequestParams], Awaitable[None]]) -> None:
+                 on_elicit: Callable[[ServerConnection, mt.ElicitRequestParams], Awaitable[mt.ElicitResult]]
+                 ) -> None:
         self.name = name
         self.cfg = cfg
         self.settings = settings
@@ -116,7 +117,7 @@ class ServerConnection:
         async with contextlib.AsyncExitStack() as stack:
             transport = self._transport(stack)
             # No response cache: the liveness check must reach the server.
-            client = Client(transport, read_timeout_seconds=self.cfg.timeout,
+            client = Client(transport, read_timeout_seconds=self.cfg.timeout, mode=self.cfg.protocol,
                             elicitation_callback=self._elicit, cache=None)
             # asyncio.timeout, not wait_for: the client's anyio task group must be entered and
             # left by this same task.
@@ -187,8 +188,11 @@ class ServerConnection:
             raise
 
     async def _elicit(self, context: Any, params: mt.ElicitRequestParams) -> mt.ElicitResult:
-        await self._on_elicit(self, params)
-        return mt.ElicitResult(action="decline")
+        try:
+            return await self._on_elicit(self, params)
+        except Exception:  # noqa: BLE001 - whatever went wrong, the server gets a clear "no"
+            log.exception("mcp %s: elicitation failed; declined", self.name)
+            return mt.ElicitResult(action="decline")
 
     # ---- state for views --------------------------------------------------------------------------
 

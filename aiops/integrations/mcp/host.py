@@ -129,13 +129,38 @@ class McpPlugin(Plugin):
             self._register_tools(conn)
         self._report()
 
-    async def _elicited(self, conn: ServerConnection, params: mt.ElicitRequestParams) -> None:
-        message = getattr(params, "message", "") or ""
-        text = (f"MCP server {conn.name} asked for input ({message[:200]}); declined: aiops does not "
-                f"answer elicitation requests (docs/MCP.md)")
-        log.warning("%s", text)
-        for ctx in list(self._in_flight.get(conn.name, {}).values()):
-            ctx.notice(text)
+    async def _elicited(self, conn: ServerConnection, params: mt.ElicitRequestParams) -> mt.ElicitResult:
+        """A server asks the user something during a call: the operator answers it in the console
+        inbox like a gate (approve = accept, deny or timeout = decline). A form that needs values
+        cannot be filled in from a gate, so it is declined, and said so in the session."""
+        import mcp_types as mt
+
+        assert self.api is not None
+        engine = self.api.engine
+        message = (getattr(params, "message", "") or "")[:500]
+        calls = list(self._in_flight.get(conn.name, {}).values())
+        if not calls:
+            log.warning("mcp %s asked for input outside a call (%s); declined", conn.name, message[:200])
+            return mt.ElicitResult(action="decline")
+        ctx = calls[0]
+        url = getattr(params, "url", None)
+        schema = getattr(params, "requested_schema", None)
+        schema = schema.model_dump() if hasattr(schema, "model_dump") else (schema or {})
+        required = list(schema.get("required") or []) if isinstance(schema, dict) else []
+        if required:
+            ctx.notice(f"MCP server {conn.name} asked for {', '.join(map(str, required))} ({message[:200]}); "
+                       f"declined: aiops answers only yes/no questions from MCP servers")
+            return mt.ElicitResult(action="decline")
+        summary = f"MCP server {conn.name} asks: {message}" + (f" (open {url})" if url else "")
+        resolution = await engine.gatekeeper.broker.request(
+            session_id=ctx.session_id, client_id=ctx.session_id, client_kind=ctx.client_kind,
+            tool=f"mcp:{conn.name}:elicitation", tool_type="mcp",
+            args={"message": message, **({"url": url} if url else {})}, operation="write", tables=[],
+            summary=summary, turn_id=ctx.turn_id,
+            wait_seconds=engine.gatekeeper.rules.wait_seconds(ctx.client_kind), grantable=False)
+        if resolution.decision == "approved":
+            return mt.ElicitResult(action="accept", content={})
+        return mt.ElicitResult(action="decline")
 
     # ---- tools ------------------------------------------------------------------------------------
 
