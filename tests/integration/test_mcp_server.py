@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel
 
 from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
 from aiops.engine.tools import Tool, ToolContext
+from aiops.integrations.mcp.host import McpPlugin
 from tests.fakes.openai_server import Reply
 from tests.support.server import ApiServer, Tokens
 
@@ -204,3 +206,24 @@ async def test_without_tokens_loopback_callers_are_operators_and_other_host_name
             assert r.status == 403
         async with s.post(mcp_url(srv), json={}, headers={"Origin": "https://attacker.example"}) as r:
             assert r.status == 403
+
+
+async def test_health_shows_a_failing_mcp_server_with_its_stderr_to_operators_only(api_server_factory, tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('fatal: no such index /srv/idx', file=sys.stderr)\nsys.exit(1)\n")
+    mcp_toml = (f"retry_first_seconds = 5\n[servers.idx]\ncommand = {json.dumps(sys.executable)}\n"
+                f"args = [{json.dumps(str(script))}]\n")
+    host = McpPlugin()
+    srv = await api_server_factory(tokens=TOKENS, plugins=[host], server={"mcp_port": 0},
+                                   extra_files={"plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n",
+                                                "mcp.toml": mcp_toml})
+    await host.ready()
+    async with aiohttp.ClientSession() as s:
+        async with s.get(srv.url + "/api/v1/health", headers=TOKENS.header("ops")) as r:
+            ops_view = (await r.json())["mcp"]
+        async with s.get(srv.url + "/api/v1/health", headers=TOKENS.header("bot")) as r:
+            bot_view = (await r.json())["mcp"]
+    (idx,) = ops_view["servers"]
+    assert idx["name"] == "idx" and idx["state"] == "failed"
+    assert "fatal: no such index /srv/idx" in idx["stderr_tail"]
+    assert "servers" not in bot_view and bot_view["endpoint"]["url"] == mcp_url(srv)
