@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 State = Literal["connecting", "connected", "retrying", "failed", "stopped"]
 STDERR_TAIL_CHARS = 1500
+_MARK = "--- aiops: "  # starts the line aiops writes to the stderr log before each start
 # A server that never answers the handshake must not hold its slot forever.
 CONNECT_SECONDS = 30.0
 
@@ -156,7 +157,7 @@ class ServerConnection:
                                                cwd=self.cfg.cwd)
                 self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
                 errlog: IO[str] = stack.enter_context(self.stderr_path.open("a", encoding="utf-8"))
-                errlog.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.cfg.where()}\n")
+                errlog.write(f"{_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.cfg.where()}\n")
                 errlog.flush()
                 return stdio_client(params, errlog=errlog)
             assert self.cfg.url
@@ -202,9 +203,13 @@ class ServerConnection:
                 f.seek(0, 2)
                 size = f.tell()
                 f.seek(max(0, size - STDERR_TAIL_CHARS))
-                return f.read().decode("utf-8", "replace").strip()
+                text = f.read().decode("utf-8", "replace")
         except OSError:
             return ""
+        # Only the latest run's lines, without aiops's own "--- ... starting" marker.
+        lines = text.splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith(_MARK)]
+        return "\n".join(lines[starts[-1] + 1:] if starts else lines).strip()
 
     def describe_state(self) -> str:
         text = self.state + (f": {self.error}" if self.error and self.state != "connected" else "")
