@@ -206,10 +206,16 @@ class ServerConnection:
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             return ""
-        # Only the latest run's lines, without aiops's own "--- ... starting" marker.
-        lines = text.splitlines()
-        starts = [i for i, line in enumerate(lines) if line.startswith(_MARK)]
-        return "\n".join(lines[starts[-1] + 1:] if starts else lines).strip()
+        # The latest run that said anything (a restart that has not written yet shows the run
+        # before it), without aiops's own "--- aiops: ... starting" markers.
+        runs: list[list[str]] = [[]]
+        for line in text.splitlines():
+            if line.startswith(_MARK):
+                runs.append([])
+            else:
+                runs[-1].append(line)
+        said = [run for run in runs if "".join(run).strip()]
+        return "\n".join(said[-1]).strip() if said else ""
 
     def describe_state(self) -> str:
         text = self.state + (f": {self.error}" if self.error and self.state != "connected" else "")
