@@ -88,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list plugins and their state")
     pl.add_argument("--json", action="store_true")
 
+    mc = sub.add_parser("mcp", help="MCP servers: import a Claude Desktop configuration")
+    mc_sub = mc.add_subparsers(dest="mcp_command", required=True, parser_class=sub_parser)
+    imp = mc_sub.add_parser("import", help="add the mcpServers of a Claude Desktop JSON file to mcp.toml")
+    imp.add_argument("file", help="e.g. claude_desktop_config.json")
+    imp.add_argument("--replace", action="store_true", help="overwrite servers of the same name")
+
     at = sub.add_parser("attach", help="watch a running aiops's session stream (read-only)")
     at.add_argument("session", help="session id")
     at.add_argument("--url", default=None, help="server URL (default: from aiops.toml)")
@@ -689,6 +695,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def cmd_mcp_import(args: argparse.Namespace) -> int:
+    from aiops.config import resolve_paths
+    from aiops.mcp_config import import_claude_desktop
+
+    target = resolve_paths(args.config_dir, args.data_dir).config_dir / "mcp.toml"
+    try:
+        lines = import_claude_desktop(Path(args.file), target, replace=args.replace)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    print("\n".join(lines + [f"wrote    {target}"]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from aiops.config import ConfigError
@@ -701,6 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "config":
             fn = {"paths": cmd_config_paths, "check": cmd_config_check,
                   "init": cmd_config_init}[args.config_command]
+        elif args.command == "mcp":
+            fn = cmd_mcp_import
         else:
             fn = handlers[args.command]
         return fn(args)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from aiops.gates.limits import LimitsConfig
 from aiops.gates.rules import GatesConfig
+from aiops.mcp_config import McpConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _shipped_dir(name: str) -> Path:
 SHIPPED_CONFIG_DIR = _shipped_dir("config")
 SHIPPED_PROMPT_DIR = _shipped_dir("system_prompt")
 
-CONFIG_FILES = ("aiops.toml", "models.toml", "gates.toml", "limits.toml", "plugins.toml")
+CONFIG_FILES = ("aiops.toml", "models.toml", "gates.toml", "limits.toml", "plugins.toml", "mcp.toml")
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -169,6 +170,10 @@ class ServerConfig(_Strict):
     # Browser origins allowed to call the server (CORS), `*` matching anything: e.g.
     # ["http://localhost:*", "chrome-extension://*"]. None by default (see server/cors.py).
     cors_origins: list[str] = Field(default_factory=list)
+    # The MCP endpoint (/mcp) listens on its own port on the same host; None: the main port + 1
+    # (0 lets the OS choose, as port = 0 does). See docs/MCP.md.
+    mcp_port: int | None = Field(None, ge=0, le=65535)
+    mcp_enabled: bool = True
 
     @field_validator("cors_origins")
     @classmethod
@@ -392,6 +397,7 @@ class Config:
     limits: LimitsConfig
     plugins: dict[str, dict[str, Any]]
     sources: dict[str, Path] = field(default_factory=dict)
+    mcp: McpConfig = field(default_factory=McpConfig)
 
     def plugin_settings(self, name: str) -> dict[str, Any]:
         return dict(self.plugins.get(name, {}))
@@ -429,6 +435,7 @@ def load_config(paths: Paths, *, load_dotenv: bool = True) -> Config:
     models = checked("models.toml", ModelsConfig)
     gates = checked("gates.toml", GatesConfig)
     limits = checked("limits.toml", LimitsConfig)
+    mcp = checked("mcp.toml", McpConfig)
     plugins_raw: dict[str, Any] = {}
     try:
         plugins_raw = read_toml(sources["plugins.toml"])
@@ -437,7 +444,7 @@ def load_config(paths: Paths, *, load_dotenv: bool = True) -> Config:
     for name, table in plugins_raw.items():
         if not isinstance(table, dict):
             errors.append(f"{sources['plugins.toml']}: {name}: expected a table like [{name}]")
-    if errors or app is None or models is None or gates is None or limits is None:
+    if errors or app is None or models is None or gates is None or limits is None or mcp is None:
         raise ConfigError("\n".join(errors))
     return Config(paths=paths, app=app, models=models, gates=gates, limits=limits,
-                  plugins=plugins_raw, sources=sources)
+                  plugins=plugins_raw, sources=sources, mcp=mcp)

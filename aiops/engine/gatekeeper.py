@@ -128,7 +128,10 @@ class Gatekeeper:
         refusal = self.limiter.check(ctx.session_id, tool.tool_type)
         if refusal:
             return GateOutcome(False, refusal, "rate_limited")
-        decision = self.rules.decide(tool.name, tool.tool_type, cls.operation, cls.tables,
+        # An MCP tool's model-facing name (`SERVER__TOOL`, maybe cut) is not what rules name: they
+        # say `mcp:SERVER:TOOL`, which the tool carries as its gate target.
+        target = str(tool.meta.get("gate_target") or tool.name)
+        decision = self.rules.decide(target, tool.tool_type, cls.operation, cls.tables,
                                      unknown_tables=cls.unknown_tables, reads_tables=cls.reads_tables)
         if decision == "allow":
             return GateOutcome(True)

@@ -504,7 +504,8 @@ async def test_health_reports_models_sessions_gates_and_the_callers_role(
         async with http.get(srv.url + "/api/v1/health", headers=tokens.header("bot")) as r:
             assert (await r.json())["role"] == "client"
     assert h == {"status": "ok", "version": aiops.__version__, "models": ["local"], "default_model": "local",
-                 "sessions": 0, "pending_gates": 0, "role": None}
+                 "sessions": 0, "pending_gates": 0, "role": None,
+                 "mcp": {"endpoint": {"url": srv.handle.mcp.url}}}  # where /mcp is (docs/MCP.md)
 
 
 async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) -> None:

@@ -243,6 +243,8 @@ class Health(BaseModel):
     pending_gates: int
     role: Literal["operator", "client"] | None = Field(
         description="The caller's role, or null when no valid token was sent.")
+    mcp: dict[str, Any] | None = Field(None, description="Where /mcp is (endpoint.url); for operators also "
+                                       "the external MCP servers' state (docs/MCP.md).")
 
 
 class StreamEvent(BaseModel):
@@ -535,6 +537,8 @@ async def resolve_gate(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    from aiops.integrations.mcp.endpoint import mcp_health
+
     engine = get_engine(request)
     cfg = get_config(request)
     return _json(Health(
@@ -542,6 +546,7 @@ async def health(request: web.Request) -> web.Response:
         default_model=cfg.models.default_model, sessions=await engine.store.count_sessions(),
         pending_gates=len(engine.gatekeeper.broker.pending()),
         role=request["role"] if request.get(AUTHENTICATED_KEY) else None,
+        mcp=mcp_health(engine, operator=bool(request.get(AUTHENTICATED_KEY)) and request["role"] == "operator"),
     ))
 
 

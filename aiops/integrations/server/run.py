@@ -151,6 +151,7 @@ class ServerHandle:
     sites: list[web.TCPSite] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
     _stopped: bool = False
+    mcp: Any = None  # the /mcp endpoint (aiops.integrations.mcp.endpoint), on its own port
 
     @property
     def url(self) -> str:
@@ -179,6 +180,8 @@ class ServerHandle:
         if self._stopped:
             return
         self._stopped = True
+        if self.mcp is not None:
+            await self.mcp.stop()
         self.app[STATE_KEY].close_streams()
         await self.runner.cleanup()
 
@@ -244,12 +247,17 @@ async def start_server(engine: Engine, cfg: Config | None = None, host: str | No
         url = _url(str(addr[0]), int(addr[1]))
         if url not in handle.urls:
             handle.urls.append(url)
+    from aiops.integrations.mcp.endpoint import start_for_server
+
+    handle.mcp = await start_for_server(engine, cfg, host, handle.port, tokens)
     log.info("serving on %s (%d token(s))", ", ".join(handle.urls), len(tokens))
     return handle
 
 
 def _banner(handle: ServerHandle, unset: list[str]) -> str:
     parts = ["API /api/v1", "OpenAI /v1", "Ollama /api"]
+    if handle.mcp is not None:
+        parts.append(f"MCP {handle.mcp.url}")
     if len(handle.urls) > 1:
         parts.append("also " + ", ".join(handle.urls[1:]))
     if handle.token_count:

@@ -1,0 +1,400 @@
+"""aiops as an MCP host: external MCP servers' tools called by a model turn through the gates.
+
+Two real servers: `mcp-server-time` from PyPI (stdio), and a streamable-HTTP server written here
+with the SDK's MCPServer, served by uvicorn on a local port (stopped and started again to show the
+reconnect). The model is the fake OpenAI server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ImageContent, TextContent, ToolAnnotations
+from pydantic import BaseModel
+
+from aiops.engine.engine import Engine
+from aiops.engine.events import GateOpened
+from aiops.integrations.mcp.host import McpPlugin
+from aiops.integrations.mcp.naming import model_tool_name
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.engine import next_event
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # an image's bytes, as a server sends them
+TIME_SERVER = str(Path(sys.executable).parent / "mcp-server-time")
+
+
+def tool_results(fake: FakeOpenAI) -> list[str]:
+    """What the model was told by tools in this session so far (the last request carries them all)."""
+    return [m["content"] for m in fake.last_request.json.get("messages", []) if m.get("role") == "tool"]
+
+
+def mcp_plugin(engine: Engine) -> McpPlugin:
+    plugin = engine.plugin("mcp")
+    assert isinstance(plugin, McpPlugin), engine.plugin_status
+    return plugin
+
+
+async def wait_state(engine: Engine, server: str, state: str, timeout: float = 20.0) -> None:
+    conn = mcp_plugin(engine).connections[server]
+    async with asyncio.timeout(timeout):
+        while conn.state != state:
+            await conn.next_change()
+
+
+def time_toml(**extra: str) -> str:
+    lines = ["ping_seconds = 0.3", "retry_first_seconds = 0.2", "retry_max_seconds = 0.5", "",
+             "[servers.time]", f"command = {json.dumps(TIME_SERVER)}",
+             'args = ["--local-timezone", "UTC"]']
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---- stdio: mcp-server-time -------------------------------------------------------------------------
+
+
+async def test_time_server_tool_runs_after_the_operator_approves_its_gate(engine_factory, fake_openai):
+    gates = '[tools."mcp:time"]\nread = "ask"\n[wait]\napi = 0\n'
+    engine = await engine_factory(extra_files={"mcp.toml": time_toml(), "gates.toml": gates})
+    await wait_state(engine, "time", "connected")
+    name = model_tool_name("time", "get_current_time")
+    assert name == "time__get_current_time" and engine.tools.get(name).tool_type == "mcp"
+    # The model is offered the server's own schema.
+    offered = {t.name: t for t in engine.tools.specs()}[name]
+    assert offered.parameters["required"] == ["timezone"]
+
+    fake_openai.script(Reply.tool_calls((name, {"timezone": "Europe/Paris"})), Reply.text("it is late"))
+    sub = engine.subscribe()
+    turn = await engine.submit("api-t", "what time is it in Paris?", kind="api")
+    opened = await next_event(sub, "gate")
+    assert isinstance(opened, GateOpened)
+    assert opened.gate.tool == name and opened.gate.tool_type == "mcp" and opened.gate.operation == "read"
+    assert "time:get_current_time" in opened.gate.summary and "Europe/Paris" in opened.gate.summary
+    assert len(fake_openai.requests) == 1  # nothing ran while the gate waited
+    engine.resolve_gate(opened.gate.id, "approved", by="test-operator")
+    result = await turn.wait(20)
+    assert result.status == "complete" and result.text == "it is late"
+    told = json.loads(tool_results(fake_openai)[0])
+    assert told["timezone"] == "Europe/Paris" and told["day_of_week"]
+    history = await engine.history("api-t")
+    tool_msg = next(m for m in history if m.role == "tool")
+    assert tool_msg.meta["data"]["mcp_server"] == "time"
+    assert tool_msg.meta["data"]["structured"]["timezone"] == "Europe/Paris"
+
+
+async def test_a_deny_rule_for_one_mcp_tool_keeps_it_from_running(engine_factory, fake_openai):
+    gates = '[tools."mcp:time:convert_time"]\nread = "deny"\n'
+    engine = await engine_factory(extra_files={"mcp.toml": time_toml(), "gates.toml": gates})
+    await wait_state(engine, "time", "connected")
+    fake_openai.script(
+        Reply.tool_calls(("time__convert_time", {"source_timezone": "UTC", "time": "12:00",
+                                                 "target_timezone": "Asia/Tokyo"})),
+        Reply.tool_calls(("time__get_current_time", {"timezone": "UTC"})), Reply.text("ok"))
+    result = await engine.run("api-d", "convert", kind="api", timeout=20)
+    assert result.status == "complete"
+    denied, allowed = tool_results(fake_openai)
+    assert "policy denies time__convert_time" in denied and "Asia/Tokyo" not in denied
+    # The server rule does not cover the other tool: a read, allowed by the default.
+    assert json.loads(allowed)["timezone"] == "UTC"
+
+
+async def test_a_server_that_cannot_start_shows_its_state_and_stderr_and_the_others_work(
+        engine_factory, fake_openai, tmp_path):
+    script = tmp_path / "broken_server.py"
+    script.write_text("import sys\nprint('boom: cannot open the index', file=sys.stderr)\nsys.exit(3)\n")
+    toml = time_toml() + f'\n[servers.broken]\ncommand = {json.dumps(sys.executable)}\n' \
+                          f'args = [{json.dumps(str(script))}]\n'
+    engine = await engine_factory(extra_files={"mcp.toml": toml})
+    await wait_state(engine, "time", "connected")
+    await wait_state(engine, "broken", "failed")
+    plugin = mcp_plugin(engine)
+    await plugin.ready()
+    status = {s["name"]: s for s in plugin.status()}
+    assert "boom: cannot open the index" in status["broken"]["stderr_tail"]
+    note = next(p for p in engine.plugin_status if p.name == "mcp").reason
+    assert "broken: failed" in note and "boom: cannot open the index" in note
+    assert "time: connected" in note
+    listing = (await engine.run("console-1", "!mcp", kind="console", is_operator=True, timeout=20)).text
+    assert "broken (stdio" in listing and "boom: cannot open the index" in listing
+    assert "time__get_current_time  (read; gate mcp:time:get_current_time)" in listing
+    # A client may not look.
+    refused = (await engine.run("api-x", "!mcp", kind="api", timeout=20)).text
+    assert "broken" not in refused
+
+
+async def test_the_server_gets_only_the_environment_it_is_given(engine_factory, fake_openai, tmp_path):
+    """No inherited secrets: a stdio server sees PATH and friends, `env`, and `inherit_env`."""
+    script = tmp_path / "env_server.py"
+    script.write_text(
+        "import os\nfrom mcp.server.mcpserver import MCPServer\n"
+        "s = MCPServer('env')\n"
+        "@s.tool()\ndef show_env() -> str:\n    return ' '.join(sorted(os.environ))\n"
+        "s.run()\n")
+    toml = ("[servers.envy]\n"
+            f"command = {json.dumps(sys.executable)}\nargs = [{json.dumps(str(script))}]\n"
+            'env = { GREETING = "hello ${WHO}" }\ninherit_env = ["SHARED_TOKEN"]\n')
+    env = {"WHO": "world", "SHARED_TOKEN": "s1", "OPENAI_API_KEY": "sk-secret", "PATH": "/usr/bin:/bin"}
+    engine = await engine_factory(extra_files={"mcp.toml": toml,
+                                               "gates.toml": '[tools."mcp:envy"]\nwrite = "allow"\n'},
+                                  env=env)
+    await wait_state(engine, "envy", "connected")
+    fake_openai.script(Reply.tool_calls(("envy__show_env", {})), Reply.text("ok"))
+    await engine.run("api-e", "env?", kind="api", timeout=20)
+    names = tool_results(fake_openai)[0].split()
+    assert "GREETING" in names and "SHARED_TOKEN" in names and "PATH" in names
+    assert "OPENAI_API_KEY" not in names and "WHO" not in names
+
+
+# ---- streamable HTTP: a server written with MCPServer -------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Confirm(BaseModel):
+    """A yes/no question: no fields to fill in."""
+
+
+class NameForm(BaseModel):
+    name: str
+
+
+class HttpMcp:
+    """An MCPServer served by uvicorn on a fixed port, which the test can stop and start again."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.calls: list[str] = []
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def build(self) -> MCPServer:
+        mcp = MCPServer("files")
+
+        @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def read_note(name: str) -> str:
+            """Read a note."""
+            self.calls.append(f"read_note {name}")
+            return f"note {name}: buy milk"
+
+        @mcp.tool()
+        def write_note(name: str, text: str) -> str:
+            """Write a note."""
+            self.calls.append(f"write_note {name}")
+            return "written"
+
+        @mcp.tool()
+        def delete_everything() -> str:
+            """Delete every note."""
+            self.calls.append("delete_everything")
+            return "deleted"
+
+        @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def read_log() -> str:
+            """The whole log."""
+            return "FIRST LINE\n" + "".join(f"line {i}\n" for i in range(20_000)) + "LAST LINE"
+
+        @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def screenshot() -> list[TextContent | ImageContent]:
+            """A picture of the board."""
+            return [TextContent(type="text", text="the board:"),
+                    ImageContent(type="image", data=base64.b64encode(PNG).decode(), mime_type="image/png")]
+
+        @mcp.tool()
+        async def wipe_board(ctx: Context) -> str:
+            """Wipe the board, after asking."""
+            answer = await ctx.elicit("Really wipe the whole board?", Confirm)
+            self.calls.append(f"wipe_board {answer.action}")
+            return f"answer: {answer.action}"
+
+        @mcp.tool()
+        async def sign_up(ctx: Context) -> str:
+            """Needs a name."""
+            answer = await ctx.elicit("Your name?", NameForm)
+            return f"answer: {answer.action}"
+
+        @mcp.resource("notes://index")
+        def index() -> str:
+            return "milk, eggs"
+
+        @mcp.prompt()
+        def summarize(topic: str) -> str:
+            return f"Summarize what we know about {topic}."
+
+        return mcp
+
+    async def start(self) -> None:
+        app = self.build().streamable_http_app()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve())
+        async with asyncio.timeout(10):
+            while not self._server.started:  # noqa: ASYNC110 - uvicorn offers only this flag
+                await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True  # open streams are cut after timeout_graceful_shutdown
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._server = self._task = None
+
+
+@pytest.fixture
+async def http_mcp() -> AsyncIterator[HttpMcp]:
+    server = HttpMcp()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def http_toml(url: str, **extra: str) -> str:
+    lines = ["ping_seconds = 0.3", "retry_first_seconds = 0.2", "retry_max_seconds = 0.5", "",
+             "[servers.files]", f"url = {json.dumps(url)}", 'disabled_tools = ["delete_*"]']
+    lines += [f"{k} = {v}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n"
+
+
+async def test_http_server_read_only_tool_runs_without_a_gate_and_globs_hide_tools(
+        engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url)})
+    await wait_state(engine, "files", "connected")
+    names = set(engine.tools.names())
+    assert {"files__read_note", "files__write_note", "files__read_log"} <= names
+    assert "files__delete_everything" not in names
+    fake_openai.script(Reply.tool_calls(("files__read_note", {"name": "shopping"})), Reply.text("milk"))
+    sub = engine.subscribe()
+    result = await engine.run("api-h", "what do I need?", kind="api", timeout=20)
+    assert result.text == "milk"
+    assert "gate" not in [e.name for e in sub.pending()]
+    assert tool_results(fake_openai) == ["note shopping: buy milk"]
+    # The model cannot call the hidden tool: it is not a tool at all.
+    fake_openai.script(Reply.tool_calls(("files__delete_everything", {})), Reply.text("sorry"))
+    await engine.run("api-h", "delete it all", kind="api", timeout=20)
+    assert "unknown tool 'files__delete_everything'" in tool_results(fake_openai)[-1]
+    assert "delete_everything" not in http_mcp.calls
+
+
+async def test_http_server_write_tool_waits_for_the_gate_and_a_denial_stops_it(
+        engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url),
+                                               "gates.toml": "[wait]\napi = 0\n"})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__write_note", {"name": "a", "text": "b"})), Reply.text("no"))
+    sub = engine.subscribe()
+    turn = await engine.submit("api-w", "write a note", kind="api")
+    opened = await next_event(sub, "gate")
+    assert isinstance(opened, GateOpened) and opened.gate.operation == "write"
+    engine.resolve_gate(opened.gate.id, "denied", by="test-operator")
+    await turn.wait(20)
+    assert http_mcp.calls == []
+    assert "did not allow" in tool_results(fake_openai)[0]
+
+
+async def test_a_huge_result_is_cut_for_the_model_and_kept_whole_for_the_operator(
+        engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url, max_result_chars="2000")})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__read_log", {})), Reply.text("long"))
+    await engine.run("api-l", "show the log", kind="api", timeout=20)
+    told = tool_results(fake_openai)[0]
+    assert len(told) <= 2000
+    assert told.startswith("FIRST LINE") and told.endswith("LAST LINE")
+    assert "characters cut by aiops" in told
+    tool_msg = next(m for m in await engine.history("api-l") if m.role == "tool")
+    full = tool_msg.meta["data"]["full_text"]
+    assert full.startswith("FIRST LINE") and full.endswith("LAST LINE") and "line 19999" in full
+
+
+async def test_the_http_server_dying_and_coming_back_is_reconnected(engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url)})
+    await wait_state(engine, "files", "connected")
+    await http_mcp.stop()
+    await wait_state(engine, "files", "retrying")
+    fake_openai.script(Reply.tool_calls(("files__read_note", {"name": "x"})), Reply.text("down"))
+    await engine.run("api-r", "read x", kind="api", timeout=20)
+    assert "MCP server files is not connected (retrying" in tool_results(fake_openai)[-1]
+    await http_mcp.start()
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__read_note", {"name": "y"})), Reply.text("up"))
+    result = await engine.run("api-r", "read y", kind="api", timeout=20)
+    assert result.text == "up" and tool_results(fake_openai)[-1] == "note y: buy milk"
+
+
+async def test_operator_reads_a_resource_and_runs_a_prompt(engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url)})
+    await wait_state(engine, "files", "connected")
+    listing = (await engine.run("console-1", "!mcp", kind="console", is_operator=True, timeout=20)).text
+    assert "prompts: summarize(topic)" in listing and "resources: notes://index" in listing
+    assert "delete_everything  (hidden by enabled_tools/disabled_tools)" in listing
+    read = (await engine.run("console-1", "!mcp read files notes://index", kind="console",
+                             is_operator=True, timeout=20)).text
+    assert read == "milk, eggs"
+    fake_openai.script(Reply.text("summary done"))
+    out = (await engine.run("console-1", "!mcp prompt files summarize topic=eggs", kind="console",
+                            is_operator=True, timeout=20)).text
+    assert "running prompt files:summarize" in out
+    await fake_openai.wait_for_requests_async(1, timeout=20)
+    asked = [m["content"] for m in fake_openai.last_request.json["messages"] if m["role"] == "user"]
+    assert asked[-1] == "Summarize what we know about eggs."
+
+
+async def test_an_image_becomes_an_artifact_not_context(engine_factory, fake_openai, http_mcp):
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url)})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__screenshot", {})), Reply.text("seen"))
+    await engine.run("api-i", "show me", kind="api", timeout=20)
+    told = tool_results(fake_openai)[0]
+    assert told.startswith("the board:") and "image image/png" in told and "not shown to the model" in told
+    assert base64.b64encode(PNG).decode()[:40] not in told
+    tool_msg = next(m for m in await engine.history("api-i") if m.role == "tool")
+    (artifact,) = tool_msg.meta["data"]["artifacts"]
+    assert artifact["mime_type"] == "image/png"
+    assert await asyncio.to_thread(Path(artifact["path"]).read_bytes) == PNG
+    assert artifact["path"] in told
+
+
+async def test_a_servers_question_goes_to_the_operator_like_a_gate(engine_factory, fake_openai, http_mcp):
+    gates = '[tools."mcp:files"]\nwrite = "allow"\n[wait]\napi = 0\n'
+    # Asking mid-call needs the handshake-era protocol over HTTP (the 2026 one has no back-channel).
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url, protocol='"legacy"'),
+                                               "gates.toml": gates})
+    await wait_state(engine, "files", "connected")
+    fake_openai.script(Reply.tool_calls(("files__wipe_board", {})), Reply.text("asked"))
+    sub = engine.subscribe()
+    turn = await engine.submit("api-q", "wipe it", kind="api")
+    opened = await next_event(sub, "gate")
+    assert isinstance(opened, GateOpened)
+    assert opened.gate.summary == "MCP server files asks: Really wipe the whole board?"
+    engine.resolve_gate(opened.gate.id, "approved", by="test-operator")
+    await turn.wait(20)
+    assert tool_results(fake_openai)[0] == "answer: accept"
+    # Denied: the server hears "decline".
+    fake_openai.script(Reply.tool_calls(("files__wipe_board", {})), Reply.text("asked again"))
+    turn = await engine.submit("api-q", "wipe it now", kind="api")
+    opened = await next_event(sub, "gate")
+    engine.resolve_gate(opened.gate.id, "denied", by="test-operator")
+    await turn.wait(20)
+    assert tool_results(fake_openai)[-1] == "answer: decline"
+    assert http_mcp.calls == ["wipe_board accept", "wipe_board decline"]
+    # A form with fields cannot be answered from a gate: declined, and the session is told.
+    fake_openai.script(Reply.tool_calls(("files__sign_up", {})), Reply.text("no name"))
+    await engine.run("api-q", "sign me up", kind="api", timeout=20)
+    assert tool_results(fake_openai)[-1] == "answer: decline"
+    notices = [m.content for m in await engine.history("api-q") if m.role == "notice"]
+    assert any("asked for name" in n and "declined" in n for n in notices), notices
