@@ -13,6 +13,8 @@ only the output path:
   driver writes itself (modes on start and stop, input-thread replies) is a control write and is
   never dropped; what the app writes (frames, the bell) may be, and is repainted when the terminal
   catches up.
+- While the terminal is behind, the app draws nothing (`App.batch_update` held open): composing
+  frames that would be dropped cost the loop as much as the console's whole normal drawing.
 - `close` waits at most `CLOSE_WAIT` seconds for the terminal to take the last output (restoring
   modes and the main screen), then leaves: a stalled terminal cannot hold the exit.
 - The input thread treats end of input (the terminal went away: read returns nothing, or fails)
@@ -57,6 +59,7 @@ class ConsoleDriver(LinuxDriver):
         self._writer: TerminalWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._local = threading.local()  # .control: the driver itself is writing (never dropped)
+        self._paused: contextlib.ExitStack | None = None  # drawing paused while the terminal is behind
 
     @contextlib.contextmanager
     def _control(self) -> Iterator[None]:
@@ -86,8 +89,19 @@ class ConsoleDriver(LinuxDriver):
         if self._writer is not None:
             self._writer.flush()
 
+    def _pause_drawing(self) -> None:
+        """The terminal fell behind (on the loop: `flush` runs there): frames drawn now would be
+        dropped, so none are drawn until it catches up. Textual's own `batch_update` does this:
+        widgets go on changing, the screen is composed once the batch ends."""
+        if self._paused is None:
+            self._paused = contextlib.ExitStack()
+            self._paused.enter_context(self._app.batch_update())
+
     def _repaint(self) -> None:
         """Runs on the loop once the terminal has caught up: draw the whole screen again."""
+        paused, self._paused = self._paused, None
+        if paused is not None:
+            paused.close()
         app = self._app
         if app.is_running and app.screen_stack:
             app.refresh()
@@ -105,7 +119,7 @@ class ConsoleDriver(LinuxDriver):
         stream = sys.__stderr__
         assert stream is not None
         self._writer = TerminalWriter(stream.fileno(), encoding=stream.encoding or "utf-8",
-                                      on_drained=self._drained)
+                                      on_behind=self._pause_drawing, on_drained=self._drained)
         self._writer.start()
         with self._control():
             super().start_application_mode()

@@ -10,11 +10,13 @@ This writer keeps the same shape (one thread does the blocking writes) with thre
 
 - `write`/`flush` never block. Writes between two flushes are one frame (Textual's `_display`
   writes a frame, synchronized-output brackets included, then flushes), handed to the thread whole.
-- While the thread is busy, frames wait; when more than `limit` characters of frames wait, the
-  terminal is behind: every waiting frame is dropped, and frames are discarded as they come
-  until the thread has written what it holds. Then `on_drained` is called (on the thread) so that
-  the app repaints the whole screen once: the terminal converges on what the app shows now,
-  not on a backlog of stale frames. Memory stays bounded by `limit` plus the write in flight.
+- While the thread is busy, frames wait; when more than `limit` characters of frames wait, or a
+  frame comes while one write has taken more than `after` seconds, the terminal is behind: every
+  waiting frame is dropped, and frames are discarded as they come until the thread has written
+  what it holds. `on_behind` tells the app, which stops drawing (a frame that will be dropped
+  is CPU taken from the engine and the server). Then `on_drained` is called (on the thread) so
+  that the app repaints the whole screen once: the terminal converges on what the app shows
+  now, not on a backlog of stale frames. Memory stays bounded by `limit` plus the write in flight.
 - Control writes (`write_control`: terminal modes, alternate screen, mouse, cursor) are never
   dropped: a repaint does not repeat them. They are a few dozen bytes per start or stop.
 
@@ -38,18 +40,29 @@ log = logging.getLogger(__name__)
 # Characters of frames that may wait while a write is blocked: about two full repaints of a
 # 250x70 truecolor screen. More waiting means the terminal reads slower than the app draws.
 BEHIND_LIMIT = 256 * 1024
+# Seconds one write may take before a new frame counts as falling behind: a terminal that reads
+# at all takes a frame in milliseconds; one that has not in this time is stalled or very slow,
+# and drawing frames for it only costs the loop (see `on_behind`).
+BEHIND_AFTER = 0.25
 
 
 class TerminalWriter(threading.Thread):
     """Writes to a terminal from its own thread; see the module's docstring."""
 
     def __init__(self, fd: int, *, encoding: str = "utf-8", limit: int = BEHIND_LIMIT,
+                 after: float = BEHIND_AFTER, on_behind: Callable[[], None] | None = None,
                  on_drained: Callable[[], None] | None = None) -> None:
+        """`on_behind` is called (on the caller of `flush`) when frames start being dropped, so the
+        app may stop drawing them; `on_drained` (on the writer's thread) once the terminal has
+        taken everything again, so it repaints the whole screen."""
         super().__init__(daemon=True, name="aiops-terminal-writer")
         self._fd = os.dup(fd)
         self._encoding = encoding
         self.limit = limit
+        self.after = after
+        self.on_behind = on_behind
         self.on_drained = on_drained
+        self._write_started: float | None = None  # when the write in flight began
         self._cond = threading.Condition()
         self._open: list[str] = []  # the frame being written (between two flushes)
         self._pending: list[tuple[bool, str]] = []  # (is a frame, text), in order
@@ -81,9 +94,14 @@ class TerminalWriter(threading.Thread):
                 return
             self._pending.append((True, frame))
             self._pending_frames += len(frame)
-            if self._pending_frames > self.limit:
+            started = self._write_started
+            fell = self._pending_frames > self.limit or (
+                started is not None and time.monotonic() - started > self.after)
+            if fell:
                 self._fall_behind()
             self._cond.notify()
+        if fell and self.on_behind is not None:
+            self.on_behind()
 
     def write_control(self, text: str) -> None:
         """A terminal mode change: written in order, never dropped."""
@@ -122,10 +140,12 @@ class TerminalWriter(threading.Thread):
                 if not self._pending:  # stopping, everything written
                     break
                 batch, self._pending, self._pending_frames = self._pending, [], 0
+                self._write_started = time.monotonic()
             if not self.gone:
                 self._write_all("".join(text for _, text in batch))
             drained = False
             with self._cond:
+                self._write_started = None
                 if self._stale and not self._pending:
                     self._stale, drained = False, True
                     since, self._behind_since = self._behind_since, None
