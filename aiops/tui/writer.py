@@ -126,6 +126,11 @@ class TerminalWriter(threading.Thread):
                         "does (the engine and the server go on)")
 
     @property
+    def writing(self) -> bool:
+        """A write is in flight (the thread may be blocked in it)."""
+        return self._write_started is not None
+
+    @property
     def behind(self) -> bool:
         """Frames are being dropped: the terminal has not caught up yet."""
         return self._stale

@@ -10,8 +10,11 @@ the proxy until aiops's log says the terminal is not taking its output, so the s
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,8 +28,7 @@ from aiops.engine.lock import DataDirLock
 from tests.e2e.test_tmux_smoke import pid_alive
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
-
-pytestmark = pytest.mark.tmux
+from tests.support.tmux import AIOPS
 
 BEHIND = "the terminal is not taking the console's output"
 HEALTH_BOUND_MS = 100.0
@@ -120,6 +122,7 @@ def echo_model(tmp_path: Path, fake: FakeOpenAI) -> Path:
     return make_config_dir(tmp_path, {"local": openai_model_entry(fake)}, "local")
 
 
+@pytest.mark.tmux
 def test_a_stalled_terminal_costs_frames_not_service(tmux, tmp_path):
     with FakeOpenAI() as fake:
         config = echo_model(tmp_path, fake)
@@ -160,6 +163,7 @@ def test_a_stalled_terminal_costs_frames_not_service(tmux, tmp_path):
         assert "Traceback" not in screen
 
 
+@pytest.mark.tmux
 def test_sighup_with_a_stalled_terminal_exits_in_time_and_frees_the_data_dir(tmux, tmp_path):
     """A dropped SSH session while the terminal had stalled, a gate pending and a client streaming:
     the turns end as a stop ends them, the streaming client gets its `done`, the process is gone
@@ -221,3 +225,47 @@ def test_sighup_with_a_stalled_terminal_exits_in_time_and_frees_the_data_dir(tmu
         tmux.wait_for_console(data)
         screen = tmux.wait_for(lambda s: "please be terse from now on" in s, "the console's history")
         assert "Traceback" not in screen
+
+
+def test_a_terminal_that_vanishes_ends_the_console_in_time(tmp_path):
+    """The terminal is gone (its emulator closed, the pty's other end with it) and no SIGHUP came
+    (aiops is not that terminal's controlling process): end of input is a hang-up too. The
+    console quits as on SIGHUP, within 5 s, instead of spinning on a dead terminal."""
+    import pty
+
+    with FakeOpenAI() as fake:
+        config = echo_model(tmp_path, fake)
+        data = tmp_path / "data"
+        master, slave = pty.openpty()
+        os.set_blocking(master, False)
+        env = {k: v for k, v in os.environ.items() if k not in ("AIOPS_OPERATOR_TOKEN", "TMUX", "TMUX_PANE")}
+        env.update(TERM="xterm-256color", COLUMNS="120", LINES="40")
+        proc = subprocess.Popen([str(AIOPS), "--config-dir", str(config), "--data-dir", str(data), "console",
+                                 "--port", "0"], stdin=slave, stdout=slave, stderr=slave, env=env,
+                                start_new_session=True)  # no controlling terminal: no SIGHUP will come
+        os.close(slave)
+        try:
+            shown = b""
+            deadline = time.monotonic() + 60
+            while b"Palette" not in shown:  # reading, as a terminal does, until the console is up
+                assert proc.poll() is None and time.monotonic() < deadline, shown[-2000:]
+                with contextlib.suppress(BlockingIOError):
+                    shown += os.read(master, 65536)
+                time.sleep(0.02)
+            info = json.loads((data / "aiops.lock").read_text())
+            assert info["url"]
+            os.close(master)  # the terminal vanishes
+            master = -1
+            proc.wait(5)  # raises if it runs on
+        finally:
+            if master >= 0:
+                os.close(master)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    log = (data / "aiops.log").read_text()
+    assert "the terminal went away (end of input): quitting" in log and "console closed" in log
+    lock = DataDirLock(data / "aiops.lock")
+    lock.acquire()
+    assert lock.died_since is None  # a clean exit
+    lock.release()
