@@ -261,6 +261,17 @@ class AiopsApp(App[int]):
         except Exception:  # noqa: BLE001
             log.exception("stopping the engine failed")
 
+    # Posted by the terminal driver (aiops/tui/driver.py) when the terminal falls behind and when
+    # it catches up: the sessions list's rebuilds (per session event, over every session) only
+    # feed the screen, so they wait meanwhile.
+    def on_terminal_behind(self) -> None:
+        if self._drawing:
+            self.sessions_list.hold_rebuilds(True)
+
+    def on_terminal_caught_up(self) -> None:
+        if self._drawing:
+            self.sessions_list.hold_rebuilds(False)
+
     @on(ServicesFailed)
     def _services_failed(self, msg: ServicesFailed) -> None:
         self.status.server = "engine failed"

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
+from textual.message import Message
 
 from aiops.tui.writer import TerminalWriter
 
@@ -47,6 +48,14 @@ if TYPE_CHECKING:
     from textual.app import App
 
 log = logging.getLogger(__name__)
+
+
+class TerminalBehind(Message):
+    """Posted to the app: the terminal stopped taking output, nothing is drawn until it catches up."""
+
+
+class TerminalCaughtUp(Message):
+    """Posted to the app: the terminal takes output again; the screen is being repainted."""
 
 
 class ConsoleDriver(LinuxDriver):
@@ -92,16 +101,19 @@ class ConsoleDriver(LinuxDriver):
     def _pause_drawing(self) -> None:
         """The terminal fell behind (on the loop: `flush` runs there): frames drawn now would be
         dropped, so none are drawn until it catches up. Textual's own `batch_update` does this:
-        widgets go on changing, the screen is composed once the batch ends."""
+        widgets go on changing, the screen is composed once the batch ends. `TerminalBehind`
+        tells the app, whose widgets may put off work that only feeds the screen."""
         if self._paused is None:
             self._paused = contextlib.ExitStack()
             self._paused.enter_context(self._app.batch_update())
+            self._app.post_message(TerminalBehind())
 
     def _repaint(self) -> None:
         """Runs on the loop once the terminal has caught up: draw the whole screen again."""
         paused, self._paused = self._paused, None
         if paused is not None:
             paused.close()
+            self._app.post_message(TerminalCaughtUp())
         app = self._app
         if app.is_running and app.screen_stack:
             app.refresh()

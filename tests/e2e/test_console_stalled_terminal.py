@@ -41,7 +41,7 @@ class HealthProbe(threading.Thread):
         super().__init__(daemon=True)
         self.url = url
         self.stopped = threading.Event()
-        self.latencies_ms: list[float] = []
+        self.latencies_ms: list[tuple[float, float]] = []  # (when it was asked, ms it took)
         self.failures: list[str] = []
 
     def run(self) -> None:
@@ -54,7 +54,7 @@ class HealthProbe(threading.Thread):
                 except httpx.HTTPError as e:
                     self.failures.append(repr(e))
                 else:
-                    self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                    self.latencies_ms.append((t0, (time.perf_counter() - t0) * 1000))
                 self.stopped.wait(0.05)
 
     def stop(self) -> None:
@@ -68,6 +68,7 @@ class Chats:
     def __init__(self, url: str) -> None:
         self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=10)
         self.answered = 0
+        self.behind_at = 0.0
         self.failures: list[str] = []
         self._lock = threading.Lock()
 
@@ -88,7 +89,8 @@ class Chats:
 
     def until_behind(self, log: Path, clients: int = 3, after: int = 10, most: int = 400) -> int:
         """`clients` chat in parallel until aiops's log says the terminal fell behind, then `after`
-        more chats each; returns how many chats were sent."""
+        more chats each; returns how many chats were sent. `self.behind_at`: when (perf_counter)
+        the log said so."""
         sent = 0
         lock = threading.Lock()
         behind_at: list[int] = []
@@ -106,6 +108,7 @@ class Chats:
                     with lock:
                         if not behind_at:
                             behind_at.append(sent)
+                            self.behind_at = time.perf_counter()
 
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(clients)]
         for t in threads:
@@ -131,9 +134,9 @@ def test_a_stalled_terminal_costs_frames_not_service(tmux, tmp_path):
         info = tmux.wait_for_console(data)
         url = info["url"]
         chats = Chats(url)
-        tmux.stall()
         probe = HealthProbe(url)
         probe.start()
+        tmux.stall()
         try:
             sent = chats.until_behind(data / "aiops.log")
             chats.chat("the last words while stalled")
@@ -143,15 +146,18 @@ def test_a_stalled_terminal_costs_frames_not_service(tmux, tmp_path):
         # Every request was answered, with its own answer, while the terminal read nothing.
         assert chats.failures == [] and chats.answered == sent
         assert probe.failures == []
-        slowest = max(probe.latencies_ms)
-        assert len(probe.latencies_ms) >= 10 and slowest < HEALTH_BOUND_MS, (
-            f"health took up to {slowest:.0f} ms: {sorted(probe.latencies_ms)[-10:]}")
+        # From the moment the console knows its terminal is behind (a quarter of a second into the
+        # stall; before that it draws as usual, which costs what drawing costs on this machine)
+        # the server answers promptly all along.
+        stalled = [ms for t, ms in probe.latencies_ms if t >= chats.behind_at]
+        assert len(stalled) >= 10 and max(stalled) < HEALTH_BOUND_MS, (
+            f"health took up to {max(stalled):.0f} ms; in order: {[round(x) for x in stalled]}")
 
         # The terminal reads again: the console catches up with one repaint, and shows what the
         # app shows now (the newest session on top of the list), not a backlog of old frames.
         tmux.resume()
-        screen = tmux.wait_for(lambda s: "the last words while stalled" in s and "Palette" in s,
-                               "the screen to show the last chat")
+        screen = tmux.wait_for(lambda s: f"proxy ({sent})" in s and "· the last words" in s and "Palette" in s,
+                               "the screen to show every chat, the last one on top")
         log = (data / "aiops.log").read_text()
         assert "the terminal takes output again" in log and "repainting the screen" in log
         # Converged: a redraw from scratch (a resize forces one) shows the same screen.
