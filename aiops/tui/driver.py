@@ -139,6 +139,8 @@ class ConsoleDriver(LinuxDriver):
         textual_writer, self._writer_thread = self._writer_thread, None
         if textual_writer is not None:
             textual_writer.stop()
+        if self._paused is not None:  # resumed (after ctrl+z) while it was behind: draw again
+            self._loop.call_soon(self._repaint)
 
     def stop_application_mode(self) -> None:
         with self._control():
