@@ -5,4 +5,5 @@ pytest_plugins: list[str] = [
     "tests.support.mariadb",
     "tests.support.engine",
     "tests.support.server",
+    "tests.support.tmux",
 ]

@@ -35,20 +35,84 @@ def held_here(data_dir: Path) -> bool:
 
 
 class AlreadyRunning(Exception):
-    """Another process holds the data dir."""
+    """Another process holds the data dir. Its message says who (pid, since when, its server),
+    whether it still answers, and what to do: attach to it, resume it, or end it."""
 
     def __init__(self, path: Path, info: dict[str, Any]) -> None:
         super().__init__(path, info)
         self.path = path
         self.info = info
+        self._text: str | None = None
 
     def __str__(self) -> str:
-        pid = self.info.get("pid")
-        url = self.info.get("url")
-        where = f" (pid {pid}" + (f", server {url}" if url else ", no server") + ")" if pid else ""
-        attach = f"; watch a session with `aiops attach SESSION --url {url}`" if url else ""
-        return (f"aiops is already running on the data dir {self.path.parent}{where}{attach}. "
-                f"Quit it first, or use another --data-dir.")
+        if self._text is None:  # (probes the holder once: see holder_report)
+            self._text = holder_report(self.path, self.info)
+        return self._text
+
+
+PROBE_TIMEOUT = 1.0  # seconds a holder's server has to answer /api/v1/health
+
+
+def holder_report(path: Path, info: dict[str, Any], *, probe_timeout: float = PROBE_TIMEOUT) -> str:
+    """What a second aiops tells the operator about the holder of `path`: a holder that is alive
+    but stuck (its terminal gone, its loop blocked, suspended) keeps the lock until it is ended,
+    so the message says how, beside how to use it while it still serves."""
+    pid = info.get("pid")
+    url = info.get("url")
+    where = f" (pid {pid}" + (f", server {url}" if url else ", no server") + ")" if pid else ""
+    lines = [f"aiops is already running on the data dir {path.parent}{where}"
+             + (f", since {_since(info.get('started_at'))}" if info.get("started_at") else "") + "."]
+    state = _process_state(pid) if isinstance(pid, int) else None
+    if state in ("T", "t"):
+        lines.append(f"It is suspended (ctrl+z, or SIGSTOP): `kill -CONT {pid}` resumes it; `kill {pid}` "
+                     f"then ends it.")
+    elif url and _answers(url, probe_timeout):
+        lines.append(f"It serves at {url}: watch a session with `aiops attach SESSION --url {url}`, or "
+                     f"end it (ctrl+q in its terminal, or `kill {pid}`).")
+    elif url:
+        lines.append(f"Its server at {url} does not answer (within {probe_timeout:g} s): it may be stuck. "
+                     f"End it with `kill {pid}`, or `kill -9 {pid}` if it is still there seconds later; "
+                     f"the next start records what it left open.")
+    elif pid:
+        lines.append(f"It has no server (`aiops chat`, or the console with --no-server): end it in its "
+                     f"terminal, or with `kill {pid}`.")
+    lines.append("Quit it first, or use another --data-dir.")
+    return "\n".join(lines)
+
+
+def _since(started_at: Any) -> str:
+    if not isinstance(started_at, int | float):
+        return "?"
+    ago = max(0, int(time.time() - started_at))
+    span = (f"{ago // 86400} d {ago % 86400 // 3600} h" if ago >= 86400 else
+            f"{ago // 3600} h {ago % 3600 // 60} min" if ago >= 3600 else
+            f"{ago // 60} min" if ago >= 60 else f"{ago} s")
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started_at))} ({span} ago)"
+
+
+def _process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of `pid` (R, S, D, T stopped, Z…), where /proc tells it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _answers(url: str, timeout: float) -> bool:
+    """Whether anything answers HTTP at `url` (an error status, a refused token, is an answer)."""
+    import urllib.error
+    import urllib.request
+
+    # No proxy: the holder is on this machine, and an http_proxy in the environment would answer
+    # for it (or not) instead.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url.rstrip("/") + "/api/v1/health", timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 class DataDirLock:

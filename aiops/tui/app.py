@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -64,8 +65,11 @@ from aiops.tui.widgets.prompt_tree import PromptPane
 from aiops.tui.widgets.sessions import SessionsList
 from aiops.tui.widgets.status import StatusBar
 from aiops.tui.widgets.typeaway import TypedAway
+from aiops.watchdog import ExitWatchdog
 
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from aiops.config import Config
     from aiops.engine.engine import Engine
     from aiops.engine.lock import DataDirLock
@@ -115,7 +119,7 @@ class AiopsApp(App[int]):
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`clock` (seconds, monotonic) times the console's own pauses (a gate that just moved under
         the cursor ignores the answer keys for a moment); tests pass one they advance by hand."""
-        super().__init__()
+        super().__init__(driver_class=console_driver())
         self.cfg = cfg
         self.clock = clock
         if engine is None:
@@ -132,6 +136,8 @@ class AiopsApp(App[int]):
         # SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) quit as ctrl+q does; set by
         # run_console only, so an app under test leaves the test runner's signals alone.
         self.quit_on_signals = False
+        # Ends the process if a quit has not finished in time (run_console only: aiops/watchdog.py).
+        self.watchdog: ExitWatchdog | None = None
         self.early_records = EarlyRecords()
         console = cfg.app.console
         self.keymap_overrides: dict[str, str] = dict(console.keymap)
@@ -242,7 +248,14 @@ class AiopsApp(App[int]):
 
     def _signalled(self, sig: int) -> None:
         log.info("%s received: quitting", signal.Signals(sig).name)
+        if self.watchdog is not None:
+            self.watchdog.arm(signal.Signals(sig).name)
         self.exit()
+
+    def exit(self, result: int | None = None, return_code: int = 0, message: Any = None) -> None:
+        if self.watchdog is not None:
+            self.watchdog.arm("the quit")  # ctrl+q, a vanished terminal: the exit is bounded too
+        super().exit(result, return_code, message)
 
     async def _start_services(self) -> None:
         try:
@@ -261,6 +274,17 @@ class AiopsApp(App[int]):
             await self.adapter.stop()
         except Exception:  # noqa: BLE001
             log.exception("stopping the engine failed")
+
+    # Posted by the terminal driver (aiops/tui/driver.py) when the terminal falls behind and when
+    # it catches up: the sessions list's rebuilds (per session event, over every session) only
+    # feed the screen, so they wait meanwhile.
+    def on_terminal_behind(self) -> None:
+        if self._drawing:
+            self.sessions_list.hold_rebuilds(True)
+
+    def on_terminal_caught_up(self) -> None:
+        if self._drawing:
+            self.sessions_list.hold_rebuilds(False)
 
     @on(ServicesFailed)
     def _services_failed(self, msg: ServicesFailed) -> None:
@@ -827,6 +851,16 @@ class AiopsApp(App[int]):
 # ---- running it ----------------------------------------------------------------------------------------
 
 
+def console_driver() -> type[Driver] | None:
+    """Our terminal driver (aiops/tui/driver.py: output never blocks the loop), where Textual would
+    use LinuxDriver; None (Textual's choice) on Windows or when TEXTUAL_DRIVER names another."""
+    if sys.platform == "win32" or os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    from aiops.tui.driver import ConsoleDriver
+
+    return ConsoleDriver
+
+
 @contextlib.contextmanager
 def _terminal_quiet(cfg: Config) -> Iterator[None]:
     """While the console draws, no log record or warning may reach the terminal."""
@@ -877,6 +911,7 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
             app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
             app.settle_gc = True
             app.quit_on_signals = True
+            app.watchdog = ExitWatchdog()  # armed by the quit; never disarmed: it covers the whole exit
             # On a loop of our own, wound down bounded (as `aiops serve`'s): a tool still running
             # after the close, or a thread blocked in one, must not hold the exit for good.
             code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0

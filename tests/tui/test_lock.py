@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +129,62 @@ def test_the_console_launch_form_with_a_port_reaches_the_console(tmp_path, fake_
     assert proc.returncode == 2, proc.stderr
     assert "invalid choice" not in proc.stderr
     assert "aiops is already running on the data dir" in proc.stderr and "http://127.0.0.1:4343" in proc.stderr
+
+
+# ---- a holder that is alive: serving, suspended, or stuck ------------------------------------------------
+
+
+def second_start(cfg) -> subprocess.CompletedProcess[str]:
+    """What an operator sees starting `aiops` on a data dir another process holds."""
+    return subprocess.run([str(AIOPS), "--config-dir", str(cfg.paths.config_dir), "--data-dir",
+                           str(cfg.paths.data_dir)], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_a_holder_that_serves_is_offered_for_attach(tmp_path, fake_openai):
+    from tests.support.server import start_serve
+
+    cfg = console_config(tmp_path, fake_openai)
+    serve = start_serve(cfg.paths.config_dir, cfg.paths.data_dir, fake=fake_openai)
+    try:
+        proc = second_start(cfg)
+        assert proc.returncode == 2, proc.stderr
+        err = proc.stderr
+        assert f"pid {serve.proc.pid}, server {serve.url}), since 20" in err, err
+        assert f"It serves at {serve.url}: watch a session with `aiops attach SESSION --url {serve.url}`" in err
+        assert f"`kill {serve.proc.pid}`" in err
+        # Suspended (ctrl+z, SIGSTOP), it holds the lock and answers nothing: the operator is told
+        # why, and how to resume or end it.
+        os.kill(serve.proc.pid, signal.SIGSTOP)
+        try:
+            proc = second_start(cfg)
+        finally:
+            os.kill(serve.proc.pid, signal.SIGCONT)
+        assert proc.returncode == 2
+        assert f"It is suspended (ctrl+z, or SIGSTOP): `kill -CONT {serve.proc.pid}` resumes it" in proc.stderr
+    finally:
+        assert serve.stop() == 0
+
+
+def test_a_holder_alive_but_stuck_is_reported_with_how_to_end_it(tmp_path, fake_openai):
+    """A process that holds the lock and whose server accepts connections but never answers (a
+    loop blocked for good): the second start says so, and how to end it."""
+    cfg = console_config(tmp_path, fake_openai)
+    stuck = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys, time\n"
+        "from aiops.engine.lock import DataDirLock\n"
+        f"lock = DataDirLock({str(cfg.paths.lock_path)!r}); lock.acquire()\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8)  # never accepted, never answered\n"
+        "lock.update(url=f'http://127.0.0.1:{s.getsockname()[1]}')\n"
+        "print('ready', flush=True); time.sleep(120)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stuck.stdout is not None and stuck.stdout.readline().strip() == "ready"
+        url = read_holder(cfg.paths.lock_path)["url"]
+        proc = second_start(cfg)
+        assert proc.returncode == 2, proc.stderr
+        assert f"pid {stuck.pid}, server {url})" in proc.stderr
+        assert f"Its server at {url} does not answer (within 1 s): it may be stuck. End it with " \
+               f"`kill {stuck.pid}`, or `kill -9 {stuck.pid}`" in proc.stderr, proc.stderr
+    finally:
+        stuck.kill()
+        stuck.wait(10)

@@ -60,6 +60,15 @@ to the message input.
         self.sessions: dict[str, dict[str, Any]] = {}
         self.unread: set[str] = set()
         self.selected: str | None = None
+        self.hold = False  # rebuilds wait (the terminal is behind: nothing is drawn)
+        self._held = False  # one waited
+
+    def hold_rebuilds(self, hold: bool) -> None:
+        """Put rebuilds off while `hold`; letting go does the one that waited."""
+        self.hold = hold
+        if not hold and self._held:
+            self._held = False
+            self.rebuild()
 
     def on_mount(self) -> None:
         self.set_interval(15, self.rebuild)  # the ages
@@ -122,8 +131,13 @@ to the message input.
         return Rows([(line1, unread), (line2, Content.styled(ago(s.get("updated_at")), "dim"))])
 
     def rebuild(self, highlight: str | None = None) -> None:
-        """Redraw every row; the cursor stays on its session (or moves to `highlight`)."""
+        """Redraw every row; the cursor stays on its session (or moves to `highlight`). While the
+        terminal is behind (nothing is drawn) this waits for it: one rebuild per session event,
+        with hundreds of sessions, was most of what the console cost the loop then."""
         if not self.is_mounted:
+            return
+        if self.hold:
+            self._held = True
             return
         highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
                                     else self.selected)
