@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true")
 
     mc = sub.add_parser("mcp", help="MCP servers: import a Claude Desktop configuration")
-    mc_sub = mc.add_subparsers(dest="mcp_command", required=True, parser_class=sub_parser)
+    mc_sub = mc.add_subparsers(dest="mcp_command", required=True, parser_class=SubParser)
     imp = mc_sub.add_parser("import", help="add the mcpServers of a Claude Desktop JSON file to mcp.toml")
     imp.add_argument("file", help="e.g. claude_desktop_config.json")
     imp.add_argument("--replace", action="store_true", help="overwrite servers of the same name")
