@@ -166,7 +166,7 @@ class Engine:
         self._history_counter = 0
         self._history_floor = 0  # the stamp of every session not in _history_stamps
         self._commanding: dict[str, int] = {}  # sessions whose message's commands are running
-        self._deletions: dict[str, dict[str, Any]] = {}  # deletions announced when they end
+        self._deletions: dict[str, ev.SessionChanged] = {}  # deletions announced when they end
         self._prompts: Any = None
         self._stopping = False
         self._admitted = 0  # admissions open (see admission)
@@ -425,7 +425,7 @@ class Engine:
             if not created:
                 return self._admit(LiveSession(row))
             live = self._admit(LiveSession(row, _history=[]))
-            self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
+            self.bus.publish(ev.SessionChanged(session_id=row.id, change="created", session=live.to_dict(self)))
             return live
         row = await self.store.get_session(ref)
         if row is None:
@@ -437,7 +437,7 @@ class Engine:
                 raise EngineError(f"no session {ref}: all-digit ids are shorthand ids of existing sessions")
             row = await self.store.create_session(ref, kind, model, meta)
             live = self._admit(LiveSession(row))
-            self.bus.publish(ev.SESSION, row.id, {"change": "created", **live.to_dict(self)})
+            self.bus.publish(ev.SessionChanged(session_id=row.id, change="created", session=live.to_dict(self)))
             return live
         return self._admit(LiveSession(row))
 
@@ -562,11 +562,12 @@ class Engine:
                 live.deleting = pending  # gone: anyone still holding this copy sees it deleted
             # else the delete was cancelled (or failed) before the row went: the session goes on.
             pending.set_result(None)
-        deleted = {"change": "deleted", "client_id": live.id, "short_id": live.row.short_id}
+        deleted = ev.SessionChanged(session_id=live.id, change="deleted",
+                                    session={"client_id": live.id, "short_id": live.row.short_id})
         if self._commanding.get(live.id):
             self._deletions[live.id] = deleted  # announced when the commands' message is answered
         else:
-            self.bus.publish(ev.SESSION, live.id, deleted)
+            self.bus.publish(deleted)
         return ok
 
     def _commands_over(self, session_id: str) -> None:
@@ -574,7 +575,7 @@ class Engine:
         if n > 0:
             self._commanding[session_id] = n
         elif (deleted := self._deletions.pop(session_id, None)) is not None:
-            self.bus.publish(ev.SESSION, session_id, deleted)
+            self.bus.publish(deleted)
 
     async def reset_session(self, ref: str) -> None:
         live = await self.session(ref)
@@ -601,7 +602,7 @@ class Engine:
         self._session_changed(live)
 
     def _session_changed(self, live: LiveSession) -> None:
-        self.bus.publish(ev.SESSION, live.id, {"change": "updated", **live.to_dict(self)})
+        self.bus.publish(ev.SessionChanged(session_id=live.id, change="updated", session=live.to_dict(self)))
 
     def live_state_changed(self, session_id: str | None) -> None:
         live = self._sessions.get(session_id or "")
@@ -633,13 +634,14 @@ class Engine:
                 live.row.title = " ".join(msg.content.split()[:8])[:60]
             live.row.updated_at = msg.created_at
         if publish:
-            self.bus.publish(msg.role if msg.role in (ev.NOTICE, ev.USER) else ev.NOTICE, session_id,
-                             {"text": msg.content}, msg.turn_id)
+            ids = {"session_id": session_id, "turn_id": msg.turn_id}
+            self.bus.publish(ev.UserPosted(**ids, text=msg.content) if msg.role == "user"
+                             else ev.Notice(**ids, text=msg.content))
         return msg
 
     def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
-               persist: bool = True, extra: dict[str, Any] | None = None) -> None:
-        self.bus.publish(ev.NOTICE, session_id, {"text": text, **(extra or {})}, turn_id)
+               persist: bool = True, gate_id: str | None = None) -> None:
+        self.bus.publish(ev.Notice(session_id=session_id, turn_id=turn_id, text=text, gate_id=gate_id))
         if persist and session_id:
             self._spawn(self.record(session_id, Message("notice", text, turn_id=turn_id)))
 
@@ -729,12 +731,12 @@ class Engine:
             echoed = live is not None
             if echoed:
                 await self.record(sid, Message("user", echo, turn_id=turn_id, meta={"command": True}))
-            self.bus.publish(ev.USER, sid, {"text": echo, "command": True}, turn_id)
+            self.bus.publish(ev.UserPosted(session_id=sid, turn_id=turn_id, text=echo, command=True))
             ctx = CommandContext(self, sid, kind, is_operator, turn_id, owner=owner)
             for i, line in enumerate(parsed.commands):
                 ctx.failed = False
                 out = await self.commands.run(ctx, line)
-                notice = {"text": out, "command": line, "ok": not ctx.failed}
+                ok = not ctx.failed
                 if live is None and (appeared := self._sessions.get(sid)) is not None and ctx.foreign(appeared):
                     # Not ours to write into, nor to publish to (its streams are its owner's).
                     outputs.append(out)
@@ -747,9 +749,8 @@ class Engine:
                     # write nothing more to it.
                     if i + 1 < len(parsed.commands) or parsed.text:
                         out += "\n(the rest of the message was not run: its session is deleted)"
-                        notice["text"] = out
                     outputs.append(out)
-                    self.bus.publish(ev.NOTICE, sid, notice, turn_id)
+                    self.bus.publish(ev.Notice(session_id=sid, turn_id=turn_id, text=out, command=line, ok=ok))
                     return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), model=live.model_key(self))
                 outputs.append(out)
                 if live is None:
@@ -762,7 +763,7 @@ class Engine:
                     if not gone():
                         await self.record(sid, Message("notice", out, turn_id=turn_id,
                                                        meta={"kind": "command", "command": line}))
-                self.bus.publish(ev.NOTICE, sid, notice, turn_id)
+                self.bus.publish(ev.Notice(session_id=sid, turn_id=turn_id, text=out, command=line, ok=ok))
         if parsed.model is not None and not parsed.text:
             outputs.append(f"@{parsed.model} needs a prompt after it (or use !model {parsed.model} "
                            f"to switch this session)")
@@ -779,7 +780,7 @@ class Engine:
             outputs.append("this message was not run: its session was deleted meanwhile")
             return self._finished_turn(turn_id, sid, kind, "\n\n".join(outputs), status="cancelled",
                                        model=live.model_key(self), command=bool(parsed.commands))
-        self.bus.publish(ev.USER, live.id, {"text": parsed.text, "model": turn_model}, turn_id)
+        self.bus.publish(ev.UserPosted(session_id=live.id, turn_id=turn_id, text=parsed.text, model=turn_model))
         turn = Turn(turn_id, live.id, parsed.text, kind, model=turn_model, is_operator=is_operator,
                     depth=depth, prefix="\n\n".join(outputs), tools_enabled=tools)
         live.queue.append(turn)
@@ -805,16 +806,13 @@ class Engine:
         model_key = live.model_key(self) if live is not None else (model or self.config.models.default_model)
         turn = Turn(turn_id, session_id, "", kind)
         error = {"code": "bad_request", "message": text} if status == "error" else None
-        turn.future.set_result(TurnResult(turn_id, status, text, error))
-        data: dict[str, Any] = {"text": text, "status": status, "model": model_key}
-        if command:
-            data["command"] = True
+        result = TurnResult(turn_id, status, text, error)
+        turn.future.set_result(result)
         if not publish:
             return turn
         if error is not None:
-            data["error"] = error
-            self.bus.publish(ev.ERROR, session_id, error, turn_id)
-        self.bus.publish(ev.DONE, session_id, data, turn_id)
+            self.bus.publish(ev.error_event(session_id, "bad_request", text, turn_id))
+        self.bus.publish(result.done_event(session_id, model_key, command=command))
         return turn
 
     async def run(self, client_id: str | None, text: str, *, timeout: float | None = None,
@@ -858,9 +856,8 @@ class Engine:
         log.error("turn %s crashed", turn.id, exc_info=e)
         error = {"code": "internal_error", "message": f"{type(e).__name__}: {e}"}
         result = TurnResult(turn.id, "error", turn.prefix, error)
-        self.bus.publish(ev.ERROR, live.id, error, turn.id)
-        self.bus.publish(ev.DONE, live.id, {"text": result.text, "status": "error", "error": error,
-                                            "model": turn.model or live.model_key(self)}, turn.id)
+        self.bus.publish(ev.error_event(live.id, error["code"], error["message"], turn.id))
+        self.bus.publish(result.done_event(live.id, turn.model or live.model_key(self)))
         live.state = "idle"
         self._session_changed(live)
         return result
@@ -872,10 +869,10 @@ class Engine:
         if turn not in live.queue:
             return False
         live.queue.remove(turn)
+        result = TurnResult(turn.id, "cancelled", "")
         if not turn.future.done():
-            turn.future.set_result(TurnResult(turn.id, "cancelled", ""))
-        self.bus.publish(ev.DONE, live.id, {"text": "", "status": "cancelled",
-                                            "model": turn.model or live.model_key(self)}, turn.id)
+            turn.future.set_result(result)
+        self.bus.publish(result.done_event(live.id, turn.model or live.model_key(self)))
         return True
 
     def _in_memory(self, ref: str) -> LiveSession | None:

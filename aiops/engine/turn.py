@@ -87,6 +87,18 @@ class TurnResult:
             d["usage"] = counts  # only real counts: none at all when nothing was counted
         return d
 
+    def done_event(self, session_id: str, model: str, *, command: bool = False) -> ev.Done:
+        """The `done` that ends this turn, on `model` (the one it ran on, or its session's);
+        `command` when the message ran commands only. Every producer of `done` builds it here."""
+        counts = self.usage.counts() if self.usage is not None else None
+        return ev.Done(
+            session_id=session_id, turn_id=self.turn_id, text=self.text,
+            status=self.status,  # type: ignore[arg-type]
+            model=model, command=command,
+            error=ev.ErrorInfo.from_dict(self.error) if self.error else None,
+            finish_reason=self.finish_reason, ended=self.ended,
+            usage=ev.TokenCounts(**counts) if counts is not None else None)
+
 
 @dataclass(slots=True)
 class Turn:
@@ -166,12 +178,15 @@ class TurnRunner:
 
     # -- events --
 
-    def _pub(self, name: str, data: dict[str, Any]) -> None:
-        self.engine.bus.publish(name, self.turn.session_id, data, self.turn.id)
+    def _pub(self, event: ev.Event) -> None:
+        self.engine.bus.publish(event)
 
     def _tok(self, text: str) -> None:
         if text:
-            self._pub(ev.TOK, {"text": text})
+            self._pub(ev.Tok(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
+
+    def _notice_event(self, text: str) -> None:
+        self._pub(ev.Notice(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
 
     async def _commit(self, msg: Message) -> Message:
         """Commit one message of this turn; durable when this returns.
@@ -195,7 +210,7 @@ class TurnRunner:
         t.started = True
         self.live.state = "running"
         self.engine._session_changed(self.live)
-        self._pub(ev.TURN, {"status": "started", "model": self.model_key})
+        self._pub(ev.TurnStarted(session_id=t.session_id, turn_id=t.id, model=self.model_key))
         try:
             if t.stop_requested:
                 raise asyncio.CancelledError  # stopped before it began: ends as any stopped turn
@@ -216,16 +231,7 @@ class TurnRunner:
             result = await self._settle(self._on_error("internal_error", f"{type(e).__name__}: {e}"))
         if t.prefix:
             result.text = t.prefix + ("\n\n" + result.text if result.text else "")
-        done = {"text": result.text, "status": result.status, "model": self.model_key}
-        if result.error:
-            done["error"] = result.error
-        if result.finish_reason:
-            done["finish_reason"] = result.finish_reason
-        if result.ended:
-            done["ended"] = result.ended
-        if (usage := self.usage.counts()) is not None:
-            done["usage"] = usage
-        self._pub(ev.DONE, done)
+        self._pub(result.done_event(t.session_id, self.model_key))
         self.live.state = "idle"
         self.engine._session_changed(self.live)
         return result
@@ -278,7 +284,7 @@ class TurnRunner:
         if cancelled_gates:
             note += f" ({cancelled_gates} pending gate{'s' if cancelled_gates != 1 else ''} cancelled)"
         await self._commit(Message("notice", note, turn_id=t.id, meta={"kind": "cancelled"}))
-        self._pub(ev.NOTICE, {"text": note})
+        self._notice_event(note)
         return TurnResult(t.id, "cancelled", self._final_text(), usage=self.usage)
 
     async def _on_error(self, code: str, message: str) -> TurnResult:
@@ -287,7 +293,7 @@ class TurnRunner:
         await self._answer_open_calls(FAILED_CALL, "error")
         err = {"code": code, "message": message}
         await self._commit(Message("error", message, turn_id=t.id, meta=err))
-        self._pub(ev.ERROR, err)
+        self._pub(ev.error_event(t.session_id, code, message, t.id))
         return TurnResult(t.id, "error", self._final_text(), error=err, usage=self.usage)
 
     async def _answer_open_calls(self, texts: tuple[str, str, str], status: str) -> list[ToolCall]:
@@ -406,7 +412,7 @@ class TurnRunner:
             elif isinstance(item, ThinkingDelta):
                 text = valid_text(item.text)
                 self._thinking_parts.append(text)
-                self._pub(ev.THINKING, {"text": text})
+                self._pub(ev.Thinking(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
             elif isinstance(item, Completion):
                 completion = valid_completion(item)
         if completion is None:
@@ -420,7 +426,7 @@ class TurnRunner:
     async def _notice(self, text: str, *, kind: str | None = None) -> None:
         """`kind` "ended": the turn ends with this notice (crash recovery reads it so)."""
         await self._commit(Message("notice", text, turn_id=self.turn.id, meta={"kind": kind} if kind else {}))
-        self._pub(ev.NOTICE, {"text": text})
+        self._notice_event(text)
 
     async def _end_early(self, why: str) -> None:
         """The engine ends the turn before the model has answered: recorded, announced, and kept
@@ -450,30 +456,27 @@ class TurnRunner:
         result_data = valid_data(out.data)  # (structured output can hold undecodable names too)
         if result_data is not None:
             meta["data"] = result_data
-        data = {"id": call.id, "name": call.name, "content": text[:PREVIEW_CHARS],
-                "truncated": len(text) > PREVIEW_CHARS, "is_error": out.is_error,
-                "duration_ms": meta["duration_ms"]}
-        if decision:
-            data["gate"] = decision
-        if result_data is not None:
-            data["data"] = result_data
-        if status != "complete":
-            data["status"] = status
+        returned = ev.ToolReturned(
+            session_id=self.turn.session_id, turn_id=self.turn.id, call_id=call.id, tool=call.name,
+            content=text[:PREVIEW_CHARS], truncated=len(text) > PREVIEW_CHARS, is_error=out.is_error,
+            duration_ms=meta["duration_ms"], gate=decision or None, result_data=result_data,
+            status=status)  # type: ignore[arg-type]
         try:
             await self._commit(Message("tool", text, tool_call_id=call.id, name=call.name,
                                        turn_id=self.turn.id, meta=meta, status=status))
         except asyncio.CancelledError:
-            self._pub(ev.TOOL_RESULT, data)  # committed all the same (see _commit)
+            self._pub(returned)  # committed all the same (see _commit)
             raise
         except Exception:
             # Not recorded (the store refused it): still open, so the failure path answers it.
             self._open_calls[call.id] = call
             raise
-        self._pub(ev.TOOL_RESULT, data)
+        self._pub(returned)
 
     async def _run_call(self, call: ToolCall) -> None:
         engine, t = self.engine, self.turn
-        self._pub(ev.TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
+        self._pub(ev.ToolCalled(session_id=t.session_id, turn_id=t.id, call_id=call.id, tool=call.name,
+                                arguments=call.arguments))
         start = self._started[call.id] = time.monotonic()
         decision: str | None = None
         tool = engine.tools.get(call.name)
