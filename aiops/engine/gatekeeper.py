@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
 from aiops.engine.tools import Classification, Tool, ToolContext
@@ -28,7 +28,27 @@ from aiops.gates.limits import LimitsConfig, RateLimiter
 from aiops.gates.rules import GatesConfig
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.bus import EventBus
+    from aiops.engine.store import Store
+
+
+class GateHost(Protocol):
+    """What the gatekeeper needs of the engine: where events go, where gates are recorded."""
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message: ...
+
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
+               persist: bool = True, gate_id: str | None = None) -> None: ...
+
+    def live_state_changed(self, session_id: str | None) -> None:
+        """A session's state may have changed (a gate makes it "waiting"): announce it."""
+        ...
 
 
 @dataclass(slots=True)
@@ -43,7 +63,7 @@ SESSION_DELETED = "session deleted"
 
 
 class Gatekeeper:
-    def __init__(self, engine: Engine, rules: GatesConfig, limits: LimitsConfig) -> None:
+    def __init__(self, engine: GateHost, rules: GatesConfig, limits: LimitsConfig) -> None:
         self.engine = engine
         self.rules = rules
         self.limits = limits

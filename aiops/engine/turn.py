@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -23,7 +23,7 @@ from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
-from aiops.engine.tools import ToolContext, ToolOutput, canonical_call, format_validation_error
+from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call, format_validation_error
 from aiops.engine.types import (
     Completion,
     Message,
@@ -38,7 +38,14 @@ from aiops.engine.types import (
 )
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine, LiveSession
+    from aiops.config import Config, ModelConfig
+    from aiops.engine.backends import Backend
+    from aiops.engine.bus import EventBus
+    from aiops.engine.gatekeeper import GateOutcome
+    from aiops.engine.sessions import LiveSession
+    from aiops.engine.tools import Classification, Tool, ToolRegistry
+    from aiops.engine.types import ToolSpec
+    from aiops.gates.limits import LimitsConfig
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +154,46 @@ async def _wait_cancelled(tasks: list[asyncio.Future[Any]]) -> None:
                     "without them", len(pending), CANCEL_GRACE_SECONDS)
 
 
+class TurnHost(ToolHost, Protocol):
+    """What a turn needs of the engine: its models, tools, gates, records and events."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def tools(self) -> ToolRegistry: ...
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    def model_config(self, key: str) -> ModelConfig: ...
+
+    def backend(self, key: str) -> Backend: ...
+
+    def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None, *,
+                      session_id: str | None = None, turn_id: str | None = None) -> str | None: ...
+
+    async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message: ...
+
+    def session_changed(self, live: LiveSession) -> None:
+        """The session's state (running, idle) changed: announce it."""
+        ...
+
+    async def check_call(self, tool: Tool, args: dict[str, Any], cls: Classification,
+                         ctx: ToolContext) -> GateOutcome:
+        """The gatekeeper's check of one call (rate limit, policy, operator)."""
+        ...
+
+    def cancel_turn_gates(self, turn_id: str, *, by: str = "stop") -> int:
+        """Cancel the turn's pending gates; how many there were."""
+        ...
+
+
 class TurnRunner:
-    def __init__(self, engine: Engine, live: LiveSession, turn: Turn) -> None:
+    def __init__(self, engine: TurnHost, live: LiveSession, turn: Turn) -> None:
         self.engine = engine
         self.live = live
         self.turn = turn
@@ -209,7 +254,7 @@ class TurnRunner:
         t = self.turn
         t.started = True
         self.live.state = "running"
-        self.engine._session_changed(self.live)
+        self.engine.session_changed(self.live)
         self._pub(ev.TurnStarted(session_id=t.session_id, turn_id=t.id, model=self.model_key))
         try:
             if t.stop_requested:
@@ -233,7 +278,7 @@ class TurnRunner:
             result.text = t.prefix + ("\n\n" + result.text if result.text else "")
         self._pub(result.done_event(t.session_id, self.model_key))
         self.live.state = "idle"
-        self.engine._session_changed(self.live)
+        self.engine.session_changed(self.live)
         return result
 
     async def _settle(self, record: Coroutine[Any, Any, TurnResult]) -> TurnResult:
@@ -275,7 +320,7 @@ class TurnRunner:
 
     async def _on_cancel(self) -> TurnResult:
         t = self.turn
-        cancelled_gates = t.cancelled_gates + self.engine.gatekeeper.broker.cancel_turn(t.id)
+        cancelled_gates = t.cancelled_gates + self.engine.cancel_turn_gates(t.id)
         await self._keep_partial("cancelled")
         stopped = await self._answer_open_calls(CANCELLED_CALL, "cancelled")
         note = "turn cancelled"
@@ -507,7 +552,7 @@ class TurnRunner:
         self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
         # The arguments as the tool will read them: a key the tool ignores (a long decoy
         # "summary", say) must not fill what the operator reads before approving.
-        outcome = await self.engine.gatekeeper.check(tool, args.model_dump(exclude_defaults=True), cls, ctx)
+        outcome = await self.engine.check_call(tool, args.model_dump(exclude_defaults=True), cls, ctx)
         self._at_gate.discard(call.id)
         if not outcome.allowed:
             return ToolOutput(outcome.message, is_error=True), outcome.decision

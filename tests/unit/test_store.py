@@ -223,7 +223,7 @@ async def test_engine_start_does_not_load_stored_sessions(tmp_path):
     engine = Engine(cfg, discover_plugins=False)
     await engine.start()
     try:
-        assert engine._sessions == {}  # nothing loaded until a session is used
+        assert len(engine.cache) == 0  # nothing loaded until a session is used
         assert len(await engine.list_sessions(limit=5)) == 5
         live = await engine.session("1500")  # shorthand 1500 → the 1400th session created
         assert live is not None and live.id == "api-1399" and live._history is None
