@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
@@ -41,6 +41,13 @@ from aiops.engine.tools import Classification, Tool, ToolContext, ToolRegistry
 from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.turn_queue import TurnQueue
 from aiops.engine.types import Completion, Message, ToolSpec, new_id
+
+if TYPE_CHECKING:
+    from aiops.engine.commands import CommandHost
+    from aiops.engine.facade import EngineFacade
+    from aiops.engine.gatekeeper import GateHost
+    from aiops.engine.intake import IntakeHost
+    from aiops.engine.turn import TurnHost
 
 # Names other layers import from here.
 __all__ = ["INTERRUPTED_NOTICE", "MAX_COMMANDS", "SESSION_KINDS", "STOPPING", "Engine", "EngineError",
@@ -461,3 +468,13 @@ class Engine:
             "pending_gates": len(self.gatekeeper.broker.pending()),
             "plugins": [p.to_dict() for p in self.plugin_host.status],
         }
+
+
+if TYPE_CHECKING:
+    def _implements(engine: Engine) -> None:
+        """For the type checker: the engine is the views' facade and each collaborator's host."""
+        _facade: EngineFacade = engine
+        _turns: TurnHost = engine
+        _gates: GateHost = engine
+        _commands: CommandHost = engine
+        _intake: IntakeHost = engine
