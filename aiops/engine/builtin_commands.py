@@ -6,10 +6,10 @@ import time
 from typing import TYPE_CHECKING
 
 from aiops.engine.commands import Command, CommandContext, CommandError
-from aiops.engine.engine import EngineError
+from aiops.engine.errors import EngineError
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.commands import CommandHost
 
 # Commands that act on "this session" say so when the message that carries them is the first
 # (command-only messages do not create a session).
@@ -138,7 +138,7 @@ async def _stop(ctx: CommandContext, argv: list[str], raw: str) -> str:
     return "the running turn is already being stopped" if live.current is not None else "no turn is running"
 
 
-def register_builtin_commands(engine: Engine) -> None:
+def register_builtin_commands(engine: CommandHost) -> None:
     for cmd in (
         Command("help", "!help", "this list", _help),
         Command("model", "!model [KEY]", "list models / switch this session's model", _model),

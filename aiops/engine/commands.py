@@ -14,19 +14,73 @@ import re
 import shlex
 from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine, LiveSession
+    from pathlib import Path
+
+    from aiops.config import Config
+    from aiops.engine.gatekeeper import Gatekeeper
+    from aiops.engine.sessions import LiveSession
+    from aiops.engine.store import Store
+    from aiops.engine.tools import ToolRegistry
+    from aiops.gates.limits import LimitsConfig
 
 
 class CommandError(Exception):
     """A command failed in a way the user can fix; the message says how."""
 
 
+class CommandHost(Protocol):
+    """What a `!command` (the engine's own, a plugin's) and the prompt tools reach of the engine:
+    the sessions, models, prompts, tools and gates an operator administers from a chat line."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def commands(self) -> CommandRegistry: ...
+
+    @property
+    def tools(self) -> ToolRegistry: ...
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def gatekeeper(self) -> Gatekeeper: ...
+
+    @property
+    def prompts(self) -> Any: ...  # aiops.prompts.tree.PromptStore
+
+    def prompt_folder(self, model_key: str | None = None) -> Path | None: ...
+
+    def check_model(self, key: str) -> str | None: ...
+
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None) -> None: ...
+
+    async def session(self, ref: str, *, kind: str = "api", create: bool = False,
+                      model: str | None = None, meta: dict[str, Any] | None = None,
+                      wait_for_delete: bool = True) -> LiveSession | None: ...
+
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
+                            owner: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def delete_session(self, ref: str) -> bool: ...
+
+    async def reset_session(self, ref: str) -> None: ...
+
+    async def set_session_model(self, ref: str, model: str) -> None: ...
+
+    def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool: ...
+
+
 @dataclass(slots=True)
 class CommandContext:
-    engine: Engine
+    engine: CommandHost
     session_id: str
     client_kind: str
     is_operator: bool

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from aiops.engine.commands import Command, CommandContext, CommandError
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.commands import CommandHost
 
 DECISIONS = ("allow", "ask", "deny")
 
@@ -39,7 +39,7 @@ def write_toml(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def _rules_text(engine: Engine) -> list[str]:
+def _rules_text(engine: CommandHost) -> list[str]:
     rules = engine.gatekeeper.rules
     d = rules.to_toml_dict()
     lines = ["Rules (gates.toml):"]
@@ -62,7 +62,7 @@ def _actor(ctx: CommandContext) -> str:
     return f"operator:{ctx.client_kind}"
 
 
-def _invalid_target(engine: Engine, target: str) -> str | None:
+def _invalid_target(engine: CommandHost, target: str) -> str | None:
     """Why `target` names nothing a rule could apply to, or None when it is valid.
 
     A typo would otherwise be saved as a rule that never matches while the operator believes
@@ -188,7 +188,7 @@ async def _limits(ctx: CommandContext, argv: list[str], raw: str) -> str:
     raise CommandError(f"unknown sub-command {sub!r}")
 
 
-def register_gate_commands(engine: Engine) -> None:
+def register_gate_commands(engine: CommandHost) -> None:
     for cmd in (
         Command("gates", "!gates [revoke ID]", "rules, pending gates, session approvals", _gates,
                 operator_only=True),

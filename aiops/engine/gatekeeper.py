@@ -7,12 +7,12 @@ bypasses this: `@model` turns and delegated calls run under the caller's session
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from aiops.engine import events as ev
 from aiops.engine.tools import Classification, Tool, ToolContext
 from aiops.engine.types import Message
 from aiops.gates.broker import (
@@ -28,7 +28,27 @@ from aiops.gates.limits import LimitsConfig, RateLimiter
 from aiops.gates.rules import GatesConfig
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.bus import EventBus
+    from aiops.engine.store import Store
+
+
+class GateHost(Protocol):
+    """What the gatekeeper needs of the engine: where events go, where gates are recorded."""
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message: ...
+
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
+               persist: bool = True, gate_id: str | None = None) -> None: ...
+
+    def live_state_changed(self, session_id: str | None) -> None:
+        """A session's state may have changed (a gate makes it "waiting"): announce it."""
+        ...
 
 
 @dataclass(slots=True)
@@ -43,7 +63,7 @@ SESSION_DELETED = "session deleted"
 
 
 class Gatekeeper:
-    def __init__(self, engine: Engine, rules: GatesConfig, limits: LimitsConfig) -> None:
+    def __init__(self, engine: GateHost, rules: GatesConfig, limits: LimitsConfig) -> None:
         self.engine = engine
         self.rules = rules
         self.limits = limits
@@ -51,23 +71,24 @@ class Gatekeeper:
         self.broker = GateBroker(publish=self._publish, record=self._record)
 
     def _rate_changed(self, session_id: str) -> None:
-        self.engine.bus.publish("rate", session_id, {
-            "usage": [dataclasses.asdict(u) for u in self.limiter.usage(session_id)],
-        })
+        usage = tuple(ev.RateInfo(u.session_id, u.tool_type, u.used, u.limit, u.window_seconds, u.disabled)
+                      for u in self.limiter.usage(session_id))
+        self.engine.bus.publish(ev.RateChanged(session_id=session_id, usage=usage))
 
     def _publish(self, name: str, data: dict[str, Any]) -> None:
+        """The broker's event hook: a gate opened ("gate") or resolved ("gate_resolved")."""
         session_id = data.get("session_id")
         gate = self.broker.get(data["id"])
         turn_id = gate.turn_id if gate is not None else None
-        self.engine.bus.publish(name, session_id, data, turn_id)
-        if name == "gate" and gate is not None:
-            self.engine.live_state_changed(session_id)
-            # Not stored (the gate's own records are), and named by its gate: a view that shows
-            # it while the gate waits drops it when the gate is answered, as the history has it.
-            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False,
-                               extra={"gate_id": gate.id})
-        elif name == "gate_resolved":
-            self.engine.live_state_changed(session_id)
+        info = ev.GateInfo.from_dict(data)
+        opened = name == ev.GATE
+        self.engine.bus.publish(ev.GateOpened(session_id=session_id, turn_id=turn_id, gate=info) if opened
+                                else ev.GateResolved(session_id=session_id, turn_id=turn_id, gate=info))
+        self.engine.live_state_changed(session_id)
+        if opened and gate is not None:
+            # Transitional (views now derive it from the gate events; removed when they all do):
+            # not stored (the gate's own records are), and named by its gate.
+            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False, gate_id=gate.id)
 
     async def _record(self, what: str, gate: Gate, resolution: Resolution | None) -> None:
         """The broker's audit hook: "opened", "resolved", or "granted" (passed by a session grant)."""

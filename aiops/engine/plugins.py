@@ -12,15 +12,15 @@ import importlib.metadata
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from aiops.engine.commands import Command
-from aiops.engine.tools import Tool
+from aiops.engine.commands import Command, CommandRegistry
+from aiops.engine.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.facade import EngineFacade
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "aiops.plugins"
@@ -73,35 +73,56 @@ class Plugin:
         return None
 
 
+class PluginHostView(Protocol):
+    """What a PluginAPI reaches of the plugin host (see plugin_host.py)."""
+
+    @property
+    def facade(self) -> EngineFacade: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+    @property
+    def status(self) -> list[PluginStatus]: ...
+
+    @property
+    def tools(self) -> ToolRegistry: ...
+
+    @property
+    def commands(self) -> CommandRegistry: ...
+
+
 class PluginAPI:
     """What a plugin may touch: registration and read access, nothing that changes policy."""
 
-    def __init__(self, engine: Engine, plugin: Plugin) -> None:
-        self._engine = engine
+    def __init__(self, host: PluginHostView, plugin: Plugin) -> None:
+        self._host = host
         self._plugin = plugin
 
     @property
-    def engine(self) -> Engine:
-        return self._engine
+    def engine(self) -> EngineFacade:
+        """The operations every view has (submit, sessions, history, gates): a plugin that is a
+        client (Slack, MCP) drives the engine through these."""
+        return self._host.facade
 
     @property
     def env(self) -> Mapping[str, str]:
-        return self._engine.env
+        return self._host.env
 
     def report(self, note: str) -> None:
         """Say something about the plugin's state (shown next to "started"), at any time."""
         self._plugin.status_note = note
-        for status in self._engine.plugin_status:
+        for status in self._host.status:
             if status.name == self._plugin.name and status.state == "started":
                 status.reason = note
 
     def register_tool(self, tool: Tool) -> None:
         tool.plugin = self._plugin.name
-        self._engine.tools.register(tool)
+        self._host.tools.register(tool)
 
     def register_command(self, cmd: Command) -> None:
         cmd.plugin = self._plugin.name
-        self._engine.commands.register(cmd)
+        self._host.commands.register(cmd)
 
     def require_env(self, var: str, what: str = "") -> str:
         value = self.env.get(var)

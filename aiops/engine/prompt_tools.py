@@ -19,7 +19,7 @@ from aiops.prompts.ops import OPERATIONS, ConfirmationRequired, EditResult, edit
 from aiops.prompts.tree import ROOT, ROOT_FILE, PromptEditError
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.commands import CommandHost
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class UpdatePromptArgs(BaseModel):
                                         "empty for the root")
 
 
-async def apply_edit(engine: Engine, folder: Path, session_id: str | None, actor: str, ref: str,
+async def apply_edit(engine: CommandHost, folder: Path, session_id: str | None, actor: str, ref: str,
                      operation: str, content: str = "", target: str = "", confirm: bool = False,
                      description: str = "", parent: str = "") -> EditResult:
     """Edit one section (atomic write in a thread), audit the diff, refresh the cached tree."""
@@ -67,7 +67,7 @@ async def apply_edit(engine: Engine, folder: Path, session_id: str | None, actor
     return result
 
 
-def _folder(engine: Engine, model_key: str | None) -> Path:
+def _folder(engine: CommandHost, model_key: str | None) -> Path:
     folder = engine.prompt_folder(model_key)
     if folder is None:
         raise PromptEditError("this model has no system prompt (system_prompt_folder = \"none\")")
@@ -88,7 +88,7 @@ def _classify_edit(args: UpdatePromptArgs) -> Classification:
                           grantable=False)
 
 
-def register_prompt_tools(engine: Engine) -> None:
+def register_prompt_tools(engine: CommandHost) -> None:
     async def read_tool(args: ReadPromptArgs, ctx: ToolContext) -> ToolOutput:
         try:
             tree = engine.prompts.get(_folder(engine, ctx.model_key))
@@ -201,7 +201,7 @@ async def _edit(ctx: CommandContext, folder: Path, sub: str, raw: str) -> str:
 # ---- the prompt sent each turn --------------------------------------------------------------------
 
 
-def turn_prompt(engine: Engine, model_key: str, session_id: str | None = None,
+def turn_prompt(engine: CommandHost, model_key: str, session_id: str | None = None,
                 turn_id: str | None = None) -> str:
     """The assembled prompt for one turn of `model_key`, with the sections whose tools are
     registered; "" when the model has none.

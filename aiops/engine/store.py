@@ -1,45 +1,24 @@
-"""Durable history: sessions, messages, gate audit, in SQLite (WAL).
+"""Durable history: sessions, messages, gate audit, in SQLite (WAL) — the SQL.
 
-Statements run in the order they were issued, on one connection. Reads and writes of any size go
-through one worker thread, so the event loop never waits on a long query.
-
-Small writes (one row: add a message, open a session, an audit record) take a faster path. The
-first one of a loop iteration runs inline on the loop when the worker is idle and nothing is
-queued for it: SQLite does it in about 0.05 ms, while the two cross-thread wake-ups of a worker
-round trip cost 0.2-0.5 ms on a busy 2-core machine. The ones issued after it in the same
-iteration are committed together at the start of the next (group commit: one transaction, each
-write in its own savepoint so one that fails is undone alone), inline or, when the worker is
-busy, queued behind what it has. Under load that is ~5 writes per commit instead of one; an idle
-server still commits each write at once. A read flushes the writes issued before it first.
-Commits never fsync: with WAL and synchronous=NORMAL only checkpoints do, and automatic
-checkpoints are off; the worker runs them every CHECKPOINT_EVERY commits.
-
-Each write commits before its coroutine returns: once a caller has awaited `add_message`, a
-SIGKILL cannot lose it (WAL + synchronous=NORMAL survives process crashes; only power loss may
-drop the last commits).
+The schema (PRAGMA user_version + ordered migrations) and every statement. They run on one
+connection driven by `sqlite_worker.SQLiteWorker`, in the order they were issued: long ones on its
+thread, one-row writes inline or group-committed (see there). Each write commits before its
+coroutine returns: once a caller has awaited `add_message`, a SIGKILL cannot lose it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from aiops.engine.sqlite_worker import SQLiteWorker, StoreError
 from aiops.engine.types import Message, ToolCall, is_short_id
 
-T = TypeVar("T")
-
-CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thread)
-
-log = logging.getLogger(__name__)
+__all__ = ["MIGRATIONS", "OWNER_KEY", "SQLITE_MAX_INT", "AuditRow", "SessionRow", "Store", "StoreError"]
 
 SQLITE_MAX_INT = 2**63 - 1
 _LEFT_OPEN_TAIL = 200  # messages per session read for turns a dead process cut off
@@ -164,20 +143,6 @@ class AuditRow:
         }
 
 
-class StoreError(Exception):
-    pass
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
-    conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA foreign_keys=ON")
-    return conn
-
-
 def migrate(conn: sqlite3.Connection) -> int:
     """Run the upgrade steps this database has not seen yet; return the resulting version."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -198,6 +163,10 @@ def migrate(conn: sqlite3.Connection) -> int:
             conn.execute("ROLLBACK")
             raise
     return len(MIGRATIONS)
+
+
+def _prepare(conn: sqlite3.Connection) -> None:
+    migrate(conn)
 
 
 _TURN_ENDING_NOTICES = frozenset({"cancelled", "command", "ended", "interrupted"})
@@ -238,192 +207,18 @@ def _row_to_session(r: sqlite3.Row) -> SessionRow:
     )
 
 
-def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
-    for fut, value, err in results:
-        if fut.done():
-            continue  # its caller was cancelled; the write is committed all the same
-        if err is not None:
-            fut.set_exception(err)
-        else:
-            fut.set_result(value)
-
-
 class Store:
-    """Async facade over one SQLite connection driven by a single worker thread."""
+    """The SQL of sessions, messages and the audit log; its statements run on a SQLiteWorker."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._conn: sqlite3.Connection | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiops-store")
-        self._conn_lock = threading.Lock()  # held by whoever is using the connection
-        self._count_lock = threading.Lock()
-        self._queued = 0  # operations handed to the worker that it has not started
-        self._batch: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
-        self._flush_handle: asyncio.Handle | None = None
-        self._writes = 0  # commits since the last checkpoint
-
-    # -- plumbing --
-
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
-        if small:
-            if self._flush_handle is None and self._queued == 0 and self._conn_lock.acquire(blocking=False):
-                # The first write of this loop iteration, nothing queued before it: now, inline.
-                # Later ones in the same iteration wait for the group commit this schedules.
-                try:
-                    out = self._use(lambda conn: self._tx(conn, lambda: fn(conn)))
-                finally:
-                    self._conn_lock.release()
-                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
-                self._maybe_checkpoint()
-                return out
-            return await self._write(fn)
-        self._flush()  # writes issued earlier go first
-        out = await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn,
-                                                               self._enqueue())
-        self._maybe_checkpoint()
-        return out
-
-    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
-        """Group commit: one-row writes issued in the same loop iteration share one transaction,
-        committed at the start of the next; each caller's future resolves once it is committed."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        self._batch.append((fn, fut))
-        if self._flush_handle is None:
-            self._flush_handle = loop.call_soon(self._flush)
-        return fut
-
-    def _flush(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        batch, self._batch = self._batch, []
-        if not batch:
-            return
-        # Every way this can fail ends in the batch's futures: a writer that is never answered
-        # would hold its turn open for good (turns wait for their commits even when cancelled).
-        if self._queued == 0 and self._conn_lock.acquire(blocking=False):
-            try:
-                if self._queued == 0:  # nothing issued earlier is still waiting: now, in order
-                    try:
-                        results = self._use(lambda conn: self._commit_batch(conn, batch))
-                    except Exception as e:  # noqa: BLE001 - "store is closed": every writer hears it
-                        results = [(fut, None, e) for _, fut in batch]
-                    _deliver(results)
-                    self._maybe_checkpoint()
-                    return
-            finally:
-                self._conn_lock.release()
-        if self._conn is None:  # closed, and its executor with it: nothing can take the batch
-            _deliver([(fut, None, StoreError("store is closed")) for _, fut in batch])
-            return
-        done = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._call, lambda conn: self._commit_batch(conn, batch), self._enqueue())
-
-        def deliver(f: asyncio.Future[list[tuple[asyncio.Future[Any], Any, BaseException | None]]]) -> None:
-            if f.cancelled() or f.exception() is not None:
-                err = StoreError("store is closed") if f.cancelled() else f.exception()
-                _deliver([(fut, None, err) for _, fut in batch])
-            else:
-                _deliver(f.result())
-            self._maybe_checkpoint()
-
-        done.add_done_callback(deliver)
-
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[tuple[Callable[[sqlite3.Connection], Any],
-                                                                     asyncio.Future[Any]]]
-                      ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
-        """Run every write of a batch in one transaction, each in its own savepoint so that one
-        that fails is undone alone; a failed COMMIT fails them all."""
-        out: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
-        try:
-            conn.execute("BEGIN IMMEDIATE")  # may time out on a lock another process holds
-            for fn, fut in batch:
-                conn.execute("SAVEPOINT w")
-                try:
-                    value = fn(conn)
-                except Exception as e:  # noqa: BLE001 - the caller gets it
-                    if not conn.in_transaction:
-                        # SQLite undid the whole transaction itself (a full disk, an I/O error):
-                        # nothing of the batch is committed, and each writer hears the real cause.
-                        return [(f, None, e) for _, f in batch]
-                    conn.execute("ROLLBACK TO w")
-                    conn.execute("RELEASE w")
-                    out.append((fut, None, e))
-                    continue
-                conn.execute("RELEASE w")
-                out.append((fut, value, None))
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return [(fut, None, e) for _, fut in batch]
-        self._writes += 1
-        return out
-
-    def _enqueue(self) -> bool:
-        with self._count_lock:
-            self._queued += 1
-        return True
-
-    def _call(self, fn: Callable[[sqlite3.Connection], T], _queued: bool = False) -> T:
-        with self._conn_lock:
-            if _queued:
-                with self._count_lock:
-                    self._queued -= 1
-            return self._use(fn)
-
-    def _use(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._conn is None:
-            raise StoreError("store is closed")
-        return fn(self._conn)
-
-    def _maybe_checkpoint(self) -> None:
-        if self._writes < CHECKPOINT_EVERY or self._conn is None:
-            return
-        self._writes = 0
-
-        def checkpoint(conn: sqlite3.Connection) -> None:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-
-        future = self._executor.submit(self._call, checkpoint, self._enqueue())
-        future.add_done_callback(lambda f: f.exception() and log.warning("WAL checkpoint failed: %s",
-                                                                        f.exception()))
+        self.worker = SQLiteWorker(path, prepare=_prepare)
 
     async def open(self) -> None:
-        def _open() -> None:
-            self._conn = _connect(self.path)
-            migrate(self._conn)
-            # Checkpoints are the only fsyncs; the worker runs them (see _maybe_checkpoint), so a
-            # commit made inline on the event loop never waits for the disk.
-            self._conn.execute("PRAGMA wal_autocheckpoint=0")
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, _open)
+        await self.worker.open()
 
     async def close(self) -> None:
-        self._flush()
-
-        def _close() -> None:
-            with self._conn_lock:
-                if self._conn is not None:
-                    self._conn.close()
-                    self._conn = None
-
-        await asyncio.get_running_loop().run_in_executor(self._executor, _close)
-        self._executor.shutdown(wait=True)
-
-    def _tx(self, conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
-        if conn.in_transaction:
-            return fn()  # inside a group commit: its savepoint makes this write all or nothing
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            out = fn()
-            conn.execute("COMMIT")
-            self._writes += 1
-            return out
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        await self.worker.close()
 
     # -- sessions --
 
@@ -445,9 +240,9 @@ class Store:
                 )
                 return SessionRow(session_id, short, kind, model, "", 0, now, now, meta or {})
 
-            return self._tx(conn, body)
+            return self.worker.tx(conn, body)
 
-        return await self._run(run, small=True)
+        return await self.worker.run(run, small=True)
 
     async def get_or_create_session(self, session_id: str, kind: str, model: str | None,
                                     meta: dict[str, Any] | None = None) -> tuple[SessionRow, bool]:
@@ -470,9 +265,9 @@ class Store:
                     "VALUES (?,?,?,?,?,?,?)", (session_id, short, kind, model, now, now, json.dumps(meta or {})))
                 return SessionRow(session_id, short, kind, model, "", 0, now, now, dict(meta or {})), True
 
-            return self._tx(conn, body)
+            return self.worker.tx(conn, body)
 
-        return await self._run(run, small=True)
+        return await self.worker.run(run, small=True)
 
     async def get_session(self, ref: str) -> SessionRow | None:
         """By full id, or by shorthand id given as digits."""
@@ -487,7 +282,7 @@ class Store:
                 row = conn.execute(sql + "s.short_id=?", (int(ref),)).fetchone()
             return _row_to_session(row) if row else None
 
-        return await self._run(run)  # counts the messages: the thread
+        return await self.worker.run(run)  # counts the messages: the thread
 
     async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
                             owner: str | None = None) -> list[SessionRow]:
@@ -510,16 +305,16 @@ class Store:
             args += [limit, offset]
             return [_row_to_session(r) for r in conn.execute(sql, args)]
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     async def session_ids(self, kind: str) -> list[str]:
         """Every session id of `kind`, oldest first: the ids alone, without the per-session counts
         list_sessions computes (the proxy indexes its conversations from this once)."""
-        return await self._run(lambda c: [r[0] for r in c.execute(
+        return await self.worker.run(lambda c: [r[0] for r in c.execute(
             "SELECT id FROM sessions WHERE kind=? ORDER BY created_at, short_id", (kind,))])
 
     async def count_sessions(self) -> int:
-        return await self._run(lambda c: c.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+        return await self.worker.run(lambda c: c.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
 
     async def update_session(self, session_id: str, **fields: Any) -> None:
         allowed = {"model", "title", "kind", "meta"}
@@ -534,7 +329,7 @@ class Store:
         def run(conn: sqlite3.Connection) -> None:
             conn.execute(f"UPDATE sessions SET {cols} WHERE id=?", (*fields.values(), session_id))
 
-        await self._run(run, small=True)
+        await self.worker.run(run, small=True)
 
     async def reset_session(self, session_id: str) -> int:
         """Start afresh: later reads see an empty history; the old epoch stays archived."""
@@ -544,7 +339,7 @@ class Store:
                          (time.time(), session_id))
             return conn.execute("SELECT epoch FROM sessions WHERE id=?", (session_id,)).fetchone()[0]
 
-        return await self._run(run, small=True)
+        return await self.worker.run(run, small=True)
 
     async def delete_session(self, session_id: str) -> bool:
         """Deletes the session and its messages; the audit log keeps its records."""
@@ -554,9 +349,9 @@ class Store:
                 conn.execute("DELETE FROM messages WHERE session_id=?", (session_id,))
                 return conn.execute("DELETE FROM sessions WHERE id=?", (session_id,)).rowcount > 0
 
-            return self._tx(conn, body)
+            return self.worker.tx(conn, body)
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     # -- messages --
 
@@ -585,9 +380,9 @@ class Store:
                              (msg.created_at, title, session_id))
                 return int(cur.lastrowid or 0)
 
-            return self._tx(conn, body)
+            return self.worker.tx(conn, body)
 
-        msg.id = await self._run(run, small=True)
+        msg.id = await self.worker.run(run, small=True)
         return msg
 
     async def history(self, session_id: str, *, limit: int | None = None,
@@ -617,7 +412,7 @@ class Store:
             sql += " ORDER BY id"
             return [_row_to_message(r) for r in conn.execute(sql, args)]
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     async def history_page(self, session_id: str, *, limit: int,
                            before_id: int | None = None) -> tuple[list[Message], bool]:
@@ -665,6 +460,7 @@ class Store:
                     frontier = rows[-1]["id"]
                 # Turns that began at or above the frontier are all known: take them latest first.
                 # (One that began lower may yet be passed by one not read so far.)
+                # (Not done means a full scan: rows were read, so the frontier is set.)
                 ready = sorted((k for k, first in starts.items()
                                 if done or (frontier is not None and first >= frontier)),
                                key=starts.__getitem__, reverse=True)
@@ -691,7 +487,7 @@ class Store:
             more = conn.execute(f"SELECT 1 FROM messages WHERE {scope} AND id<? LIMIT 1", [*key, low]).fetchone()
             return [_row_to_message(r) for r in found], more is not None
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     async def left_open(self, since: float, until: float) -> tuple[list[tuple[str, str]], list[AuditRow]]:
         """What a process that ran from `since` and died (SIGKILL, a crash) before `until` left
@@ -721,7 +517,7 @@ class Store:
                 "AND b.id > a.id AND b.event IN ('gate_resolved', 'gate_granted')) ORDER BY a.id", (since_, until))]
             return turns, gates
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     # -- audit --
 
@@ -739,7 +535,7 @@ class Store:
                  json.dumps(data or {}, default=str)),
             )
 
-        await self._run(run, small=True)
+        await self.worker.run(run, small=True)
 
     async def audit(self, session_id: str | None = None, since: float | None = None,
                     limit: int = 10_000) -> list[AuditRow]:
@@ -758,7 +554,7 @@ class Store:
             args.append(limit)
             return [_row_to_audit(r) for r in conn.execute(sql, args)]
 
-        return await self._run(run)
+        return await self.worker.run(run)
 
     async def integrity_check(self) -> str:
-        return await self._run(lambda c: c.execute("PRAGMA integrity_check").fetchone()[0])
+        return await self.worker.run(lambda c: c.execute("PRAGMA integrity_check").fetchone()[0])

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from aiops.engine.types import ToolSpec
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine
+    from aiops.engine.store import Store
 
 Operation = Literal["read", "write"]
 
@@ -45,11 +45,20 @@ class ToolOutput:
     is_error: bool = False
 
 
+class ToolHost(Protocol):
+    """What a tool reaches of the engine through its context: the audit log and notices."""
+
+    @property
+    def store(self) -> Store: ...
+
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None) -> None: ...
+
+
 @dataclass(slots=True)
 class ToolContext:
     """Who is calling: tools act on behalf of one session's turn."""
 
-    engine: Engine
+    engine: ToolHost
     session_id: str
     client_kind: str
     turn_id: str | None

@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -23,7 +23,7 @@ from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
-from aiops.engine.tools import ToolContext, ToolOutput, canonical_call, format_validation_error
+from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call, format_validation_error
 from aiops.engine.types import (
     Completion,
     Message,
@@ -38,7 +38,14 @@ from aiops.engine.types import (
 )
 
 if TYPE_CHECKING:
-    from aiops.engine.engine import Engine, LiveSession
+    from aiops.config import Config, ModelConfig
+    from aiops.engine.backends import Backend
+    from aiops.engine.bus import EventBus
+    from aiops.engine.gatekeeper import GateOutcome
+    from aiops.engine.sessions import LiveSession
+    from aiops.engine.tools import Classification, Tool, ToolRegistry
+    from aiops.engine.types import ToolSpec
+    from aiops.gates.limits import LimitsConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,18 @@ class TurnResult:
         if self.usage is not None and (counts := self.usage.counts()) is not None:
             d["usage"] = counts  # only real counts: none at all when nothing was counted
         return d
+
+    def done_event(self, session_id: str, model: str, *, command: bool = False) -> ev.Done:
+        """The `done` that ends this turn, on `model` (the one it ran on, or its session's);
+        `command` when the message ran commands only. Every producer of `done` builds it here."""
+        counts = self.usage.counts() if self.usage is not None else None
+        return ev.Done(
+            session_id=session_id, turn_id=self.turn_id, text=self.text,
+            status=self.status,  # type: ignore[arg-type]
+            model=model, command=command,
+            error=ev.ErrorInfo.from_dict(self.error) if self.error else None,
+            finish_reason=self.finish_reason, ended=self.ended,
+            usage=ev.TokenCounts(**counts) if counts is not None else None)
 
 
 @dataclass(slots=True)
@@ -135,8 +154,46 @@ async def _wait_cancelled(tasks: list[asyncio.Future[Any]]) -> None:
                     "without them", len(pending), CANCEL_GRACE_SECONDS)
 
 
+class TurnHost(ToolHost, Protocol):
+    """What a turn needs of the engine: its models, tools, gates, records and events."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def bus(self) -> EventBus: ...
+
+    @property
+    def tools(self) -> ToolRegistry: ...
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    def model_config(self, key: str) -> ModelConfig: ...
+
+    def backend(self, key: str) -> Backend: ...
+
+    def system_prompt(self, model_key: str, text_tools: list[ToolSpec] | None = None, *,
+                      session_id: str | None = None, turn_id: str | None = None) -> str | None: ...
+
+    async def record(self, session_id: str, msg: Message, *, publish: bool = False) -> Message: ...
+
+    def session_changed(self, live: LiveSession) -> None:
+        """The session's state (running, idle) changed: announce it."""
+        ...
+
+    async def check_call(self, tool: Tool, args: dict[str, Any], cls: Classification,
+                         ctx: ToolContext) -> GateOutcome:
+        """The gatekeeper's check of one call (rate limit, policy, operator)."""
+        ...
+
+    def cancel_turn_gates(self, turn_id: str, *, by: str = "stop") -> int:
+        """Cancel the turn's pending gates; how many there were."""
+        ...
+
+
 class TurnRunner:
-    def __init__(self, engine: Engine, live: LiveSession, turn: Turn) -> None:
+    def __init__(self, engine: TurnHost, live: LiveSession, turn: Turn) -> None:
         self.engine = engine
         self.live = live
         self.turn = turn
@@ -166,12 +223,15 @@ class TurnRunner:
 
     # -- events --
 
-    def _pub(self, name: str, data: dict[str, Any]) -> None:
-        self.engine.bus.publish(name, self.turn.session_id, data, self.turn.id)
+    def _pub(self, event: ev.Event) -> None:
+        self.engine.bus.publish(event)
 
     def _tok(self, text: str) -> None:
         if text:
-            self._pub(ev.TOK, {"text": text})
+            self._pub(ev.Tok(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
+
+    def _notice_event(self, text: str) -> None:
+        self._pub(ev.Notice(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
 
     async def _commit(self, msg: Message) -> Message:
         """Commit one message of this turn; durable when this returns.
@@ -194,8 +254,8 @@ class TurnRunner:
         t = self.turn
         t.started = True
         self.live.state = "running"
-        self.engine._session_changed(self.live)
-        self._pub(ev.TURN, {"status": "started", "model": self.model_key})
+        self.engine.session_changed(self.live)
+        self._pub(ev.TurnStarted(session_id=t.session_id, turn_id=t.id, model=self.model_key))
         try:
             if t.stop_requested:
                 raise asyncio.CancelledError  # stopped before it began: ends as any stopped turn
@@ -216,18 +276,9 @@ class TurnRunner:
             result = await self._settle(self._on_error("internal_error", f"{type(e).__name__}: {e}"))
         if t.prefix:
             result.text = t.prefix + ("\n\n" + result.text if result.text else "")
-        done = {"text": result.text, "status": result.status, "model": self.model_key}
-        if result.error:
-            done["error"] = result.error
-        if result.finish_reason:
-            done["finish_reason"] = result.finish_reason
-        if result.ended:
-            done["ended"] = result.ended
-        if (usage := self.usage.counts()) is not None:
-            done["usage"] = usage
-        self._pub(ev.DONE, done)
+        self._pub(result.done_event(t.session_id, self.model_key))
         self.live.state = "idle"
-        self.engine._session_changed(self.live)
+        self.engine.session_changed(self.live)
         return result
 
     async def _settle(self, record: Coroutine[Any, Any, TurnResult]) -> TurnResult:
@@ -269,7 +320,7 @@ class TurnRunner:
 
     async def _on_cancel(self) -> TurnResult:
         t = self.turn
-        cancelled_gates = t.cancelled_gates + self.engine.gatekeeper.broker.cancel_turn(t.id)
+        cancelled_gates = t.cancelled_gates + self.engine.cancel_turn_gates(t.id)
         await self._keep_partial("cancelled")
         stopped = await self._answer_open_calls(CANCELLED_CALL, "cancelled")
         note = "turn cancelled"
@@ -278,7 +329,7 @@ class TurnRunner:
         if cancelled_gates:
             note += f" ({cancelled_gates} pending gate{'s' if cancelled_gates != 1 else ''} cancelled)"
         await self._commit(Message("notice", note, turn_id=t.id, meta={"kind": "cancelled"}))
-        self._pub(ev.NOTICE, {"text": note})
+        self._notice_event(note)
         return TurnResult(t.id, "cancelled", self._final_text(), usage=self.usage)
 
     async def _on_error(self, code: str, message: str) -> TurnResult:
@@ -287,7 +338,7 @@ class TurnRunner:
         await self._answer_open_calls(FAILED_CALL, "error")
         err = {"code": code, "message": message}
         await self._commit(Message("error", message, turn_id=t.id, meta=err))
-        self._pub(ev.ERROR, err)
+        self._pub(ev.error_event(t.session_id, code, message, t.id))
         return TurnResult(t.id, "error", self._final_text(), error=err, usage=self.usage)
 
     async def _answer_open_calls(self, texts: tuple[str, str, str], status: str) -> list[ToolCall]:
@@ -406,7 +457,7 @@ class TurnRunner:
             elif isinstance(item, ThinkingDelta):
                 text = valid_text(item.text)
                 self._thinking_parts.append(text)
-                self._pub(ev.THINKING, {"text": text})
+                self._pub(ev.Thinking(session_id=self.turn.session_id, turn_id=self.turn.id, text=text))
             elif isinstance(item, Completion):
                 completion = valid_completion(item)
         if completion is None:
@@ -420,7 +471,7 @@ class TurnRunner:
     async def _notice(self, text: str, *, kind: str | None = None) -> None:
         """`kind` "ended": the turn ends with this notice (crash recovery reads it so)."""
         await self._commit(Message("notice", text, turn_id=self.turn.id, meta={"kind": kind} if kind else {}))
-        self._pub(ev.NOTICE, {"text": text})
+        self._notice_event(text)
 
     async def _end_early(self, why: str) -> None:
         """The engine ends the turn before the model has answered: recorded, announced, and kept
@@ -450,30 +501,27 @@ class TurnRunner:
         result_data = valid_data(out.data)  # (structured output can hold undecodable names too)
         if result_data is not None:
             meta["data"] = result_data
-        data = {"id": call.id, "name": call.name, "content": text[:PREVIEW_CHARS],
-                "truncated": len(text) > PREVIEW_CHARS, "is_error": out.is_error,
-                "duration_ms": meta["duration_ms"]}
-        if decision:
-            data["gate"] = decision
-        if result_data is not None:
-            data["data"] = result_data
-        if status != "complete":
-            data["status"] = status
+        returned = ev.ToolReturned(
+            session_id=self.turn.session_id, turn_id=self.turn.id, call_id=call.id, tool=call.name,
+            content=text[:PREVIEW_CHARS], truncated=len(text) > PREVIEW_CHARS, is_error=out.is_error,
+            duration_ms=meta["duration_ms"], gate=decision or None, result_data=result_data,
+            status=status)  # type: ignore[arg-type]
         try:
             await self._commit(Message("tool", text, tool_call_id=call.id, name=call.name,
                                        turn_id=self.turn.id, meta=meta, status=status))
         except asyncio.CancelledError:
-            self._pub(ev.TOOL_RESULT, data)  # committed all the same (see _commit)
+            self._pub(returned)  # committed all the same (see _commit)
             raise
         except Exception:
             # Not recorded (the store refused it): still open, so the failure path answers it.
             self._open_calls[call.id] = call
             raise
-        self._pub(ev.TOOL_RESULT, data)
+        self._pub(returned)
 
     async def _run_call(self, call: ToolCall) -> None:
         engine, t = self.engine, self.turn
-        self._pub(ev.TOOL_CALL, {"id": call.id, "name": call.name, "arguments": call.arguments})
+        self._pub(ev.ToolCalled(session_id=t.session_id, turn_id=t.id, call_id=call.id, tool=call.name,
+                                arguments=call.arguments))
         start = self._started[call.id] = time.monotonic()
         decision: str | None = None
         tool = engine.tools.get(call.name)
@@ -504,7 +552,7 @@ class TurnRunner:
         self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
         # The arguments as the tool will read them: a key the tool ignores (a long decoy
         # "summary", say) must not fill what the operator reads before approving.
-        outcome = await self.engine.gatekeeper.check(tool, args.model_dump(exclude_defaults=True), cls, ctx)
+        outcome = await self.engine.check_call(tool, args.model_dump(exclude_defaults=True), cls, ctx)
         self._at_gate.discard(call.id)
         if not outcome.allowed:
             return ToolOutput(outcome.message, is_error=True), outcome.decision

@@ -949,7 +949,7 @@ async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_u
             started.sub.close()
         await cancel_turn(engine, started.session_id, started.turn, "the client disconnected")
     for _ in range(200):  # let every turn that was queued end
-        if all(not (live := engine._sessions.get(f"hangup-{n}")) or live.current is None and not live.queue
+        if all(not (live := engine.cache.get(f"hangup-{n}")) or live.current is None and not live.queue
                for n in range(N)):
             break
         await asyncio.sleep(0.05)

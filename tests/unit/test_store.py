@@ -223,7 +223,7 @@ async def test_engine_start_does_not_load_stored_sessions(tmp_path):
     engine = Engine(cfg, discover_plugins=False)
     await engine.start()
     try:
-        assert engine._sessions == {}  # nothing loaded until a session is used
+        assert len(engine.cache) == 0  # nothing loaded until a session is used
         assert len(await engine.list_sessions(limit=5)) == 5
         live = await engine.session("1500")  # shorthand 1500 → the 1400th session created
         assert live is not None and live.id == "api-1399" and live._history is None
@@ -324,7 +324,7 @@ async def test_a_read_sees_every_write_issued_before_it(store):
 async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_them_waiting(store, tmp_path):
     """Another process (`aiops audit`, a backup) holding the write lock past the busy timeout."""
     await store.create_session("a", "api", None)
-    store._conn.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
+    store.worker.connection.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
     other = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
     try:
         first = asyncio.ensure_future(store.add_message("a", Message("user", "first")))
@@ -343,8 +343,8 @@ async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_th
 async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause(store, tmp_path):
     await store.create_session("a", "api", None)
     await store.add_message("a", Message("user", "kept"))
-    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
-    store._conn.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
+    pages = store.worker.connection.execute("PRAGMA page_count").fetchone()[0]
+    store.worker.connection.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
     results = await asyncio.gather(
         store.add_message("a", Message("user", "small")),
         store.add_message("a", Message("user", "x" * 100_000)),

@@ -47,15 +47,3 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-def make_backend(key: str, config: ModelConfig, env: dict[str, str] | None = None) -> Backend:
-    if config.type == "openai":
-        from aiops.engine.backends.openai_backend import OpenAIBackend
-
-        return OpenAIBackend(key, config, env)
-    if config.type == "gemini":
-        from aiops.engine.backends.gemini_backend import GeminiBackend
-
-        return GeminiBackend(key, config, env)
-    raise ValueError(f"unknown model type {config.type!r}")

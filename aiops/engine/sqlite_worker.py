@@ -1,0 +1,249 @@
+"""One SQLite connection, driven so that the event loop never waits on a long statement.
+
+Statements run in the order they were issued, on one connection. Reads and writes of any size go
+through one worker thread, so the event loop never waits on a long query.
+
+Small writes (one row: add a message, open a session, an audit record) take a faster path. The
+first one of a loop iteration runs inline on the loop when the worker is idle and nothing is
+queued for it: SQLite does it in about 0.05 ms, while the two cross-thread wake-ups of a worker
+round trip cost 0.2-0.5 ms on a busy 2-core machine. The ones issued after it in the same
+iteration are committed together at the start of the next (group commit: one transaction, each
+write in its own savepoint so one that fails is undone alone), inline or, when the worker is
+busy, queued behind what it has. Under load that is ~5 writes per commit instead of one; an idle
+server still commits each write at once. A read flushes the writes issued before it first.
+Commits never fsync: with WAL and synchronous=NORMAL only checkpoints do, and automatic
+checkpoints are off; the worker runs them every CHECKPOINT_EVERY commits.
+
+Each write commits before its coroutine returns (WAL + synchronous=NORMAL survives process
+crashes; only power loss may drop the last commits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+CHECKPOINT_EVERY = 500  # commits between WAL checkpoints (run on the worker thread)
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    pass
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for fut, value, err in results:
+        if fut.done():
+            continue  # its caller was cancelled; the write is committed all the same
+        if err is not None:
+            fut.set_exception(err)
+        else:
+            fut.set_result(value)
+
+
+class SQLiteWorker:
+    """Async access to one SQLite connection driven by a single worker thread. `prepare` runs on
+    the connection once it is open (the schema's migrations)."""
+
+    def __init__(self, path: Path, prepare: Callable[[sqlite3.Connection], Any] | None = None) -> None:
+        self.path = path
+        self._prepare = prepare
+        self._conn: sqlite3.Connection | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiops-store")
+        self._conn_lock = threading.Lock()  # held by whoever is using the connection
+        self._count_lock = threading.Lock()
+        self._queued = 0  # operations handed to the worker that it has not started
+        self._batch: list[tuple[Callable[[sqlite3.Connection], Any], asyncio.Future[Any]]] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._writes = 0  # commits since the last checkpoint
+
+    async def run(self, fn: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
+        """`fn(connection)`, in issue order: on the worker thread, or with `small` (a one-row
+        write) inline when the worker is idle, else group-committed with the writes issued
+        alongside it. Resolves once `fn`'s write is committed."""
+        if small:
+            if self._flush_handle is None and self._queued == 0 and self._conn_lock.acquire(blocking=False):
+                # The first write of this loop iteration, nothing queued before it: now, inline.
+                # Later ones in the same iteration wait for the group commit this schedules.
+                try:
+                    out = self._use(lambda conn: self.tx(conn, lambda: fn(conn)))
+                finally:
+                    self._conn_lock.release()
+                self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+                self._maybe_checkpoint()
+                return out
+            return await self._write(fn)
+        self._flush()  # writes issued earlier go first
+        out = await asyncio.get_running_loop().run_in_executor(self._executor, self._call, fn,
+                                                               self._enqueue())
+        self._maybe_checkpoint()
+        return out
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Group commit: one-row writes issued in the same loop iteration share one transaction,
+        committed at the start of the next; each caller's future resolves once it is committed."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._batch.append((fn, fut))
+        if self._flush_handle is None:
+            self._flush_handle = loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        # Every way this can fail ends in the batch's futures: a writer that is never answered
+        # would hold its turn open for good (turns wait for their commits even when cancelled).
+        if self._queued == 0 and self._conn_lock.acquire(blocking=False):
+            try:
+                if self._queued == 0:  # nothing issued earlier is still waiting: now, in order
+                    try:
+                        results = self._use(lambda conn: self._commit_batch(conn, batch))
+                    except Exception as e:  # noqa: BLE001 - "store is closed": every writer hears it
+                        results = [(fut, None, e) for _, fut in batch]
+                    _deliver(results)
+                    self._maybe_checkpoint()
+                    return
+            finally:
+                self._conn_lock.release()
+        if self._conn is None:  # closed, and its executor with it: nothing can take the batch
+            _deliver([(fut, None, StoreError("store is closed")) for _, fut in batch])
+            return
+        done = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._call, lambda conn: self._commit_batch(conn, batch), self._enqueue())
+
+        def deliver(f: asyncio.Future[list[tuple[asyncio.Future[Any], Any, BaseException | None]]]) -> None:
+            if f.cancelled() or f.exception() is not None:
+                err = StoreError("store is closed") if f.cancelled() else f.exception()
+                _deliver([(fut, None, err) for _, fut in batch])
+            else:
+                _deliver(f.result())
+            self._maybe_checkpoint()
+
+        done.add_done_callback(deliver)
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[tuple[Callable[[sqlite3.Connection], Any],
+                                                                     asyncio.Future[Any]]]
+                      ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        """Run every write of a batch in one transaction, each in its own savepoint so that one
+        that fails is undone alone; a failed COMMIT fails them all."""
+        out: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # may time out on a lock another process holds
+            for fn, fut in batch:
+                conn.execute("SAVEPOINT w")
+                try:
+                    value = fn(conn)
+                except Exception as e:  # noqa: BLE001 - the caller gets it
+                    if not conn.in_transaction:
+                        # SQLite undid the whole transaction itself (a full disk, an I/O error):
+                        # nothing of the batch is committed, and each writer hears the real cause.
+                        return [(f, None, e) for _, f in batch]
+                    conn.execute("ROLLBACK TO w")
+                    conn.execute("RELEASE w")
+                    out.append((fut, None, e))
+                    continue
+                conn.execute("RELEASE w")
+                out.append((fut, value, None))
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(fut, None, e) for _, fut in batch]
+        self._writes += 1
+        return out
+
+    def _enqueue(self) -> bool:
+        with self._count_lock:
+            self._queued += 1
+        return True
+
+    def _call(self, fn: Callable[[sqlite3.Connection], T], _queued: bool = False) -> T:
+        with self._conn_lock:
+            if _queued:
+                with self._count_lock:
+                    self._queued -= 1
+            return self._use(fn)
+
+    def _use(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._conn is None:
+            raise StoreError("store is closed")
+        return fn(self._conn)
+
+    def _maybe_checkpoint(self) -> None:
+        if self._writes < CHECKPOINT_EVERY or self._conn is None:
+            return
+        self._writes = 0
+
+        def checkpoint(conn: sqlite3.Connection) -> None:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+        def report(f: Future[None]) -> None:
+            if (e := f.exception()) is not None:
+                log.warning("WAL checkpoint failed: %s", e)
+
+        self._executor.submit(self._call, checkpoint, self._enqueue()).add_done_callback(report)
+
+    async def open(self) -> None:
+        def _open() -> None:
+            self._conn = _connect(self.path)
+            if self._prepare is not None:
+                self._prepare(self._conn)
+            # Checkpoints are the only fsyncs; the worker runs them (see _maybe_checkpoint), so a
+            # commit made inline on the event loop never waits for the disk.
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, _open)
+
+    async def close(self) -> None:
+        self._flush()
+
+        def _close() -> None:
+            with self._conn_lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, _close)
+        self._executor.shutdown(wait=True)
+
+    def tx(self, conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
+        if conn.in_transaction:
+            return fn()  # inside a group commit: its savepoint makes this write all or nothing
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn()
+            conn.execute("COMMIT")
+            self._writes += 1
+            return out
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @property
+    def connection(self) -> sqlite3.Connection | None:
+        """The connection (None while closed); for tests that set up the environment."""
+        return self._conn
