@@ -674,15 +674,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
             async with AgentClient(url) as client:
                 try:
                     await client.session(args.session, limit=1)
-                except AgentError as e:
-                    if e.status != 404:
+                except AgentError as missing:
+                    if missing.status != 404:
                         raise
                     # Following an id before its first message is by design (start watching, then
                     # submit), but a mistyped id must not look like a hang: say what it waits for.
                     print(f"aiops: no session {args.session!r} on {url} yet; waiting for its first "
                           f"message (ctrl+c to stop)", file=sys.stderr, flush=True)
-                async for e in client.stream(args.session):
-                    print(json.dumps({"event": e["event"], **e["data"]}, default=str), flush=True)
+                async for item in client.stream(args.session):
+                    print(json.dumps({"event": item["event"], **item["data"]}, default=str), flush=True)
         except AgentError as e:
             if e.code == "connection_error":
                 raise CliError(f"cannot reach the aiops server at {url}: {e.message}") from None

@@ -219,7 +219,7 @@ async def start_mcp_endpoint(engine: Engine, cfg: Config, host: str, main_port: 
         await asyncio.sleep(0.01)
     if task.done():
         sock.close()
-        why = task.exception() if not task.cancelled() else "cancelled"
+        why: BaseException | str | None = task.exception() if not task.cancelled() else "cancelled"
         raise OSError(errno.EIO, f"the MCP endpoint did not start: {why}")
     url = _url(host or "0.0.0.0", sock.getsockname()[1])
     log.info("MCP endpoint at %s", url)
