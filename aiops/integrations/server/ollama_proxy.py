@@ -41,9 +41,9 @@ from aiops.integrations.server.proxy_sessions import (
     BufferedStreamResponse,
     Channel,
     ClientMessage,
-    Done,
     PublishedModel,
     StartedTurn,
+    TurnEnd,
     answer_background_task,
     answer_text,
     cancel_turn,
@@ -432,7 +432,7 @@ async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> 
 
     channel = Channel(request, resp, _on_disconnect(request, started), keepalive=keepalive,
                       keepalive_seconds=state.settings.keepalive_seconds)
-    done: Done | None = None
+    done: TurnEnd | None = None
     assert started.sub is not None
     with server_state(request).track(started.sub):
         try:
@@ -479,8 +479,8 @@ async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -
         code, message = turn_error(request, result.error, "model_error")
         raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
     text = answer_text(request, result, started.session_id)
-    resp = web.json_response(shape.final(text, result.usage.counts() if result.usage else None,
-                                         result.finish_reason or "stop"))
+    resp = web.json_response(shape.final(text, result.usage,
+                                         result.finish_reason))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

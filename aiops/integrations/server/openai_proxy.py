@@ -33,10 +33,10 @@ from aiops.integrations.server.proxy_sessions import (
     BufferedStreamResponse,
     Channel,
     ClientMessage,
-    Done,
     PublishedModel,
     StartedTurn,
     TaskAnswer,
+    TurnEnd,
     answer_background_task,
     answer_text,
     cancel_turn,
@@ -309,7 +309,7 @@ async def _stream(request: web.Request, started: StartedTurn, cid: str, created:
     channel = Channel(request, resp, _on_disconnect(request, started), keepalive=KEEPALIVE,
                       keepalive_seconds=state.settings.keepalive_seconds,
                       head=chunks.delta({"role": "assistant", "content": ""}))
-    done: Done | None = None
+    done: TurnEnd | None = None
     assert started.sub is not None
     with server_state(request).track(started.sub):
         try:
@@ -360,8 +360,8 @@ async def _complete(request: web.Request, started: StartedTurn, cid: str, create
         raise HttpError(502, code, message, headers={SESSION_HEADER: started.session_id})
     text = answer_text(request, result, started.session_id)
     resp = web.json_response(completion_object(cid, created, req.model, text,
-                                               result.usage.counts() if result.usage else None,
-                                               result.finish_reason or "stop"))
+                                               result.usage,
+                                               result.finish_reason))
     resp.headers[SESSION_HEADER] = started.session_id
     return resp
 

@@ -42,7 +42,7 @@ from aiops.engine.bus import Subscription
 from aiops.engine.commands import command_name
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.turn import Turn, TurnResult
-from aiops.engine.types import Message, Usage, new_id
+from aiops.engine.types import Message, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError, check_model
@@ -240,15 +240,14 @@ async def answer_background_task(engine: Engine, model: PublishedModel, messages
 # ---- what chat users are told of a failure -------------------------------------------------------------
 
 
-def turn_error(request: web.Request, error: dict[str, Any] | None, default_code: str) -> tuple[str, str]:
+def turn_error(request: web.Request, error: ev.ErrorInfo | None, default_code: str) -> tuple[str, str]:
     """The code and message a chat client gets for a turn that ended in error."""
-    err = error or {}
-    message = shown_to(caller(request), str(err.get("message", "the turn failed")),
-                       configured_hosts(request.app[ENGINE_KEY]))
-    return str(err.get("code", default_code)), message
+    if error is None:
+        return default_code, "the turn failed"
+    return error.code, shown_to(caller(request), error.message, configured_hosts(request.app[ENGINE_KEY]))
 
 
-def answer_text(request: web.Request, result: TurnResult, session_id: str) -> str:
+def answer_text(request: web.Request, result: TurnEnd, session_id: str) -> str:
     """The text of a non-streaming answer. A turn stopped midway (by the operator, a `!stop`, a
     deleted session) or ended by the engine at a limit says so at its end, as a stream does,
     instead of passing its partial (often empty) text off as the whole answer. A shutdown that
@@ -288,31 +287,20 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-@dataclass(frozen=True, slots=True)
-class _GateView:
-    """A gate event's data as the gate texts take it."""
-
-    tool: str
-    operation: str
-    tables: Sequence[str]
-
-
-def gate_status(data: dict[str, Any]) -> str:
+def gate_status(gate: ev.GateInfo) -> str:
     """The chat user's line for a waiting gate, in the same words as every other waiting notice:
     `*⏳ waiting for operator approval: db_query write on users*`."""
-    gate = _GateView(str(data.get("tool") or "a tool"), str(data.get("operation") or "call"),
-                     [str(t) for t in data.get("tables") or []])
     return status_line(_WAIT, waiting_notice(gate))
 
 
-def resolution_status(data: dict[str, Any]) -> str:
-    decision = data.get("decision")
-    if decision == "approved":
-        return status_line(_OK, "approved by the operator")
-    if decision == "denied":
-        return status_line(_NO, "denied by the operator")
-    if decision == "timeout":
-        return status_line(_NO, "no operator answered in time")
+def resolution_status(gate: ev.GateInfo) -> str:
+    match gate.decision:
+        case "approved":
+            return status_line(_OK, "approved by the operator")
+        case "denied":
+            return status_line(_NO, "denied by the operator")
+        case "timeout":
+            return status_line(_NO, "no operator answered in time")
     return status_line(_NO, "approval request cancelled")
 
 
@@ -710,7 +698,7 @@ class ProxySessions:
         engine.bus.add_listener(self._on_event)
 
     def _on_event(self, event: ev.Event) -> None:
-        if event.name == ev.SESSION and event.session_id and event.data.get("change") == "deleted":
+        if isinstance(event, ev.SessionChanged) and event.change == "deleted" and event.session_id:
             self._forget(event.session_id)
 
     def _forget(self, sid: str) -> None:
@@ -940,23 +928,22 @@ class ProxySessions:
         return len(missing)
 
 
-async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | None = None) -> TurnResult:
+async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | None = None) -> TurnEnd:
     """The turn's result, taken from its `done` event: that comes as soon as the answer is
     recorded, a few loop turns before the turn's own future (which waits for the task to end).
     `on_first_text` is called as the answer's first text arrives, if `tok` is subscribed to."""
     if started.sub is not None:
+        turn_id = started.turn.id
         async for e in started.sub:
-            if on_first_text is not None and e.name == ev.TOK and e.turn_id == started.turn.id:
-                on_first_text()
-                on_first_text = None
-            if e.name == ev.DONE and e.turn_id == started.turn.id:
-                d = e.data
-                usage = d.get("usage") or {}
-                return TurnResult(started.turn.id, d.get("status", "complete"), d.get("text") or "",
-                                  d.get("error"), Usage(usage.get("prompt_tokens", 0),
-                                                        usage.get("completion_tokens", 0)),
-                                  d.get("finish_reason"), d.get("ended"))
-    return await started.turn.wait()
+            if e.turn_id != turn_id:
+                continue
+            match e:
+                case ev.Tok() if on_first_text is not None:
+                    on_first_text()
+                    on_first_text = None
+                case ev.Done():
+                    return TurnEnd.of(e)
+    return TurnEnd.of_result(await started.turn.wait())
 
 
 async def cancel_turn(engine: Engine, session_id: str, turn: Turn, why: str) -> None:
@@ -1017,20 +1004,44 @@ def proxy_state(request: web.Request) -> ProxyState:
 # ---- streaming one turn ----------------------------------------------------------------------------------
 
 
-@dataclass
-class Done:
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """How a proxied turn ended, as its answer reports it."""
+
     status: str  # complete | cancelled | error
     text: str
-    usage: dict[str, int] | None
-    error: dict[str, Any] | None
+    usage: dict[str, int] | None  # the model's counts; None when it counted nothing
+    error: ev.ErrorInfo | None
     finish_reason: str = "stop"  # or "length": cut at the model's output limit
+    ended: str | None = None  # why the engine ended the turn early (a limit), if it did
+
+    @classmethod
+    def of(cls, done: ev.Done, error: ev.ErrorInfo | None = None) -> TurnEnd:
+        """From the turn's `done` (`error`: the turn's `error` event, if `done` names none)."""
+        return cls(done.status, done.text, _counts(done.usage), done.error or error,
+                   done.finish_reason or "stop", done.ended)
+
+    @classmethod
+    def of_result(cls, result: TurnResult) -> TurnEnd:
+        err = result.error
+        return cls(result.status, result.text, result.usage.counts() if result.usage else None,
+                   err if isinstance(err, ev.ErrorInfo) or err is None else ev.ErrorInfo.from_dict(err),
+                   result.finish_reason or "stop", result.ended)
 
 
-async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIterator[tuple[str, Done | None]]:
-    """The chat-visible text of one turn as `(text, None)` pieces, then `(text, Done)` at its end.
+def _counts(usage: ev.TokenCounts | None) -> dict[str, int] | None:
+    """Token counts as the dialects report them; None when nothing was counted (zeros would claim
+    a count: see Usage.counts)."""
+    if usage is None or not (usage.prompt_tokens or usage.completion_tokens):
+        return None
+    return usage.to_dict()
+
+
+async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIterator[tuple[str, TurnEnd | None]]:
+    """The chat-visible text of one turn as `(text, None)` pieces, then `(text, TurnEnd)` at its end.
 
     Events already queued are taken together, so a burst of tokens becomes one piece (one write,
-    one frame) instead of one per token. Ends without a `Done` when the subscription is closed
+    one frame) instead of one per token. Ends without a `TurnEnd` when the subscription is closed
     under it (client gone, shutdown).
     """
     turn_id = started.turn.id
@@ -1038,7 +1049,7 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
     assert sub is not None
     sent: list[str] = []  # model text streamed so far
     tail = ""  # the last characters written, to keep status lines on their own paragraph
-    error: dict[str, Any] | None = None
+    error: ev.ErrorInfo | None = None
 
     def status(line: str) -> str:
         nonlocal tail
@@ -1047,45 +1058,39 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
         tail = out[-2:]
         return out
 
-    def take(e: Any, out: list[str]) -> Done | None:
+    def take(e: ev.Event, out: list[str]) -> TurnEnd | None:
         nonlocal tail, error
         if e.turn_id != turn_id:
-            if e.name == ev.ERROR and e.data.get("code") == "slow_consumer":
-                return Done("error", "".join(sent), None, dict(e.data))
+            if ev.is_slow_consumer(e):
+                assert isinstance(e, ev.ErrorEvent)
+                return TurnEnd("error", "".join(sent), None, e.error)
             return None
-        name = e.name
-        if name == ev.TOK:
-            text = e.data.get("text") or ""
-            if text:
+        match e:
+            case ev.Tok(text=text) if text:
                 sent.append(text)
                 tail = (tail + text)[-2:]
                 out.append(text)
-        elif name == ev.GATE:
-            if settings.status_lines:
-                out.append(status(gate_status(e.data)))
-        elif name == ev.GATE_RESOLVED:
-            if settings.status_lines:
-                out.append(status(resolution_status(e.data)))
-        elif name == ev.TOOL_CALL:
-            if settings.tool_progress:
-                out.append(status(status_line(_TOOL, f"running {e.data.get('name', 'a tool')}")))
-        elif name == ev.ERROR:
-            error = dict(e.data)
-        elif name == ev.DONE:
-            final = e.data.get("text") or ""
-            streamed = "".join(sent)
-            if final != streamed and final.startswith(streamed):
-                rest = final[len(streamed):]  # e.g. command output that never came as tokens
-                sent.append(rest)
-                tail = (tail + rest)[-2:]
-                out.append(rest)
-            status_ = e.data.get("status", "complete")
-            if status_ == "cancelled" and settings.status_lines:
-                out.append(status(status_line(_NO, STOPPED)))
-            elif (ended := e.data.get("ended")) and settings.status_lines:
-                out.append(status(status_line(_NO, ended)))
-            return Done(status_, final, e.data.get("usage"), e.data.get("error") or error,
-                        e.data.get("finish_reason") or "stop")
+            case ev.GateOpened(gate=gate) if settings.status_lines:
+                out.append(status(gate_status(gate)))
+            case ev.GateResolved(gate=gate) if settings.status_lines:
+                out.append(status(resolution_status(gate)))
+            case ev.ToolCalled(tool=tool) if settings.tool_progress:
+                out.append(status(status_line(_TOOL, f"running {tool or 'a tool'}")))
+            case ev.ErrorEvent():
+                error = e.error
+            case ev.Done():
+                final = e.text
+                streamed = "".join(sent)
+                if final != streamed and final.startswith(streamed):
+                    rest = final[len(streamed):]  # e.g. command output that never came as tokens
+                    sent.append(rest)
+                    tail = (tail + rest)[-2:]
+                    out.append(rest)
+                if e.status == "cancelled" and settings.status_lines:
+                    out.append(status(status_line(_NO, STOPPED)))
+                elif e.ended and settings.status_lines:
+                    out.append(status(status_line(_NO, e.ended)))
+                return TurnEnd.of(e, error)
         return None
 
     if started.turn.prefix:
