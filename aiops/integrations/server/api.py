@@ -26,20 +26,19 @@ from aiops.engine.turn import Turn
 from aiops.engine.types import is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound, waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
-from aiops.integrations.server.app import (
+from aiops.integrations.server.bodies import parse_body, validate
+from aiops.integrations.server.context import (
     AUTHENTICATED_KEY,
     CONFIG_KEY,
-    HttpError,
     check_model,
     get_config,
     get_engine,
     mark_public,
-    parse_body,
     prepare_stream,
     require_operator,
     server_state,
-    validate,
 )
+from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.openapi import ApiRoute, build_openapi
 from aiops.integrations.server.owners import (
     Caller,

@@ -27,13 +27,9 @@ from pydantic_core import PydanticCustomError
 
 from aiops import __version__ as aiops_version
 from aiops.engine import events as ev
-from aiops.integrations.server.app import (
-    HttpError,
-    get_engine,
-    parse_body,
-    prepare_stream,
-    server_state,
-)
+from aiops.integrations.server.bodies import parse_body
+from aiops.integrations.server.context import get_engine, prepare_stream, server_state
+from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import caller
 from aiops.integrations.server.proxy_sessions import (
     SESSION_HEADER,

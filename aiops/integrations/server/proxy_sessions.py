@@ -45,7 +45,8 @@ from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, new_id
 from aiops.gates.broker import waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
-from aiops.integrations.server.app import CONFIG_KEY, ENGINE_KEY, STATE_KEY, HttpError, check_model
+from aiops.integrations.server.context import CONFIG_KEY, ENGINE_KEY, STATE_KEY, check_model
+from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import (
     Caller,
     caller,

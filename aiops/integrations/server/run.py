@@ -29,8 +29,9 @@ from aiohttp.web_protocol import RequestPayloadError
 from aiops.config import Config
 from aiops.engine import gc_policy
 from aiops.engine.engine import Engine
-from aiops.integrations.server.app import AUTH_KEY, STATE_KEY, create_app
+from aiops.integrations.server.app import create_app
 from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
+from aiops.integrations.server.context import AUTH_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 
