@@ -881,7 +881,7 @@ async def test_a_client_token_can_send_back_the_session_id_a_fingerprinted_chat_
 async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: ApiServerFactory) -> None:
     """The proxy's index of conversations (names, their forks, compact views) must not keep what
     was deleted, nor names it refused: a long-running server would grow with every chat."""
-    from aiops.integrations.server.proxy_sessions import PROXY_KEY
+    from aiops.integrations.server.proxy.state import PROXY_KEY
 
     tokens = Tokens.make(ops="operator", chat="client")
     srv = await api_server_factory(tokens=tokens)
@@ -919,13 +919,10 @@ async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_u
     turn that answers it (or says it was cancelled): such a message would never be answered, and
     the client's retry would fork away from it."""
     from aiops.integrations.server.owners import Caller
-    from aiops.integrations.server.proxy_sessions import (
-        ClientMessage,
-        ConversationId,
-        ProxySessions,
-        cancel_turn,
-        published_models,
-    )
+    from aiops.integrations.server.proxy.identity import ConversationId
+    from aiops.integrations.server.proxy.messages import ClientMessage
+    from aiops.integrations.server.proxy.models import published_models
+    from aiops.integrations.server.proxy.sessions import ProxySessions, cancel_turn
 
     engine = api_server.engine
     sessions = ProxySessions(engine)
