@@ -25,15 +25,21 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
 from aiops import __version__ as aiops_version
-from aiops.integrations.server.bodies import parse_body
+from aiops.integrations.server.bodies import parse_body, read_json, validate
 from aiops.integrations.server.context import get_engine
 from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.proxy.driver import answer_task, answer_turn
 from aiops.integrations.server.proxy.identity import conversation_id
-from aiops.integrations.server.proxy.messages import ClientMessage, omitted, tools_refused
+from aiops.integrations.server.proxy.messages import (
+    ClientMessage,
+    check_message_count,
+    omitted,
+    tools_refused,
+)
 from aiops.integrations.server.proxy.models import PublishedModel, find_model, published_models
 from aiops.integrations.server.proxy.openwebui import is_background_task
 from aiops.integrations.server.proxy.output import TurnEnd
+from aiops.integrations.server.proxy.state import proxy_state
 
 # The Ollama API version we speak; clients that gate features on the server version see a recent one.
 OLLAMA_VERSION = "0.11.4"
@@ -281,7 +287,9 @@ async def show(request: web.Request) -> web.Response:
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    req = await parse_body(request, ChatRequest)
+    body = await read_json(request)
+    check_message_count(body, proxy_state(request).settings.max_messages)
+    req = validate(ChatRequest, body)
     model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
     messages = _chat_messages(req)
     framer = OllamaFramer("chat", req.model)

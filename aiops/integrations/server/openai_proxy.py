@@ -18,12 +18,17 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from aiops.integrations.server.bodies import parse_body
+from aiops.integrations.server.bodies import read_json, validate
 from aiops.integrations.server.context import get_engine
 from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.proxy.driver import answer_task, answer_turn
 from aiops.integrations.server.proxy.identity import conversation_id
-from aiops.integrations.server.proxy.messages import ClientMessage, omitted, tools_refused
+from aiops.integrations.server.proxy.messages import (
+    ClientMessage,
+    check_message_count,
+    omitted,
+    tools_refused,
+)
 from aiops.integrations.server.proxy.models import (
     PublishedModel,
     find_model,
@@ -32,6 +37,7 @@ from aiops.integrations.server.proxy.models import (
 )
 from aiops.integrations.server.proxy.openwebui import is_background_task
 from aiops.integrations.server.proxy.output import TurnEnd
+from aiops.integrations.server.proxy.state import proxy_state
 
 FINGERPRINT = "fp_aiops"
 KEEPALIVE = b": keep-alive\n\n"
@@ -224,7 +230,9 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    req = await parse_body(request, ChatRequest)
+    body = await read_json(request)
+    check_message_count(body, proxy_state(request).settings.max_messages)
+    req = validate(ChatRequest, body)
     messages = client_messages(req)
     model = find_model(get_engine(request), req.model)
     if model is None:

@@ -195,3 +195,4 @@ class Seen:
     view: list[Signature]
     # The view without stopped answers, when there are any: a client may never have got them.
     unstopped: list[Signature] | None = None
+    imported: int = 0  # messages taken in from clients' histories (see ProxySessions.max_imported)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiops.integrations.server.errors import HttpError
 
@@ -39,3 +40,13 @@ def check_conversation(messages: Sequence[ClientMessage]) -> None:
     if not messages[-1].text.strip():
         raise HttpError(400, "invalid_request", "the last user message is empty", param="messages")
 
+
+
+def check_message_count(body: Any, limit: int) -> None:
+    """413 for a request with more than `limit` messages (`proxy_max_messages`), told before the
+    body is validated message by message."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if isinstance(messages, list) and len(messages) > limit:
+        raise HttpError(413, "too_many_messages",
+                        f"too many messages: {len(messages)} in this request, the limit is {limit} "
+                        f"(proxy_max_messages in [server] of aiops.toml); start a new chat", param="messages")

@@ -94,8 +94,9 @@ def _check_turn_model(engine: Engine, text: str) -> None:
 class ProxySessions:
     """Maps conversations to sessions; one lock per conversation root serialises resolution."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, max_imported: int = 1000) -> None:
         self.engine = engine
+        self.max_imported = max_imported  # earlier messages a session takes in from clients, in all
         self._forks: dict[str, list[str]] = {}  # root -> known session ids of that root
         # Compact views of recently compared sessions, least recently used first: without them
         # every request read the history of every chat sharing its name (a `user` field names
@@ -176,10 +177,16 @@ class ProxySessions:
         engine = self.engine
         entries = client_entries(since_reset(engine, messages[:-1]))
         client = [entry for entry, _ in entries]
+        if conv.root not in self._forks.get(conv.root, ()):
+            # A conversation new to the proxy takes in all of it (and _choose creates its session).
+            self._check_import(conv.root, len(entries), 0)
         session_id, skip, forked = await self._choose(conv, client, model, who)
+        missing = [m for _, m in entries[skip:]]
+        if missing:
+            seen = self._seen.get(session_id)  # a session read while choosing (a new one: none)
+            self._check_import(session_id, len(missing), seen.imported if seen is not None else 0)
         # Created here (owned by the caller) when it is new; refused if it is not the caller's.
         await claim(engine, session_id, who, kind="proxy", model=turn_model(model))
-        missing = [m for _, m in entries[skip:]]
         imported = 0
         if missing:
             imported = await self._import(session_id, missing)
@@ -210,6 +217,17 @@ class ProxySessions:
                 raise HttpError(400, "invalid_request", str(e)) from None
             raise
         return StartedTurn(session_id, turn, sub, forked, imported)
+
+    def _check_import(self, session_id: str, missing: int, already: int) -> None:
+        """400 when taking in `missing` earlier messages would give the session more than
+        `max_imported` messages from clients' histories (before anything is created or written)."""
+        if missing + already > self.max_imported:
+            held = f" (it holds {already} already)" if already else ""
+            raise HttpError(400, "history_too_long",
+                            f"the chat's history is too long to take in: {missing} earlier messages for "
+                            f"session {session_id!r}{held}, the limit is {self.max_imported} a session "
+                            f"(proxy_max_imported in [server] of aiops.toml); start a new chat",
+                            param="messages")
 
     async def _choose(self, conv: ConversationId, client: list[Entry],
                       model: PublishedModel, who: Caller) -> tuple[str, int, bool]:
@@ -301,7 +319,8 @@ class ProxySessions:
         history = await live.history(engine)
         stopped = any(maybe_unseen(m) for m in history)
         seen = Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(history)),
-                     signatures(session_view(history, without_stopped=True)) if stopped else None)
+                    signatures(session_view(history, without_stopped=True)) if stopped else None,
+                    sum(1 for m in history if m.meta.get("imported")))
         self._seen[sid] = seen
         self._seen.move_to_end(sid)
         while len(self._seen) > _SEEN_MAX:

@@ -18,12 +18,15 @@ class ProxySettings:
     keepalive_seconds: float = 15.0
     status_lines: bool = True
     tool_progress: bool = False
+    max_messages: int = 1000  # in one request
+    max_imported: int = 1000  # into one session, in all
 
     @classmethod
     def from_config(cls, cfg: Config) -> ProxySettings:
         s = cfg.app.server
         return cls(keepalive_seconds=s.keepalive_seconds, status_lines=s.proxy_status_lines,
-                   tool_progress=s.proxy_tool_progress)
+                   tool_progress=s.proxy_tool_progress, max_messages=s.proxy_max_messages,
+                   max_imported=s.proxy_max_imported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +39,8 @@ PROXY_KEY = web.AppKey("aiops_proxy", ProxyState)
 
 
 async def _proxy_context(app: web.Application) -> AsyncIterator[None]:
-    state = ProxyState(ProxySessions(app[ENGINE_KEY]), ProxySettings.from_config(app[CONFIG_KEY]))
+    settings = ProxySettings.from_config(app[CONFIG_KEY])
+    state = ProxyState(ProxySessions(app[ENGINE_KEY], max_imported=settings.max_imported), settings)
     app[PROXY_KEY] = state
     yield
     state.sessions.close()
