@@ -167,6 +167,12 @@ class ServerConfig(_Strict):
     # Chat UIs see a short italic line while a gate waits; tool progress stays out unless asked.
     proxy_status_lines: bool = True
     proxy_tool_progress: bool = False
+    # A chat request's messages (chat UIs resend the whole history each time: 413 beyond), and the
+    # earlier messages one proxy session takes in from clients' histories in all (a new chat's
+    # history, what a session lacks: 400 beyond). Unbounded, one 4 MB body of 100,000 messages
+    # took 11 s and added 74 MB to the store.
+    proxy_max_messages: int = Field(1000, gt=0)
+    proxy_max_imported: int = Field(1000, gt=0)
     # Browser origins allowed to call the server (CORS), `*` matching anything: e.g.
     # ["http://localhost:*", "chrome-extension://*"]. None by default (see server/cors.py).
     cors_origins: list[str] = Field(default_factory=list)

@@ -902,7 +902,7 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     except AlreadyRunning as e:
         print(f"aiops: {e}", file=sys.stderr)
         return 2
-    from aiops.integrations.server.run import exit_if_left, run_to_exit
+    from aiops.integrations.runtime import exit_if_left, run_to_exit
 
     started = time.monotonic()
     code, left = 0, [0]

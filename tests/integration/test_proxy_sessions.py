@@ -881,7 +881,7 @@ async def test_a_client_token_can_send_back_the_session_id_a_fingerprinted_chat_
 async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: ApiServerFactory) -> None:
     """The proxy's index of conversations (names, their forks, compact views) must not keep what
     was deleted, nor names it refused: a long-running server would grow with every chat."""
-    from aiops.integrations.server.proxy_sessions import PROXY_KEY
+    from aiops.integrations.server.proxy.state import PROXY_KEY
 
     tokens = Tokens.make(ops="operator", chat="client")
     srv = await api_server_factory(tokens=tokens)
@@ -919,13 +919,10 @@ async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_u
     turn that answers it (or says it was cancelled): such a message would never be answered, and
     the client's retry would fork away from it."""
     from aiops.integrations.server.owners import Caller
-    from aiops.integrations.server.proxy_sessions import (
-        ClientMessage,
-        ConversationId,
-        ProxySessions,
-        cancel_turn,
-        published_models,
-    )
+    from aiops.integrations.server.proxy.identity import ConversationId
+    from aiops.integrations.server.proxy.messages import ClientMessage
+    from aiops.integrations.server.proxy.models import published_models
+    from aiops.integrations.server.proxy.sessions import ProxySessions, cancel_turn
 
     engine = api_server.engine
     sessions = ProxySessions(engine)
@@ -1185,3 +1182,58 @@ async def test_reset_in_a_chat_ui_leaves_the_model_only_what_follows_it(api_serv
     assert again == sid and seen == ["fresh question", "echo: fresh question", "and then?"]
     assert list(await sessions(api_server)) == [sid]
     await client.close()
+
+
+# ---- limits on what a chat request may bring ------------------------------------------------------------
+
+
+def _chat(dialect: str, history: list[tuple[str, str]], user: str) -> tuple[str, dict[str, Any]]:
+    """The path and the non-streamed body of a chat request in `dialect` (`user` names the chat)."""
+    messages = [{"role": role, "content": text} for role, text in history]
+    if dialect == "openai":
+        return "/v1/chat/completions", {"model": "aiops", "user": user, "messages": messages}
+    return "/api/chat", {"model": "aiops", "stream": False, "messages": messages}
+
+
+def _error(dialect: str, body: dict[str, Any]) -> str:
+    """The error message in the dialect's own error shape."""
+    if dialect == "openai":
+        assert body["error"]["param"] == "messages"
+        return body["error"]["message"]
+    assert set(body) == {"error"}
+    return body["error"]
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_a_chat_request_may_bring_only_so_many_messages_and_history(
+        api_server_factory: ApiServerFactory, dialect: str) -> None:
+    """A request over `proxy_max_messages` is a 413 and a history a session would take in beyond
+    `proxy_max_imported` (in all, over requests) a 400, each naming the limit and its setting, in
+    the dialect's error shape; nothing of a refused request is stored."""
+    srv = await api_server_factory(server={"proxy_max_messages": 10, "proxy_max_imported": 4})
+    old = [("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2")]
+    async with httpx.AsyncClient(base_url=srv.url, timeout=20) as http:
+        path, body = _chat(dialect, [*old, *old, *old[:2], ("user", "one too many")], "limits")
+        r = await http.post(path, json=body)
+        assert r.status_code == 413
+        message = _error(dialect, r.json())
+        assert "11 in this request, the limit is 10" in message and "proxy_max_messages" in message
+        path, body = _chat(dialect, [*old, ("user", "q3"), ("assistant", "a3"), ("user", "q4")], "limits")
+        r = await http.post(path, json=body)
+        assert r.status_code == 400
+        message = _error(dialect, r.json())
+        assert "6 earlier messages" in message and "the limit is 4" in message and "proxy_max_imported" in message
+        assert await sessions(srv) == {}  # refused before anything was made
+
+        path, body = _chat(dialect, [*old, ("user", "q3")], "limits")  # 4 earlier messages: taken in
+        r = await http.post(path, json=body)
+        assert r.status_code == 200
+        sid = r.headers["X-Aiops-Session"]
+        answer = next(m["content"] for m in reversed(await history(srv, sid)) if m["role"] == "assistant")
+        # The same chat, with one earlier exchange the session never had: 2 more would make 6.
+        path, body = _chat(dialect, [*old, ("user", "q3"), ("assistant", answer), ("user", "elsewhere"),
+                                     ("assistant", "answered elsewhere"), ("user", "q4")], "limits")
+        r = await http.post(path, json=body)
+        assert r.status_code == 400
+        assert f"2 earlier messages for session {sid!r} (it holds 4 already)" in _error(dialect, r.json())
+    assert [m["content"] for m in await history(srv, sid) if m["role"] == "user"] == ["q1", "q2", "q3"]

@@ -458,6 +458,32 @@ async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_t
     assert events[-1]["data"]["text"] == "noted"
 
 
+async def test_a_gate_on_the_stream_is_followed_by_one_waiting_notice_naming_it(
+        api_server_factory: ApiServerFactory) -> None:
+    """Readers of the stream have always had, right after each `gate` event, a `notice` saying what
+    waits for approval and naming the gate (so that they can drop it when the gate is answered):
+    once per gate, never twice, whoever produces it."""
+    srv, plugin, _ = await gated_server(api_server_factory)
+    srv.fake.script(Reply.tool_calls(("write_note", {"text": "hello"})), Reply.text("noted"))
+    async with srv.client("ops") as ops, srv.client("bot") as bot, bot.stream("api-waiting") as stream:
+        accepted = await bot.submit("write a note", client_id="api-waiting")
+        seen = []
+        async with asyncio.timeout(10):
+            async for e in stream:
+                seen.append(e)
+                if e["event"] == "gate":
+                    await ops.resolve_gate(e["data"]["id"], "approve")
+                if e["event"] == "done":
+                    break
+    gate = next(e["data"] for e in seen if e["event"] == "gate")
+    at = [e["event"] for e in seen].index("gate")
+    assert seen[at + 1] == {"event": "notice", "data": {
+        "text": "waiting for operator approval: write_note write", "gate_id": gate["id"],
+        "session_id": "api-waiting", "turn_id": accepted["turn_id"]}}
+    assert [e["data"].get("gate_id") for e in seen if e["event"] == "notice"] == [gate["id"]]
+    assert plugin.written == ["hello"]
+
+
 async def test_a_gate_closed_by_deleting_its_session_says_so(api_server_factory: ApiServerFactory) -> None:
     srv, plugin, _ = await gated_server(api_server_factory)
     srv.fake.script(Reply.tool_calls(("write_note", {"text": "never"})))

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from aiops.integrations.server.app import STATE_KEY
 from aiops.integrations.server.auth import BindRefused
+from aiops.integrations.server.context import STATE_KEY
 from aiops.integrations.server.run import start_server
 from tests.support.server import (
     ApiServer,

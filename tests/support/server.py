@@ -68,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # request["role"] / request["principal"] are string keys by contract; aiohttp's hint about
     # RequestKey is silenced in production by the app module, and here for the test run.
     config.addinivalue_line("filterwarnings", "ignore::aiohttp.web_exceptions.NotAppKeyWarning:"
-                                              "aiops.integrations.server.app")
+                                              "aiops.integrations.server.middlewares")
 
 
 # ---- tokens and config files ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""How the proxy compares a chat UI's history with a session's (proxy_sessions.session_view and
+"""How the proxy compares a chat UI's history with a session's (proxy.matching.session_view and
 the compact signatures kept between requests): what counts as the same conversation."""
 
 from __future__ import annotations
@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 
 from aiops.engine.types import Message
-from aiops.integrations.server.proxy_sessions import (
-    ClientMessage,
-    _system_rag,
-    as_typed,
+from aiops.integrations.server.proxy.matching import (
     client_view,
     is_prefix,
     is_prefix_sig,
-    normalize,
     session_view,
     signatures,
 )
+from aiops.integrations.server.proxy.messages import ClientMessage
+from aiops.integrations.server.proxy.openwebui import as_typed, system_rag
+from aiops.integrations.server.proxy.status import normalize
 
 LONG = "The disk on web-1 is 91% full: /var/log holds 40 GB of rotated logs. " * 5
 
@@ -65,12 +64,12 @@ def test_the_older_rag_template_reads_as_the_question_it_was_sent_with() -> None
 
 def test_only_a_rag_template_with_documents_in_a_system_message_is_taken_for_one() -> None:
     q = "is web-1 running out of disk?"
-    rag = _system_rag([ClientMessage("system", "You are helpful.\n" + OLD_TEMPLATE.format(q=q))])
+    rag = system_rag([ClientMessage("system", "You are helpful.\n" + OLD_TEMPLATE.format(q=q))])
     assert rag is not None and rag.startswith("### Task:") and rag.endswith("</context>")
     styled = ("### Task:\nYou are an SRE bot. Quote logs inside <context></context> tags.\n"
               "### Guidelines:\n- be terse")
-    assert _system_rag([ClientMessage("system", styled)]) is None
-    assert _system_rag([ClientMessage("system", "Mention ### Task: and <context><source> freely")]) is None
+    assert system_rag([ClientMessage("system", styled)]) is None
+    assert system_rag([ClientMessage("system", "Mention ### Task: and <context><source> freely")]) is None
 
 
 def test_an_answer_whose_stop_came_as_it_was_recorded_may_be_missing_from_the_client() -> None:

@@ -8,6 +8,7 @@ the router and the document read.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -23,22 +24,21 @@ from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
 from aiops.engine.types import is_short_id, new_id
-from aiops.gates.broker import GateAlreadyResolved, GateNotFound
+from aiops.gates.broker import GateAlreadyResolved, GateNotFound, waiting_notice
 from aiops.integrations.server.addresses import configured_hosts, shown_to
-from aiops.integrations.server.app import (
+from aiops.integrations.server.bodies import parse_body, validate
+from aiops.integrations.server.context import (
     AUTHENTICATED_KEY,
     CONFIG_KEY,
-    HttpError,
     check_model,
     get_config,
     get_engine,
     mark_public,
-    parse_body,
     prepare_stream,
     require_operator,
     server_state,
-    validate,
 )
+from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.openapi import ApiRoute, build_openapi
 from aiops.integrations.server.owners import (
     Caller,
@@ -322,7 +322,7 @@ async def submit(request: web.Request) -> web.Response:
                      exclude_none=True)
     # The result as the engine reports it: usage only when the model counted something.
     reply = {"client_id": turn.session_id, **result.to_dict(), "turn_id": turn.id}
-    return _json(SubmitResult.model_validate(_hidden(who, engine, ev.DONE, reply)), exclude_none=True)
+    return _json(SubmitResult.model_validate(_hidden_reply(who, engine, reply)), exclude_none=True)
 
 
 async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
@@ -349,21 +349,29 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
                                meta=owner_meta(who), owner_only=not who.operator)
 
 
-# Events that carry a failure's message: a client token reads it without the addresses of the
-# servers behind aiops (as the chat proxies show it); operators read it whole.
-_FAILURES = frozenset({ev.ERROR, ev.DONE})
-
-
-def _hidden(who: Caller, engine: Engine, name: str, data: dict[str, Any]) -> dict[str, Any]:
-    """An `error` event's or a `done`'s data as `who` may read it (see addresses)."""
+def _seen_by(who: Caller, engine: Engine, event: ev.Event) -> ev.Event:
+    """An event as `who` may read it: a client token reads a failure's message without the
+    addresses of the servers behind aiops (as the chat proxies show it); operators read it whole."""
     if who.operator:
-        return data
-    if name == ev.ERROR and isinstance(data.get("message"), str):
-        return {**data, "message": shown_to(who, data["message"], configured_hosts(engine))}
-    err = data.get("error")
-    if isinstance(err, dict) and isinstance(err.get("message"), str):
-        return {**data, "error": {**err, "message": shown_to(who, err["message"], configured_hosts(engine))}}
-    return data
+        return event
+    match event:
+        case ev.ErrorEvent(error=err):
+            return dataclasses.replace(event, error=_hidden_error(who, engine, err))
+        case ev.Done(error=ev.ErrorInfo() as err):
+            return dataclasses.replace(event, error=_hidden_error(who, engine, err))
+    return event
+
+
+def _hidden_error(who: Caller, engine: Engine, err: ev.ErrorInfo) -> ev.ErrorInfo:
+    return ev.ErrorInfo(err.code, shown_to(who, err.message, configured_hosts(engine)))
+
+
+def _hidden_reply(who: Caller, engine: Engine, reply: dict[str, Any]) -> dict[str, Any]:
+    """A submit's answer (the turn's result as the API writes it) as `who` may read it."""
+    err = reply.get("error")
+    if who.operator or not isinstance(err, dict) or not isinstance(err.get("message"), str):
+        return reply
+    return {**reply, "error": {**err, "message": shown_to(who, err["message"], configured_hosts(engine))}}
 
 
 def _hidden_record(who: Caller, engine: Engine, record: dict[str, Any]) -> dict[str, Any]:
@@ -379,6 +387,16 @@ def _hidden_record(who: Caller, engine: Engine, record: dict[str, Any]) -> dict[
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {_dumps(data)}\n\n".encode()
+
+
+def _gate_frames(event: ev.GateOpened) -> bytes:
+    """A `gate` event, then the "waiting for approval" `notice` that readers of this stream have
+    always had right after it (named by its gate, not stored), derived here from the gate itself."""
+    notice: dict[str, Any] = {"text": waiting_notice(event.gate), "gate_id": event.gate.id,
+                              "session_id": event.session_id}
+    if event.turn_id is not None:
+        notice["turn_id"] = event.turn_id
+    return _sse(event.name, event.payload()) + _sse(ev.NOTICE, notice)
 
 
 _STREAMED = ev.CONTRACT_EVENTS | {ev.SESSION}
@@ -406,7 +424,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
     keepalive = request.app[CONFIG_KEY].app.server.keepalive_seconds
     # SESSION too, only to see the session deleted: the stream ends there, so that a later
     # session of the same name (another caller's, perhaps) never reaches this reader.
-    sub = engine.bus.subscribe(session_id, names=_STREAMED)
+    sub = engine.subscribe(session_id, names=_STREAMED)
     with server_state(request).track(sub):
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -426,12 +444,18 @@ async def stream(request: web.Request) -> web.StreamResponse:
                     continue
                 if event is None:  # the server is shutting down
                     break
-                if event.name == ev.SESSION:
-                    if event.data.get("change") != "deleted":
+                match event:
+                    case ev.SessionChanged(change="deleted"):
+                        await resp.write(_sse(ev.ERROR, {"code": "session_deleted", "session_id": session_id,
+                                                         "message": f"session {session_id!r} was deleted"}))
+                        break
+                    case ev.SessionChanged():
                         continue
-                    await resp.write(_sse(ev.ERROR, {"code": "session_deleted", "session_id": session_id,
-                                                     "message": f"session {session_id!r} was deleted"}))
-                    break
+                    case ev.Notice(gate_id=str()):
+                        # Transitional: the engine's own "waiting for approval" notice, which this
+                        # stream now derives from the gate (see _gate_frames); skipped while the
+                        # engine still publishes it.
+                        continue
                 if not allowed:
                     created = await engine.session(session_id)
                     if created is None:
@@ -444,11 +468,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
                                                          "session_id": session_id}))
                         break
                     allowed = True
-                data = event.payload()
-                if not who.operator and event.name in _FAILURES:
-                    data = _hidden(who, engine, event.name, data)
-                await resp.write(_sse(event.name, data))
-                if event.name == ev.ERROR and event.data.get("code") == "slow_consumer":
+                if isinstance(event, ev.GateOpened):
+                    await resp.write(_gate_frames(event))
+                    continue
+                event = _seen_by(who, engine, event)
+                await resp.write(_sse(event.name, event.payload()))
+                if ev.is_slow_consumer(event):
                     break
         except (ConnectionResetError, ConnectionError):
             log.debug("stream reader of %s went away", session_id)
@@ -510,7 +535,7 @@ async def list_gates(request: web.Request) -> web.Response:
     engine = get_engine(request)
     who = caller(request)
     gates = []
-    for g in engine.gatekeeper.broker.pending():
+    for g in engine.pending_gates():
         if not who.operator:
             live = await engine.session(g.session_id)
             if live is None or not who.may_use(owner_of(live)):
@@ -523,17 +548,15 @@ async def list_gates(request: web.Request) -> web.Response:
 
 async def resolve_gate(request: web.Request) -> web.Response:
     body = await parse_body(request, GateDecisionRequest)
-    broker = get_engine(request).gatekeeper.broker
     gate_id = request.match_info["id"]
+    decision: Literal["approved", "denied"] = "approved" if body.decision == "approve" else "denied"
     try:
-        broker.resolve(gate_id, body.decision, body.scope, by=request["principal"])
+        gate = get_engine(request).resolve_gate(gate_id, decision, body.scope, by=request["principal"])
     except GateNotFound:
         raise HttpError(404, "not_found", f"no gate {gate_id[:40]!r}") from None
     except GateAlreadyResolved as e:
         raise HttpError(409, "already_resolved", str(e)) from None
-    gate = broker.get(gate_id)
-    assert gate is not None and gate.resolution is not None
-    return _json(GateResolved(gate=GateOut.model_validate(gate.resolved_dict())))
+    return _json(GateResolved(gate=GateOut.model_validate(gate.to_dict())))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -544,7 +567,7 @@ async def health(request: web.Request) -> web.Response:
     return _json(Health(
         status="ok", version=aiops.__version__, models=sorted(cfg.models.enabled()),
         default_model=cfg.models.default_model, sessions=await engine.store.count_sessions(),
-        pending_gates=len(engine.gatekeeper.broker.pending()),
+        pending_gates=len(engine.pending_gates()),
         role=request["role"] if request.get(AUTHENTICATED_KEY) else None,
         mcp=mcp_health(engine, operator=bool(request.get(AUTHENTICATED_KEY)) and request["role"] == "operator"),
     ))

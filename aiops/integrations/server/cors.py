@@ -18,7 +18,9 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from aiops.integrations.server.app import ORIGINS_KEY, Handler, allowed_origin
+from aiops.integrations.server.context import Handler
+
+ORIGINS_KEY = web.AppKey("aiops_cors_origins", re.Pattern)  # cors_origins, compiled
 
 _METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 # What browser clients send: the token, JSON bodies, the session and chat-id headers.
@@ -42,6 +44,15 @@ def compile_origins(patterns: Sequence[str]) -> re.Pattern[str] | None:
     if not patterns:
         return None
     return re.compile("(?:" + "|".join(_pattern(p) for p in patterns) + r")\Z")
+
+
+def allowed_origin(request: web.Request) -> str | None:
+    """The request's Origin when `cors_origins` allows it (None: no Origin, or not allowed)."""
+    pattern = request.app.get(ORIGINS_KEY)
+    origin = request.headers.get("Origin")
+    if pattern is None or not origin or not pattern.match(origin.lower()):
+        return None
+    return origin
 
 
 @web.middleware

@@ -17,7 +17,6 @@ import json
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -26,39 +25,21 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
 from aiops import __version__ as aiops_version
-from aiops.engine import events as ev
-from aiops.integrations.server.app import (
-    HttpError,
-    get_engine,
-    parse_body,
-    prepare_stream,
-    server_state,
-)
-from aiops.integrations.server.owners import caller
-from aiops.integrations.server.proxy_sessions import (
-    SESSION_HEADER,
-    TURN_OUTPUT_EVENTS,
-    BufferedStreamResponse,
-    Channel,
+from aiops.integrations.server.bodies import parse_body, read_json, validate
+from aiops.integrations.server.context import get_engine
+from aiops.integrations.server.errors import HttpError
+from aiops.integrations.server.proxy.driver import answer_task, answer_turn
+from aiops.integrations.server.proxy.identity import conversation_id
+from aiops.integrations.server.proxy.messages import (
     ClientMessage,
-    Done,
-    PublishedModel,
-    StartedTurn,
-    answer_background_task,
-    answer_text,
-    cancel_turn,
-    conversation_id,
-    find_model,
-    install,
-    is_background_task,
+    check_message_count,
     omitted,
-    proxy_state,
-    published_models,
     tools_refused,
-    turn_error,
-    turn_output,
-    wait_done,
 )
+from aiops.integrations.server.proxy.models import PublishedModel, find_model, published_models
+from aiops.integrations.server.proxy.openwebui import is_background_task
+from aiops.integrations.server.proxy.output import TurnEnd
+from aiops.integrations.server.proxy.state import proxy_state
 
 # The Ollama API version we speak; clients that gate features on the server version see a recent one.
 OLLAMA_VERSION = "0.11.4"
@@ -305,8 +286,55 @@ async def show(request: web.Request) -> web.Response:
 # ---- chat and generate ----------------------------------------------------------------------------------
 
 
-class _Shape:
-    """Lines of one answer in `/api/chat` (message.content) or `/api/generate` (response) form."""
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = await read_json(request)
+    check_message_count(body, proxy_state(request).settings.max_messages)
+    req = validate(ChatRequest, body)
+    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
+    messages = _chat_messages(req)
+    framer = OllamaFramer("chat", req.model)
+    if not messages:
+        return _load_reply(framer, req.keep_alive)
+    return await _answer(request, framer, model, messages, req.stream is not False, req.format)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    req = await parse_body(request, GenerateRequest)
+    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
+    messages = _generate_messages(req)
+    framer = OllamaFramer("generate", req.model)
+    # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
+    # prompt alone, is a turn with no question, refused as on the other routes.
+    if not req.prompt and not req.system:
+        return _load_reply(framer, req.keep_alive)
+    return await _answer(request, framer, model, messages, req.stream is not False, req.format)
+
+
+def _load_reply(framer: OllamaFramer, keep_alive: int | float | str | None) -> web.Response:
+    """Ollama's "load the model" (no messages / empty prompt) and "unload" (a keep_alive of zero,
+    however written: 0, "0s", "0m0s", "-0s") replies."""
+    obj = framer.body("", True)
+    unload = keep_alive is not None and _keep_alive_ns(keep_alive) == 0
+    obj["done_reason"] = "unload" if unload else "load"
+    return web.json_response(obj)
+
+
+async def _answer(request: web.Request, framer: OllamaFramer, model: PublishedModel,
+                  messages: list[ClientMessage], stream: bool, fmt: Any) -> web.StreamResponse:
+    if is_background_task(messages):
+        return await answer_task(request, model, messages, framer, stream=stream)
+    _refuse_json_format(fmt)
+    return await answer_turn(request, conversation_id(request, messages), messages, model, framer, stream=stream)
+
+
+class OllamaFramer:
+    """One answer in Ollama's shapes, `/api/chat` (message.content) or `/api/generate` (response):
+    NDJSON lines ending in a `done: true` line with durations and counts, or that line alone as
+    the body (see proxy.driver.Framer)."""
+
+    failed_status = 500
+    times_text = True  # eval_duration: the time from the first text to the end
+    stream_headers = {"Content-Type": NDJSON}
 
     def __init__(self, kind: Literal["chat", "generate"], model: str) -> None:
         self.kind = kind
@@ -322,15 +350,6 @@ class _Shape:
             obj["response"] = text
         obj["done"] = done
         return obj
-
-    def line(self, text: str) -> bytes:
-        if text:
-            self.text_began()
-        return _ndjson(self.body(text, False))
-
-    def text_began(self) -> None:
-        if self.first is None:
-            self.first = time.monotonic_ns()
 
     def final(self, text: str, usage: dict[str, int] | None, reason: str = "stop") -> dict[str, Any]:
         end = time.monotonic_ns()
@@ -349,6 +368,40 @@ class _Shape:
         obj["eval_duration"] = end - first
         return obj
 
+    def begin(self, turn_id: str | None) -> None:
+        pass
+
+    def head(self) -> bytes:
+        return b""
+
+    def text(self, text: str) -> bytes:
+        self.text_began()
+        return _ndjson(self.body(text, False))
+
+    def text_began(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic_ns()
+
+    def end(self, end: TurnEnd) -> bytes:
+        return _ndjson(self.final("", end.usage, end.finish_reason))
+
+    def error(self, code: str, message: str) -> bytes:
+        return _ndjson({"error": message})
+
+    def keepalive(self) -> bytes:
+        # The ollama client parses every line as JSON: a keep-alive is an empty `done: false`
+        # line, made afresh each time so its created_at is the time it is sent.
+        return _ndjson(self.body("", False))
+
+    def whole(self, end: TurnEnd) -> bytes:
+        # body(), not text(): the text exists only now the call is over, and marking it begun here
+        # would count the whole call as waiting (eval_duration ~0); unmarked, final() counts it as
+        # generating, as the non-streamed answer does.
+        return (_ndjson(self.body(end.text, False)) if end.text else b"") + self.end(end)
+
+    def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
+        return self.final(text, end.usage, end.finish_reason)
+
 
 def _ndjson(obj: Any) -> bytes:
     # ASCII only: the ollama client splits the stream as str.splitlines does, so a raw U+2028,
@@ -356,138 +409,8 @@ def _ndjson(obj: Any) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
-    req = await parse_body(request, ChatRequest)
-    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
-    messages = _chat_messages(req)
-    shape = _Shape("chat", req.model)
-    if not messages:
-        return _load_reply(shape, req.keep_alive)
-    return await _answer(request, shape, model, messages, req.stream is not False, req.format)
-
-
-async def generate(request: web.Request) -> web.StreamResponse:
-    req = await parse_body(request, GenerateRequest)
-    model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
-    messages = _generate_messages(req)
-    shape = _Shape("generate", req.model)
-    # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
-    # prompt alone, is a turn with no question, refused as on the other routes.
-    if not req.prompt and not req.system:
-        return _load_reply(shape, req.keep_alive)
-    return await _answer(request, shape, model, messages, req.stream is not False, req.format)
-
-
-def _load_reply(shape: _Shape, keep_alive: int | float | str | None) -> web.Response:
-    """Ollama's "load the model" (no messages / empty prompt) and "unload" (a keep_alive of zero,
-    however written: 0, "0s", "0m0s", "-0s") replies."""
-    obj = shape.body("", True)
-    unload = keep_alive is not None and _keep_alive_ns(keep_alive) == 0
-    obj["done_reason"] = "unload" if unload else "load"
-    return web.json_response(obj)
-
-
-async def _answer(request: web.Request, shape: _Shape, model: PublishedModel, messages: list[ClientMessage],
-                  stream: bool, fmt: Any) -> web.StreamResponse:
-    state = proxy_state(request)
-    engine = get_engine(request)
-    if is_background_task(messages):
-        task = await answer_background_task(engine, model, messages, caller(request), failed_status=500)
-        if not stream:
-            return web.json_response(shape.final(task.text, task.usage, task.finish_reason))
-        resp = web.StreamResponse(headers={"Content-Type": NDJSON})
-        await prepare_stream(request, resp)
-        # body(), not line(): the text exists only now the call is over, and marking it begun here
-        # would count the whole call as waiting (eval_duration ~0); unmarked, final() counts it as
-        # generating, as the non-streamed answer does.
-        if task.text:
-            await resp.write(_ndjson(shape.body(task.text, False)))
-        await resp.write(_ndjson(shape.final("", task.usage, task.finish_reason)))
-        await resp.write_eof()
-        return resp
-    _refuse_json_format(fmt)
-    started = await state.sessions.start(conversation_id(request, messages), messages, model, caller(request),
-                                         events=TURN_OUTPUT_EVENTS if stream else (ev.TOK, ev.DONE))
-    if stream:
-        return await _stream(request, shape, started)
-    return await _complete(request, shape, started)
-
-
-def _on_disconnect(request: web.Request, started: StartedTurn) -> Callable[[], Awaitable[None]]:
-    async def gone() -> None:
-        if started.sub is not None:
-            started.sub.close()
-        await cancel_turn(get_engine(request), started.session_id, started.turn, "the client disconnected")
-
-    return gone
-
-
-async def _stream(request: web.Request, shape: _Shape, started: StartedTurn) -> web.StreamResponse:
-    state = proxy_state(request)
-    resp = BufferedStreamResponse(headers={"Content-Type": NDJSON, SESSION_HEADER: started.session_id})
-    # The ollama client parses every line as JSON: a keep-alive is an empty `done: false` line,
-    # made afresh each time so its created_at is the time it is sent.
-    def keepalive() -> bytes:
-        return _ndjson(shape.body("", False))
-
-    channel = Channel(request, resp, _on_disconnect(request, started), keepalive=keepalive,
-                      keepalive_seconds=state.settings.keepalive_seconds)
-    done: Done | None = None
-    assert started.sub is not None
-    with server_state(request).track(started.sub):
-        try:
-            await prepare_stream(request, resp)
-            channel.start()
-            async for text, done in turn_output(started, state.settings):
-                frames = shape.line(text) if text else b""
-                if done is None:
-                    if frames:
-                        await channel.write(frames)
-                    continue
-                if done.status == "error":
-                    frames += _ndjson({"error": turn_error(request, done.error, "model_error")[1]})
-                else:
-                    frames += _ndjson(shape.final("", done.usage, done.finish_reason))
-                await channel.finish(frames)
-            if channel.gone:
-                return resp
-            if done is None:
-                await channel.finish(_ndjson({"error": "the stream ended before the answer: the server is "
-                                                       "shutting down"}))
-        except ConnectionError:
-            await channel.disconnected()
-        except BaseException:
-            await channel.disconnected()
-            raise
-        finally:
-            await channel.close()
-    return resp
-
-
-async def _complete(request: web.Request, shape: _Shape, started: StartedTurn) -> web.Response:
-    channel = Channel(request, None, _on_disconnect(request, started)).start()
-    try:
-        result = await wait_done(started, shape.text_began)
-    except BaseException:
-        await channel.disconnected()
-        raise
-    finally:
-        if started.sub is not None:
-            started.sub.close()
-        await channel.close()
-    if result.status == "error":
-        code, message = turn_error(request, result.error, "model_error")
-        raise HttpError(500, code, message, headers={SESSION_HEADER: started.session_id})
-    text = answer_text(request, result, started.session_id)
-    resp = web.json_response(shape.final(text, result.usage.counts() if result.usage else None,
-                                         result.finish_reason or "stop"))
-    resp.headers[SESSION_HEADER] = started.session_id
-    return resp
-
-
 def setup(app: web.Application) -> None:
     """Mount the Ollama routes, under `/api` and the legacy `/v1/api` alias, and `GET|HEAD /`."""
-    install(app)
     app.router.add_get("/", root)  # HEAD comes with GET
     for prefix in ("/api", "/v1/api"):
         app.router.add_get(f"{prefix}/version", version)

@@ -5,54 +5,39 @@ the first delta, one `finish_reason`, `data: [DONE]`, `usage` when the model rep
 usage chunk when `stream_options.include_usage` asks and the model reported counts). The agent's
 tools stay server-side: a request carrying `tools`, `tool_choice`, `functions` or `function_call`
 is refused. Input is validated as strictly as OpenAI does (`"stream": "yes"` is a 400, not a
-stream). Sessions, forks, gates and keep-alives: see proxy_sessions.
+stream). Sessions, forks, gates and keep-alives: see the proxy core (`proxy/`), which drives the
+turn; `OpenAIFramer` writes its frames.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
-from aiops.engine import events as ev
-from aiops.integrations.server.app import (
-    HttpError,
-    get_engine,
-    parse_body,
-    prepare_stream,
-    server_state,
-)
-from aiops.integrations.server.owners import caller
-from aiops.integrations.server.proxy_sessions import (
-    SESSION_HEADER,
-    TURN_OUTPUT_EVENTS,
-    BufferedStreamResponse,
-    Channel,
+from aiops.integrations.server.bodies import read_json, validate
+from aiops.integrations.server.context import get_engine
+from aiops.integrations.server.errors import HttpError
+from aiops.integrations.server.proxy.driver import answer_task, answer_turn
+from aiops.integrations.server.proxy.identity import conversation_id
+from aiops.integrations.server.proxy.messages import (
     ClientMessage,
-    Done,
-    PublishedModel,
-    StartedTurn,
-    TaskAnswer,
-    answer_background_task,
-    answer_text,
-    cancel_turn,
-    conversation_id,
-    find_model,
-    install,
-    is_background_task,
-    model_not_found,
+    check_message_count,
     omitted,
-    proxy_state,
-    published_models,
     tools_refused,
-    turn_error,
-    turn_output,
-    wait_done,
 )
+from aiops.integrations.server.proxy.models import (
+    PublishedModel,
+    find_model,
+    model_not_found,
+    published_models,
+)
+from aiops.integrations.server.proxy.openwebui import is_background_task
+from aiops.integrations.server.proxy.output import TurnEnd
+from aiops.integrations.server.proxy.state import proxy_state
 
 FINGERPRINT = "fp_aiops"
 KEEPALIVE = b": keep-alive\n\n"
@@ -245,130 +230,76 @@ async def get_model(request: web.Request) -> web.Response:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    state = proxy_state(request)
-    engine = get_engine(request)
-    req = await parse_body(request, ChatRequest)
+    body = await read_json(request)
+    check_message_count(body, proxy_state(request).settings.max_messages)
+    req = validate(ChatRequest, body)
     messages = client_messages(req)
-    model = find_model(engine, req.model)
+    model = find_model(get_engine(request), req.model)
     if model is None:
         raise model_not_found(req.model)
-    created = int(time.time())
+    framer = OpenAIFramer(req)
     if is_background_task(messages):
-        task = await answer_background_task(engine, model, messages, caller(request), failed_status=502)
-        cid = "chatcmpl-task-" + format(time.monotonic_ns(), "x")
-        if req.stream:
-            return await _stream_text(request, cid, created, req, task)
-        return web.json_response(completion_object(cid, created, req.model, task.text, task.usage,
-                                                   task.finish_reason))
+        return await answer_task(request, model, messages, framer, stream=bool(req.stream))
     refuse_json_modes(req)
-    started = await state.sessions.start(conversation_id(request, messages, req.user), messages, model,
-                                         caller(request), events=TURN_OUTPUT_EVENTS if req.stream else (ev.DONE,))
-    cid = "chatcmpl-" + started.turn.id.removeprefix("turn_")
-    if req.stream:
-        return await _stream(request, started, cid, created, req)
-    return await _complete(request, started, cid, created, req)
+    return await answer_turn(request, conversation_id(request, messages, req.user), messages, model, framer,
+                             stream=bool(req.stream))
 
 
-async def _stream_text(request: web.Request, cid: str, created: int, req: ChatRequest,
-                       task: TaskAnswer) -> web.StreamResponse:
-    chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
-    resp = _sse_response()
-    await prepare_stream(request, resp)
-    await resp.write(chunks.delta({"role": "assistant", "content": ""}))
-    if task.text:
-        await resp.write(chunks.delta({"content": task.text}))
-    await resp.write(chunks.delta({}, task.finish_reason))
-    if chunks.include_usage and (frame := chunks.usage(task.usage)):
-        await resp.write(frame)
-    await resp.write(DONE_FRAME)
-    await resp.write_eof()
-    return resp
+class OpenAIFramer:
+    """One answer in OpenAI's shapes: `chat.completion.chunk` events ending in `data: [DONE]`, or a
+    `chat.completion` body (see proxy.driver.Framer)."""
 
+    failed_status = 502
+    times_text = False
+    stream_headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-def _sse_response(session_id: str | None = None) -> web.StreamResponse:
-    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    if session_id:
-        headers[SESSION_HEADER] = session_id
-    return BufferedStreamResponse(headers=headers)
+    def __init__(self, req: ChatRequest) -> None:
+        self.model = req.model
+        self.created = int(time.time())
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.cid = ""
+        self._chunks: _Chunks | None = None
 
+    def begin(self, turn_id: str | None) -> None:
+        self.cid = ("chatcmpl-" + turn_id.removeprefix("turn_") if turn_id is not None
+                    else "chatcmpl-task-" + format(time.monotonic_ns(), "x"))
 
-def _on_disconnect(request: web.Request, started: StartedTurn) -> Callable[[], Awaitable[None]]:
-    async def gone() -> None:
-        if started.sub is not None:
-            started.sub.close()
-        await cancel_turn(get_engine(request), started.session_id, started.turn, "the client disconnected")
+    @property
+    def chunks(self) -> _Chunks:
+        if self._chunks is None:  # made for streams only: a whole answer needs none of it
+            self._chunks = _Chunks(self.cid, self.created, self.model, self.include_usage)
+        return self._chunks
 
-    return gone
+    def head(self) -> bytes:
+        return self.chunks.delta({"role": "assistant", "content": ""})
 
+    def text(self, text: str) -> bytes:
+        return self.chunks.delta({"content": text})
 
-async def _stream(request: web.Request, started: StartedTurn, cid: str, created: int,
-                  req: ChatRequest) -> web.StreamResponse:
-    state = proxy_state(request)
-    chunks = _Chunks(cid, created, req.model, bool(req.stream_options and req.stream_options.include_usage))
-    resp = _sse_response(started.session_id)
-    channel = Channel(request, resp, _on_disconnect(request, started), keepalive=KEEPALIVE,
-                      keepalive_seconds=state.settings.keepalive_seconds,
-                      head=chunks.delta({"role": "assistant", "content": ""}))
-    done: Done | None = None
-    assert started.sub is not None
-    with server_state(request).track(started.sub):
-        try:
-            await prepare_stream(request, resp)
-            channel.start()
-            async for text, done in turn_output(started, state.settings):
-                frames = chunks.delta({"content": text}) if text else b""
-                if done is None:
-                    if frames:
-                        await channel.write(frames)
-                    continue
-                if done.status == "error":
-                    frames += error_frame(*turn_error(request, done.error, "error"))
-                else:
-                    frames += chunks.delta({}, done.finish_reason)
-                    if chunks.include_usage:
-                        frames += chunks.usage(done.usage)
-                await channel.finish(frames + DONE_FRAME)
-            if channel.gone:
-                return resp
-            if done is None:
-                await channel.finish(error_frame("stream_closed", "the stream ended before the answer: the "
-                                                                  "server is shutting down") + DONE_FRAME)
-        except ConnectionError:
-            await channel.disconnected()  # a write to a client that hung up
-        except BaseException:
-            await channel.disconnected()  # the handler was cancelled (the client hung up) or failed
-            raise
-        finally:
-            await channel.close()
-    return resp
+    def end(self, end: TurnEnd) -> bytes:
+        frames = self.chunks.delta({}, end.finish_reason)
+        if self.include_usage:
+            frames += self.chunks.usage(end.usage)
+        return frames + DONE_FRAME
 
+    def error(self, code: str, message: str) -> bytes:
+        return error_frame(code, message) + DONE_FRAME
 
-async def _complete(request: web.Request, started: StartedTurn, cid: str, created: int,
-                    req: ChatRequest) -> web.Response:
-    channel = Channel(request, None, _on_disconnect(request, started)).start()
-    try:
-        result = await wait_done(started)
-    except BaseException:
-        await channel.disconnected()
-        raise
-    finally:
-        if started.sub is not None:
-            started.sub.close()
-        await channel.close()
-    if result.status == "error":
-        code, message = turn_error(request, result.error, "model_error")
-        raise HttpError(502, code, message, headers={SESSION_HEADER: started.session_id})
-    text = answer_text(request, result, started.session_id)
-    resp = web.json_response(completion_object(cid, created, req.model, text,
-                                               result.usage.counts() if result.usage else None,
-                                               result.finish_reason or "stop"))
-    resp.headers[SESSION_HEADER] = started.session_id
-    return resp
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
+
+    def text_began(self) -> None:
+        pass
+
+    def whole(self, end: TurnEnd) -> bytes:
+        return self.head() + (self.text(end.text) if end.text else b"") + self.end(end)
+
+    def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
+        return completion_object(self.cid, self.created, self.model, text, end.usage, end.finish_reason)
 
 
 def setup(app: web.Application) -> None:
     """Mount `/v1/chat/completions` and `/v1/models`."""
-    install(app)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)

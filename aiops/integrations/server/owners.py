@@ -18,7 +18,8 @@ from aiohttp import web
 
 from aiops.engine.engine import Engine, LiveSession
 from aiops.engine.store import OWNER_KEY  # where the owner is kept: the store filters on it
-from aiops.integrations.server.app import HttpError, is_operator
+from aiops.integrations.server.context import is_operator
+from aiops.integrations.server.errors import HttpError
 
 
 @dataclass(frozen=True, slots=True)

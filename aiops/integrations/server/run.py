@@ -1,5 +1,6 @@
 """Running the server: `start_server` for an engine already running (the console), `serve` for
-`aiops serve` (headless: the engine and the server on one loop, never importing Textual).
+`aiops serve` (headless: the engine and the server on one loop, never importing Textual; the loop
+itself is run by `aiops.integrations.runtime`, as the console's is).
 
 Shutdown order on SIGINT/SIGTERM: stop listening and refuse new requests, stop the engine (running
 turns are cancelled cleanly and recorded, so every stream and waiting submit sees its `done`), then
@@ -15,10 +16,8 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +28,10 @@ from aiohttp.web_protocol import RequestPayloadError
 from aiops.config import Config
 from aiops.engine import gc_policy
 from aiops.engine.engine import Engine
-from aiops.integrations.server.app import AUTH_KEY, STATE_KEY, create_app
+from aiops.integrations.runtime import exit_if_left, run_to_exit
+from aiops.integrations.server.app import create_app
 from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
+from aiops.integrations.server.context import AUTH_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 
@@ -340,65 +341,3 @@ def serve(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     finally:
         lock.release()
         exit_if_left(left[0], rc)
-
-
-def exit_if_left(left: int, rc: int) -> None:
-    """Everything is stopped and stored; if something is left (a tool that ignores cancellation,
-    or a thread blocked in one) Python would wait for it without end at exit, and a service
-    manager would SIGKILL the process in the end: leave without it."""
-    if left:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-
-
-EXIT_GRACE = 5.0  # seconds the exit waits for tasks and threads still running after the stop
-
-
-def run_to_exit(main: Callable[[asyncio.AbstractEventLoop], int], left_out: list[int]) -> int:
-    """Run `main(loop)` on a new loop (`aiops serve`, the console), then wind the loop down as
-    asyncio.run does, but bounded: tasks still running are cancelled and given EXIT_GRACE, the
-    default executor's threads as long. Returns main's exit status; `left_out[0]` is how many
-    tasks and threads were still running after that (set even when main raises: the caller must
-    not wait for them at exit either; see exit_if_left)."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    # Our own default executor (asyncio.to_thread's): its threads are waited for below, bounded.
-    # (loop.shutdown_default_executor joins them without a limit, even when cancelled, on 3.11.)
-    executor = ThreadPoolExecutor(thread_name_prefix="aiops-worker")
-    loop.set_default_executor(executor)
-    rc, left = 1, 0
-    try:
-        rc = main(loop)
-    finally:
-        try:
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=EXIT_GRACE))
-                left += len(pending)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            executor.shutdown(wait=False, cancel_futures=True)
-            deadline = time.monotonic() + EXIT_GRACE
-            for thread in threading.enumerate():
-                if thread is not threading.current_thread() and not thread.daemon:
-                    thread.join(max(0.0, deadline - time.monotonic()))
-                    left += thread.is_alive()
-            left_out[0] = left
-            if left:
-                log.warning("exiting with %d task(s) or thread(s) still running after the stop (a tool "
-                            "that ignores cancellation, or blocks a thread?); not waiting for them", left)
-        finally:
-            # Stopped (or failed) already: a second Ctrl-C, or a service manager's repeated
-            # SIGTERM, arriving during the last of the exit must not turn it into a killed
-            # process. (The loop's own handlers go first, or closing it would restore the
-            # defaults after this.)
-            for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-                if (sig := getattr(signal, name, None)) is not None:
-                    loop.remove_signal_handler(sig)
-                    signal.signal(sig, signal.SIG_IGN)
-            asyncio.set_event_loop(None)
-            loop.close()
-    return rc

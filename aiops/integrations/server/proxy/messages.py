@@ -1,0 +1,52 @@
+"""A chat client's messages as the proxy core takes them, whatever the dialect that sent them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiops.integrations.server.errors import HttpError
+
+
+@dataclass(frozen=True, slots=True)
+class ClientMessage:
+    role: str  # system | user | assistant
+    text: str
+
+
+def tools_refused(field_name: str = "tools") -> HttpError:
+    return HttpError(400, "tools_not_supported",
+                     f"client-supplied {field_name!r} is not supported: the aiops agent runs its own tools "
+                     f"server-side (behind operator gates) and answers with text; send the request "
+                     f"without {field_name!r}", param=field_name)
+
+
+def omitted(kind: str) -> str:
+    """What stands in the history for a part aiops cannot pass on (an image the chat once had)."""
+    kind = "image" if kind in ("image", "image_url") else kind
+    return f"[{kind} omitted: aiops passes on text only]"
+
+
+def check_conversation(messages: Sequence[ClientMessage]) -> None:
+    """The last message must be the new user message (400 otherwise)."""
+    if not messages:
+        raise HttpError(400, "invalid_request", "messages is empty: send at least one user message",
+                        param="messages")
+    if messages[-1].role != "user":
+        raise HttpError(400, "invalid_request",
+                        f"the last message must be the user's new message, not {messages[-1].role!r}",
+                        param="messages")
+    if not messages[-1].text.strip():
+        raise HttpError(400, "invalid_request", "the last user message is empty", param="messages")
+
+
+
+def check_message_count(body: Any, limit: int) -> None:
+    """413 for a request with more than `limit` messages (`proxy_max_messages`), told before the
+    body is validated message by message."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if isinstance(messages, list) and len(messages) > limit:
+        raise HttpError(413, "too_many_messages",
+                        f"too many messages: {len(messages)} in this request, the limit is {limit} "
+                        f"(proxy_max_messages in [server] of aiops.toml); start a new chat", param="messages")
