@@ -602,10 +602,6 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
             if e.turn_id != turn.id and not isinstance(e, ev.ErrorEvent):
                 continue
             match e:
-                case ev.Notice(gate_id=str()):
-                    # The engine's own "waiting for approval" notice (while it still sends one):
-                    # this view derives that line from the gate event instead.
-                    continue
                 case ev.Notice(command=str(command), ok=False) if command:
                     status = 1  # a !command reported an error
                 case ev.GateResolved(gate=gate):

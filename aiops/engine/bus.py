@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-from aiops.engine.events import Event, Thinking, Tok, error_event, from_wire, is_slow_consumer
+from aiops.engine.events import Event, Thinking, Tok, error_event, is_slow_consumer
 
 
 class _Overflow:
@@ -164,17 +164,8 @@ class EventBus:
             if not subs:
                 del self._subs[sub.session_id]
 
-    def publish(self, event: Event | str, session_id: str | None = None,
-                data: dict[str, Any] | None = None, turn_id: str | None = None) -> Event:
-        """Send `event` to every subscriber that wants it, and to every listener.
-
-        (Transitional: `publish(name, session_id, data, turn_id)` builds the typed event from its
-        wire form; producers are being moved to typed events, after which only `publish(event)`
-        stays.)"""
-        if isinstance(event, str):
-            ev = from_wire(event, {**(data or {}), "session_id": session_id, "turn_id": turn_id})
-        else:
-            ev = event
+    def publish(self, ev: Event) -> Event:
+        """Send `ev` to every subscriber that wants it, and to every listener."""
         session_id, name = ev.session_id, ev.name
         for key in (session_id, None) if session_id is not None else (None,):
             subs = self._subs.get(key)

@@ -368,8 +368,8 @@ class Engine:
         return msg
 
     def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
-               persist: bool = True, gate_id: str | None = None) -> None:
-        self.bus.publish(ev.Notice(session_id=session_id, turn_id=turn_id, text=text, gate_id=gate_id))
+               persist: bool = True) -> None:
+        self.bus.publish(ev.Notice(session_id=session_id, turn_id=turn_id, text=text))
         if persist and session_id:
             self._spawn(self.record(session_id, Message("notice", text, turn_id=turn_id)))
 

@@ -230,9 +230,6 @@ class Notice(_EventBase):
     text: str
     command: str | None = None
     ok: bool | None = None
-    # Transitional: the "waiting for approval" notice names its gate. Views are moving to derive
-    # that state from GateOpened / GateResolved; then this goes.
-    gate_id: str | None = None
 
     def body(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text}
@@ -240,8 +237,6 @@ class Notice(_EventBase):
             d["command"] = self.command
         if self.ok is not None:
             d["ok"] = self.ok
-        if self.gate_id is not None:
-            d["gate_id"] = self.gate_id
         return d
 
 
@@ -435,8 +430,7 @@ def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None)
         case "gate_resolved":
             return GateResolved(gate=GateInfo.from_dict({**p, "session_id": ids["session_id"]}), **ids)
         case "notice":
-            return Notice(text=str(p.get("text", "")), command=p.get("command"), ok=p.get("ok"),
-                          gate_id=p.get("gate_id"), **ids)
+            return Notice(text=str(p.get("text", "")), command=p.get("command"), ok=p.get("ok"), **ids)
         case "error":
             return ErrorEvent(error=ErrorInfo.from_dict(p), **ids)
         case "done":

@@ -22,7 +22,6 @@ from aiops.gates.broker import (
     Resolution,
     denial_message,
     summarize,
-    waiting_notice,
 )
 from aiops.gates.limits import LimitsConfig, RateLimiter
 from aiops.gates.rules import GatesConfig
@@ -84,11 +83,9 @@ class Gatekeeper:
         opened = name == ev.GATE
         self.engine.bus.publish(ev.GateOpened(session_id=session_id, turn_id=turn_id, gate=info) if opened
                                 else ev.GateResolved(session_id=session_id, turn_id=turn_id, gate=info))
+        # "Waiting for approval" is no event of its own: each view derives it from GateOpened and
+        # GateResolved (the API stream writes its notice line from the gate, for its clients).
         self.engine.live_state_changed(session_id)
-        if opened and gate is not None:
-            # Transitional (views now derive it from the gate events; removed when they all do):
-            # not stored (the gate's own records are), and named by its gate.
-            self.engine.notice(session_id, waiting_notice(gate), turn_id, persist=False, gate_id=gate.id)
 
     async def _record(self, what: str, gate: Gate, resolution: Resolution | None) -> None:
         """The broker's audit hook: "opened", "resolved", or "granted" (passed by a session grant)."""

@@ -1,14 +1,23 @@
 """The event bus: fan-out, filtering, coalesced deltas, and a slow reader dropped without slowing
-the publisher."""
+the publisher; and the typed events' wire form."""
 
 from aiops.engine.bus import EventBus
+from aiops.engine.events import Done, Notice, Tok, ToolCalled
+
+
+def tok(text: str, session: str = "s", turn: str | None = None) -> Tok:
+    return Tok(session_id=session, turn_id=turn, text=text)
+
+
+def call(n: int, session: str = "s", turn: str | None = None) -> ToolCalled:
+    return ToolCalled(session_id=session, turn_id=turn, call_id=f"c{n}", tool="x", arguments={"n": n})
 
 
 async def test_every_subscriber_gets_every_event_of_its_session():
     bus = EventBus()
     a, b, other = bus.subscribe("s1"), bus.subscribe("s1"), bus.subscribe("s2")
-    bus.publish("tok", "s1", {"text": "x"})
-    bus.publish("done", "s1", {"text": "x"})
+    bus.publish(tok("x", "s1"))
+    bus.publish(Done(session_id="s1", text="x", status="complete", model="m"))
     for sub in (a, b):
         assert [(await sub.get()).name for _ in range(2)] == ["tok", "done"]
     assert other.qsize() == 0
@@ -18,14 +27,14 @@ async def test_queued_deltas_of_one_turn_merge_into_one_event():
     bus = EventBus()
     sub = bus.subscribe(None, maxsize=5)
     for i in range(5000):  # a fast burst costs one slot, and no text is lost
-        bus.publish("tok", "s", {"text": str(i % 10)}, "t1")
-    bus.publish("tool_call", "s", {"name": "x"}, "t1")
-    bus.publish("tok", "s", {"text": "after"}, "t1")
-    bus.publish("tok", "s", {"text": "other turn"}, "t2")
+        bus.publish(tok(str(i % 10), turn="t1"))
+    bus.publish(call(0, turn="t1"))
+    bus.publish(tok("after", turn="t1"))
+    bus.publish(tok("other turn", turn="t2"))
     got = sub.pending()
     assert [e.name for e in got] == ["tok", "tool_call", "tok", "tok"]
-    assert got[0].data["text"] == "0123456789" * 500
-    assert (got[2].data["text"], got[3].data["text"]) == ("after", "other turn")
+    assert got[0].text == "0123456789" * 500
+    assert (got[2].text, got[3].text) == ("after", "other turn")
     assert not sub.dropped
 
 
@@ -33,9 +42,9 @@ async def test_slow_reader_is_dropped_with_an_error_event():
     bus = EventBus()
     slow = bus.subscribe(None, maxsize=5)
     for i in range(50):  # publishing never blocks
-        bus.publish("tool_call", "s", {"n": i})
+        bus.publish(call(i))
     got = [e async for e in slow]
-    assert got[-1].name == "error" and got[-1].data["code"] == "slow_consumer"
+    assert got[-1].name == "error" and got[-1].code == "slow_consumer"
     assert len(got) == 6
     assert bus.subscriber_count == 0
 
@@ -47,8 +56,8 @@ async def test_a_waiting_reader_wakes_on_publish_and_ends_on_close():
     sub = bus.subscribe("s")
     reader = asyncio.ensure_future(sub.get())
     await asyncio.sleep(0)
-    bus.publish("notice", "s", {"text": "hi"})
-    assert (await reader).data["text"] == "hi"
+    bus.publish(Notice(session_id="s", text="hi"))
+    assert (await reader).text == "hi"
     reader = asyncio.ensure_future(sub.get())
     await asyncio.sleep(0)
     sub.close()
@@ -57,7 +66,7 @@ async def test_a_waiting_reader_wakes_on_publish_and_ends_on_close():
 
 async def test_payload_carries_session_and_turn():
     bus = EventBus()
-    ev = bus.publish("tok", "s", {"text": "x"}, "turn_1")
+    ev = bus.publish(tok("x", turn="turn_1"))
     assert ev.payload() == {"text": "x", "session_id": "s", "turn_id": "turn_1"}
 
 

@@ -451,11 +451,6 @@ async def stream(request: web.Request) -> web.StreamResponse:
                         break
                     case ev.SessionChanged():
                         continue
-                    case ev.Notice(gate_id=str()):
-                        # Transitional: the engine's own "waiting for approval" notice, which this
-                        # stream now derives from the gate (see _gate_frames); skipped while the
-                        # engine still publishes it.
-                        continue
                 if not allowed:
                     created = await engine.session(session_id)
                     if created is None:

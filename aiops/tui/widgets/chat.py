@@ -408,8 +408,6 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
                 if (waiting := self._waiting.pop(gate.id, None)) is not None:
                     await waiting.remove()
                 await self._add(GateLine(gate))
-            case ev.Notice(gate_id=str()):
-                pass  # the engine's own "waiting for approval" notice: drawn from GateOpened above
             case ev.Notice(command=str(command)) if command:
                 await self._finish_current()
                 await self._add(CommandOutput(event.text, command))
