@@ -84,7 +84,7 @@ def test_strictest_rule_over_all_tables_wins(cfg: GatesConfig) -> None:
 
 
 def test_unknown_tables_add_the_unknown_rule(cfg: GatesConfig) -> None:
-    assert cfg.decide("db_query", "db", "read", []) == "ask"
+    assert cfg.decide("db_query", "db", "read", [], unknown_tables=True) == "ask"
     assert cfg.decide("db_query", "db", "read", ["products"], unknown_tables=True) == "ask"
     assert cfg.decide("db_query", "db", "write", ["users"], unknown_tables=True) == "deny"
 
