@@ -199,6 +199,10 @@ class TokenConfig(_Strict):
 
 class AuthConfig(_Strict):
     tokens: dict[str, TokenConfig] = Field(default_factory=dict)
+    # Invalid tokens one address may present within the window before its requests with a token
+    # are answered 429 until the window clears; 0 turns the throttle off.
+    failed_auth_limit: int = Field(10, ge=0)
+    failed_auth_window_seconds: float = Field(60, gt=0)
 
     @field_validator("tokens")
     @classmethod

@@ -40,6 +40,8 @@ from aiops.integrations.server.auth import (
     CLIENT,
     OPERATOR,
     Authenticator,
+    AuthThrottled,
+    FailedAuthThrottle,
     Identity,
     Token,
     addressed_to_loopback,
@@ -457,7 +459,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         ident = Identity(OPERATOR, f"loopback:{peer}", True)
     else:
         presented = bearer(request.headers.get("Authorization"))
-        token = authn.match(presented) if presented is not None else None
+        try:
+            token = authn.match(presented, peer) if presented is not None else None
+        except AuthThrottled as e:
+            raise HttpError(429, "rate_limited", str(e), headers={"Retry-After": str(e.retry_after)}) from None
         if token is not None:
             ident = Identity(token.role, token.name, True)
         elif public:
@@ -503,7 +508,8 @@ def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, s
     app[CONFIG_KEY] = cfg
     if tokens is None:
         tokens = load_tokens(cfg.app.auth, env if env is not None else engine.env)
-    app[AUTH_KEY] = Authenticator(tokens)
+    app[AUTH_KEY] = Authenticator(tokens, FailedAuthThrottle(cfg.app.auth.failed_auth_limit,
+                                                             cfg.app.auth.failed_auth_window_seconds))
     app[STATE_KEY] = ServerState(public={("GET", "/"), ("HEAD", "/")})
     api.setup(app)
     openai_proxy.setup(app)
