@@ -113,6 +113,8 @@ class Reply:
     write_bytes: int | None = None  # send each SSE frame in writes of this many bytes, as a slow
     # network splits it (a CRLF pair or a UTF-8 character can land in two reads)
     one_write: bool = False  # send the whole stream in one write, as a fast server's burst arrives
+    write_pause: float = 0.002  # seconds between the writes of write_bytes (0: as fast as the socket)
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (an error's Retry-After)
 
     # -- builders --
 
@@ -535,7 +537,7 @@ class FakeServer:
                 continue
             for start in range(0, len(frame), reply.write_bytes):
                 await resp.write(frame[start:start + reply.write_bytes])
-                await self._pause(request, 0.002, resp)  # so the pieces arrive as separate reads
+                await self._pause(request, reply.write_pause, resp)  # so the pieces arrive as separate reads
         await resp.write_eof()
         return resp
 
@@ -650,7 +652,7 @@ class FakeOpenAI(FakeServer):
         etype, ecode = _OPENAI_ERRORS.get(reply.status, ("server_error", None))
         payload = {"error": {"message": reply.error_message, "type": reply.error_type or etype,
                              "param": None, "code": reply.error_code or ecode}}
-        return web.json_response(payload, status=reply.status)
+        return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 
     # -- rendering --
 
