@@ -46,7 +46,7 @@ for database calls, a one-line summary (SQL highlighted) and the time left befor
 (`∞`: it waits).
 
 - **{gates.approve}** approve once · **{gates.approve_session}** approve for the session: each gate's
-  last line says what that lets through until restart (the same tool, operation, tables and, for
+  last line ({gates.approve_session} →) says what that lets through until restart (the same tool, operation, tables and, for
   SQL, the same statement kinds: an INSERT approved so is no licence to DELETE) · **{gates.deny}** deny ·
   **{gates.deny_stop}** deny and cancel the turn that asked
 - **{gates.details}** opens the gate: full arguments (SQL highlighted) and what the session was doing.
@@ -130,8 +130,7 @@ goes to the message input.
             body = Content.styled("  " + one_line(detail, 400), "dim") if detail else None
         if body is not None:
             lines.append((body, Content("")))
-        lines.append((Content.styled("  " + self._session_key() + ": " + session_grant_text(g), "dim"),
-                      Content("")))
+        lines.append((Content.styled(f"  {self._session_key()} → {session_grant_brief(g)}", "dim"), Content("")))
         return Rows(lines)
 
     def _session_key(self) -> str:
@@ -239,3 +238,12 @@ def session_grant_text(gate: dict[str, Any]) -> str:
     if grant:
         return f"{grant} (until restart)"
     return "approves this call only (it is not described by its tables alone, so no later call is covered)"
+
+
+def session_grant_brief(gate: dict[str, Any]) -> str:
+    """The same, short enough for an inbox row: "db_query calls that run only INSERT on exactly t"."""
+    grant = gate.get("session_grant")
+    if not grant:
+        return "this call only"
+    return (grant.removeprefix("later ").replace(" calls of this session", " calls")
+            .removesuffix(" pass without asking"))
