@@ -241,9 +241,13 @@ def session_grant_text(gate: dict[str, Any]) -> str:
 
 
 def session_grant_brief(gate: dict[str, Any]) -> str:
-    """The same, short enough for an inbox row: "db_query calls that run only INSERT on exactly t"."""
+    """The same, short enough for an inbox row, what matters first: "only INSERT on exactly t",
+    "write_note write calls", "this call only"."""
     grant = gate.get("session_grant")
     if not grant:
         return "this call only"
-    return (grant.removeprefix("later ").replace(" calls of this session", " calls")
-            .removesuffix(" pass without asking"))
+    grant = grant.removesuffix(" pass without asking")
+    _, run, kinds = grant.partition(" that run ")
+    if run:
+        return kinds
+    return grant.removeprefix("later ").replace(" calls of this session", " calls")
