@@ -347,8 +347,9 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
     )
 
 
-# Kinds of statement that may run a USE the classifier cannot see.
-_MAY_SWITCH_DATABASE = frozenset({"prepare", "unknown", "unparseable"})
+# Kinds of statement that may run a USE the classifier cannot see: dynamic SQL, and statements of no
+# known kind. (A query sqlglot cannot parse is still a query: it selects no database.)
+_MAY_SWITCH_DATABASE = frozenset({"prepare", "unknown"})
 
 
 def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:

@@ -497,3 +497,20 @@ def test_any_text_is_classified_or_refused_as_empty_never_crashes(sql: str) -> N
         logger.removeHandler(handler)
     assert c.operation in ("read", "write")
     assert not failures, f"classification fell back to its safety net for {sql!r}"
+
+
+@pytest.mark.parametrize(("sql", "database"), [
+    ("USE shop", "shop"),
+    ("USE `Shop DB`", "shop db"),
+    ("use /* why */ shop", "shop"),
+])
+def test_use_names_the_database_later_bare_names_mean(sql: str, database: str) -> None:
+    (s,) = classify_sql(sql).statements
+    assert (s.kind, s.operation, s.switches_database, s.database, s.unknown) == ("use", "read", True, database,
+                                                                                   False)
+
+
+@pytest.mark.parametrize("sql", ["EXECUTE IMMEDIATE 'USE mysql'", "EXECUTE s", "/*!USE mysql*/", "USE a b"])
+def test_a_database_switch_that_cannot_be_read_leaves_the_database_unknown(sql: str) -> None:
+    s = classify_sql(sql).statements[0]
+    assert s.switches_database and s.database is None
