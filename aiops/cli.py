@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("chat", help="run one turn and stream it to stdout",
                         description="Run one turn and stream it to stdout. Exit status: 0 done, 1 the "
                                     "turn or a !command reported an error, 2 a usage or config error.")
-    ch.add_argument("text", help="the message (text starting with ! or @ is a command)")
+    ch.add_argument("text", help="the message (text starting with ! or @ is a command); - reads it from stdin")
     ch.add_argument("--session", help="session id (full or shorthand); default: a new one")
     ch.add_argument("--model", help="model key for this turn")
     ch.add_argument("--json", action="store_true", help="print events as JSON lines")
@@ -332,8 +332,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([s.to_dict() for s in statuses], indent=2))
         return 0
+    width = max((len(s.name) for s in statuses), default=0)
     for s in statuses:
-        print(f"{s.name:<12} {s.state:<9} {s.reason}")
+        print(f"{s.name:<{width}}  {s.state:<9} {s.reason}")
     if not statuses:
         print("no plugins found")
     return 0
@@ -407,6 +408,12 @@ def _rule_hint(gate: dict[str, Any]) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.text == "-":
+        # `git log -1 | aiops chat -`: the message is what the pipe holds, read before anything
+        # starts (so a usage error never leaves an engine half up).
+        args.text = sys.stdin.read()
+        if not args.text.strip():
+            raise CliError("aiops chat -: nothing to send (stdin was empty)")
     cfg = _load(args)
     _setup_file_logging(cfg, args.verbose)
     from aiops.engine.lock import AlreadyRunning, DataDirLock
@@ -630,6 +637,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
         try:
             async with AgentClient(url) as client:
+                try:
+                    await client.session(args.session, limit=1)
+                except AgentError as e:
+                    if e.status != 404:
+                        raise
+                    # Following an id before its first message is by design (start watching, then
+                    # submit), but a mistyped id must not look like a hang: say what it waits for.
+                    print(f"aiops: no session {args.session!r} on {url} yet; waiting for its first "
+                          f"message (ctrl+c to stop)", file=sys.stderr, flush=True)
                 async for e in client.stream(args.session):
                     print(json.dumps({"event": e["event"], **e["data"]}, default=str), flush=True)
         except AgentError as e:

@@ -426,13 +426,30 @@ def load_config(paths: Paths, *, load_dotenv: bool = True) -> Config:
     if missing:
         raise ConfigError(f"no {', '.join(missing)} in {paths.config_dir} nor in the shipped defaults "
                           f"{paths.shipped_config_dir}")
-    app = validate_file(sources["aiops.toml"], AppConfig)
-    models = validate_file(sources["models.toml"], ModelsConfig)
-    gates = validate_file(sources["gates.toml"], GatesConfig)
-    limits = validate_file(sources["limits.toml"], LimitsConfig)
-    plugins_raw = read_toml(sources["plugins.toml"])
+    # Every file is read and checked before anything is refused, so one run names every error
+    # in every file (`aiops config check` after an edit shows the whole list, not the first).
+    errors: list[str] = []
+
+    def checked(name: str, model: type[_M]) -> _M | None:
+        try:
+            return validate_file(sources[name], model)
+        except ConfigError as e:
+            errors.append(str(e))
+            return None
+
+    app = checked("aiops.toml", AppConfig)
+    models = checked("models.toml", ModelsConfig)
+    gates = checked("gates.toml", GatesConfig)
+    limits = checked("limits.toml", LimitsConfig)
+    plugins_raw: dict[str, Any] = {}
+    try:
+        plugins_raw = read_toml(sources["plugins.toml"])
+    except ConfigError as e:
+        errors.append(str(e))
     for name, table in plugins_raw.items():
         if not isinstance(table, dict):
-            raise ConfigError(f"{sources['plugins.toml']}: {name}: expected a table like [{name}]")
+            errors.append(f"{sources['plugins.toml']}: {name}: expected a table like [{name}]")
+    if errors or app is None or models is None or gates is None or limits is None:
+        raise ConfigError("\n".join(errors))
     return Config(paths=paths, app=app, models=models, gates=gates, limits=limits,
                   plugins=plugins_raw, sources=sources)

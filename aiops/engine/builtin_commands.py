@@ -90,7 +90,8 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
         if not total:
             return "no sessions"
         if not rows:
-            return f"no page {page}: {total} sessions make {-(-total // SESSION_PAGE)} page(s)"
+            # An error, as `!reset` with nothing to reset is: `aiops chat` exits 1 on both.
+            raise CommandError(f"no page {page}: {total} sessions make {-(-total // SESSION_PAGE)} page(s)")
         lines = [f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title"]
         for r in rows:
             mark = "*" if r["client_id"] == ctx.session_id else " "

@@ -21,8 +21,8 @@ from typing import Any
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
 from aiops.engine.backends import Backend, make_backend
+from aiops.engine.bus import EventBus
 from aiops.engine.commands import CommandContext, CommandRegistry, ParsedInput, not_the_senders
-from aiops.engine.events import EventBus
 from aiops.engine.gatekeeper import SESSION_DELETED, Gatekeeper
 from aiops.engine.lock import DataDirLock
 from aiops.engine.plugins import (
@@ -921,6 +921,32 @@ class Engine:
             if isinstance(item, Completion):
                 completion = item
         return completion
+
+    # -- the facade's gate and rate operations (see facade.py) --
+
+    def resolve_gate(self, gate_id: str, decision: str, scope: str = "once", *, by: str) -> ev.GateInfo:
+        """Answer a pending gate: the one path every view takes (the broker audits it). Raises
+        GateError for an unknown gate, GateAlreadyResolved when someone answered first."""
+        broker = self.gatekeeper.broker
+        broker.resolve(gate_id, decision, scope, by=by)
+        gate = broker.get(gate_id)
+        assert gate is not None and gate.resolution is not None
+        return ev.GateInfo.from_dict(gate.resolved_dict())
+
+    def pending_gates(self, session_id: str | None = None) -> list[ev.GateInfo]:
+        """Gates waiting for an answer, oldest first."""
+        return [ev.GateInfo.from_dict(g.to_dict()) for g in self.gatekeeper.broker.pending(session_id)]
+
+    def rate_usage(self, session_id: str | None = None) -> list[ev.RateInfo]:
+        return [ev.RateInfo(u.session_id, u.tool_type, u.used, u.limit, u.window_seconds, u.disabled)
+                for u in self.gatekeeper.limiter.usage(session_id)]
+
+    def models(self) -> Mapping[str, ModelConfig]:
+        return self.config.models.models
+
+    def subscribe(self, session_id: str | None = None, names: Any = None,
+                  maxsize: int | None = None) -> Any:
+        return self.bus.subscribe(session_id, names, maxsize)
 
     def status(self) -> dict[str, Any]:
         return {

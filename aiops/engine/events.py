@@ -1,21 +1,24 @@
-"""The event bus: the one boundary between the engine and everything that shows it.
+"""The engine's events as types: one frozen dataclass per kind, joined in the `Event` union.
 
-The console, the API stream, the proxy, Slack and MCP all consume the same events. Publishing never
-blocks and never waits on a reader: each subscriber has a bounded queue, and a subscriber that
-falls behind is dropped with an `error` event instead of slowing the engine.
+Producers (the turn runner, the intake, the gatekeeper) build these; views (the console, the API
+stream, the proxy, `aiops chat`, Slack, MCP) `match` on them or handle one type each. The wire
+form — the SSE event name and its JSON body — comes from one place: `Event.name` and
+`Event.payload()`, and `from_wire` reads it back (an attached console, a swarm peer).
+
+The names of DESIGN.md are also the SSE event names of the API stream:
+`tok thinking tool_call tool_result gate gate_resolved notice error done`; `user`, `turn`,
+`session` and `rate` are extra events for views that draw more than one conversation.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-# The names of DESIGN.md; they are also the SSE event names of the API stream.
+# The wire names (kept as constants: tests and older plugins name events by them).
 TOK = "tok"
 THINKING = "thinking"
 TOOL_CALL = "tool_call"
@@ -25,201 +28,433 @@ GATE_RESOLVED = "gate_resolved"
 NOTICE = "notice"
 ERROR = "error"
 DONE = "done"
-CONTRACT_EVENTS: frozenset[str] = frozenset(
-    {TOK, THINKING, TOOL_CALL, TOOL_RESULT, GATE, GATE_RESOLVED, NOTICE, ERROR, DONE}
-)
-
-# Extra events for views that draw more than a conversation (the console): a user message was
-# committed, a turn started, a session was created/changed/deleted, rate-limit usage changed.
 USER = "user"
 TURN = "turn"
 SESSION = "session"
 RATE = "rate"
+CONTRACT_EVENTS: frozenset[str] = frozenset(
+    {TOK, THINKING, TOOL_CALL, TOOL_RESULT, GATE, GATE_RESOLVED, NOTICE, ERROR, DONE}
+)
 
 _seq = itertools.count(1)
 
 
-@dataclass(slots=True, frozen=True)
-class Event:
-    name: str
+def _next_seq() -> int:
+    return next(_seq)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _EventBase:
+    """What every event carries besides its own fields: where it belongs and when it happened."""
+
+    name: ClassVar[str]
     session_id: str | None
-    data: dict[str, Any]
     turn_id: str | None = None
     ts: float = field(default_factory=time.time)
-    seq: int = field(default_factory=lambda: next(_seq))
+    # Publication order across the process (resumable streams use it).
+    seq: int = field(default_factory=_next_seq)
+
+    def body(self) -> dict[str, Any]:
+        """The event's own fields in their wire shape (no session or turn id)."""
+        raise NotImplementedError
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The wire body (kept for tests and serializers; views read the typed fields)."""
+        return self.body()
 
     def payload(self) -> dict[str, Any]:
-        """The JSON body clients receive (SSE data, API, MCP)."""
-        body = dict(self.data)
+        """The JSON body clients receive (SSE data, API, MCP, `aiops chat --json`)."""
+        body = self.body()
         body.setdefault("session_id", self.session_id)
         if self.turn_id is not None:
             body.setdefault("turn_id", self.turn_id)
         return body
 
 
-class _Overflow:
-    pass
+# ---- the conversation -----------------------------------------------------------------------------
 
 
-_OVERFLOW = _Overflow()
-_CLOSED = object()
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tok(_EventBase):
+    """A delta of the assistant's answer."""
+
+    name: ClassVar[Literal["tok"]] = "tok"
+    text: str
+
+    def body(self) -> dict[str, Any]:
+        return {"text": self.text}
 
 
-# Deltas that may be merged while queued: a reader that is a little behind gets the same text in
-# fewer, larger pieces instead of being dropped after a fast burst.
-_COALESCE = frozenset({TOK, THINKING})
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Thinking(_EventBase):
+    """A delta of the model's reasoning."""
+
+    name: ClassVar[Literal["thinking"]] = "thinking"
+    text: str
+
+    def body(self) -> dict[str, Any]:
+        return {"text": self.text}
 
 
-class Subscription:
-    """A bounded queue of events for one reader. Iterate it with `async for`.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCalled(_EventBase):
+    """The model's call of one tool is about to be checked and run."""
 
-    Consecutive queued `tok` (or `thinking`) events of the same turn are merged into one, so a fast
-    model's burst of tiny deltas costs one queue slot. Other events fill slots; a reader more than
-    `maxsize` events behind is dropped with an `error` event (code `slow_consumer`).
-    """
+    name: ClassVar[Literal["tool_call"]] = "tool_call"
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
 
-    def __init__(self, bus: EventBus, session_id: str | None, names: Iterable[str] | None,
-                 maxsize: int) -> None:
-        self._bus = bus
-        self.session_id = session_id
-        self.names = frozenset(names) if names is not None else None
-        self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self.maxsize = maxsize
-        self.closed = False
-        self.dropped = False
-
-    def wants(self, event: Event) -> bool:
-        if self.session_id is not None and event.session_id != self.session_id:
-            return False
-        return self.names is None or event.name in self.names
-
-    def _push(self, item: Any) -> None:
-        self._items.append(item)
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _offer(self, event: Event) -> None:
-        if self.closed:
-            return
-        items = self._items
-        if event.name in _COALESCE and items:
-            last = items[-1]
-            if (isinstance(last, Event) and last.name == event.name and last.turn_id == event.turn_id
-                    and last.session_id == event.session_id):
-                items[-1] = Event(last.name, last.session_id,
-                                  {**last.data, "text": last.data.get("text", "") + event.data.get("text", "")},
-                                  last.turn_id, last.ts, last.seq)
-                return
-        if len(items) >= self.maxsize:
-            self.dropped = True
-            self.closed = True
-            self._push(_OVERFLOW)
-            self._bus._remove(self)
-            return
-        self._push(event)
-
-    def qsize(self) -> int:
-        """Events queued now: a reader may take this many with `get()` without waiting, which lets
-        a stream write a burst of token events as one frame."""
-        return len(self._items)
-
-    def pending(self) -> list[Event]:
-        """Take every event queued now, without waiting (markers for close/overflow excluded)."""
-        out: list[Event] = []
-        while self._items and isinstance(self._items[0], Event):
-            out.append(self._items.popleft())
-        return out
-
-    async def get(self) -> Event | None:
-        """The next event; None once the subscription is closed."""
-        while not self._items:
-            if self.closed:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        item = self._items.popleft()
-        if item is _CLOSED:
-            return None
-        if item is _OVERFLOW:
-            return Event(ERROR, self.session_id, {
-                "code": "slow_consumer",
-                "message": f"event stream dropped: the reader fell more than {self.maxsize} events behind",
-            })
-        return item
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._bus._remove(self)
-            self._push(_CLOSED)
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._iter()
-
-    async def _iter(self) -> AsyncIterator[Event]:
-        while True:
-            ev = await self.get()
-            if ev is None:
-                return
-            yield ev
-            if ev.name == ERROR and ev.data.get("code") == "slow_consumer":
-                return
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def body(self) -> dict[str, Any]:
+        return {"id": self.call_id, "name": self.tool, "arguments": self.arguments}
 
 
-class EventBus:
-    def __init__(self, default_maxsize: int = 1000) -> None:
-        # Subscriptions by the session they follow (None: every session). A publish looks only at
-        # its session's readers and the global ones, so its cost does not grow with the number
-        # of streams open on other sessions.
-        self._subs: dict[str | None, list[Subscription]] = {}
-        self._count = 0
-        self._listeners: list[Callable[[Event], None]] = []
-        self.default_maxsize = default_maxsize
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolReturned(_EventBase):
+    """A tool call's result (a preview of it: the whole text is in the history)."""
 
-    def subscribe(self, session_id: str | None = None, names: Iterable[str] | None = None,
-                  maxsize: int | None = None) -> Subscription:
-        sub = Subscription(self, session_id, names, maxsize or self.default_maxsize)
-        self._subs.setdefault(session_id, []).append(sub)
-        self._count += 1
-        return sub
+    name: ClassVar[Literal["tool_result"]] = "tool_result"
+    call_id: str
+    tool: str
+    content: str
+    truncated: bool = False
+    is_error: bool = False
+    duration_ms: float = 0.0
+    gate: str | None = None  # the gate's decision, when the call passed one
+    result_data: Any = None  # structured output of the tool, when it has any
+    # "cancelled" or "error" for a call its stopped or failed turn left without a result.
+    status: Literal["complete", "cancelled", "error"] = "complete"
 
-    def add_listener(self, fn: Callable[[Event], None]) -> Callable[[], None]:
-        """A synchronous callback for every event; it must be cheap and never raise."""
-        self._listeners.append(fn)
-        return lambda: self._listeners.remove(fn) if fn in self._listeners else None
+    def body(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.call_id, "name": self.tool, "content": self.content,
+                             "truncated": self.truncated, "is_error": self.is_error,
+                             "duration_ms": self.duration_ms}
+        if self.gate:
+            d["gate"] = self.gate
+        if self.result_data is not None:
+            d["data"] = self.result_data
+        if self.status != "complete":
+            d["status"] = self.status
+        return d
 
-    def _remove(self, sub: Subscription) -> None:
-        subs = self._subs.get(sub.session_id)
-        if subs is not None and sub in subs:
-            subs.remove(sub)
-            self._count -= 1
-            if not subs:
-                del self._subs[sub.session_id]
 
-    def publish(self, name: str, session_id: str | None, data: dict[str, Any] | None = None,
-                turn_id: str | None = None) -> Event:
-        ev = Event(name, session_id, data or {}, turn_id)
-        for key in (session_id, None) if session_id is not None else (None,):
-            subs = self._subs.get(key)
-            if subs:
-                for sub in list(subs):
-                    if sub.names is None or name in sub.names:
-                        sub._offer(ev)
-        for fn in list(self._listeners):
-            fn(ev)
-        return ev
+@dataclass(frozen=True, slots=True)
+class GateInfo:
+    """The gate object of DESIGN.md, with its resolution once it has one."""
+
+    id: str
+    session_id: str
+    client_id: str
+    client_kind: str
+    tool: str
+    tool_type: str
+    args: Mapping[str, Any]
+    operation: str  # read | write
+    tables: tuple[str, ...]
+    summary: str
+    created_at: float
+    expires_at: float | None
+    # Set on a resolved gate:
+    decision: str | None = None  # approved | denied | timeout | cancelled
+    scope: str | None = None  # once | session
+    by: str | None = None
+    at: float | None = None
+    # Anything else the gate object carries on the wire (kept so a round trip loses nothing).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    _FIELDS: ClassVar[tuple[str, ...]] = (
+        "id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
+        "tables", "summary", "created_at", "expires_at")
+    _RESOLUTION: ClassVar[tuple[str, ...]] = ("decision", "scope", "by", "at")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GateInfo:
+        known = set(cls._FIELDS) | set(cls._RESOLUTION)
+        return cls(
+            id=str(d.get("id", "")), session_id=str(d.get("session_id", "")),
+            client_id=str(d.get("client_id", "")), client_kind=str(d.get("client_kind", "")),
+            tool=str(d.get("tool", "")), tool_type=str(d.get("tool_type", "")),
+            args=dict(d.get("args") or {}), operation=str(d.get("operation", "")),
+            tables=tuple(d.get("tables") or ()), summary=str(d.get("summary", "")),
+            created_at=float(d.get("created_at") or 0.0), expires_at=d.get("expires_at"),
+            decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
+            extra={k: v for k, v in d.items() if k not in known},
+        )
 
     @property
-    def subscriber_count(self) -> int:
-        return self._count
+    def resolved(self) -> bool:
+        return self.decision is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The gate object (plus its resolution keys once resolved), exactly as on the wire."""
+        d: dict[str, Any] = {
+            "id": self.id, "session_id": self.session_id, "client_id": self.client_id,
+            "client_kind": self.client_kind, "tool": self.tool, "tool_type": self.tool_type,
+            "args": self.args, "operation": self.operation, "tables": list(self.tables),
+            "summary": self.summary, "created_at": self.created_at, "expires_at": self.expires_at,
+        }
+        d.update(self.extra)
+        if self.decision is not None:
+            d.update(decision=self.decision, scope=self.scope, by=self.by, at=self.at)
+        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateOpened(_EventBase):
+    """A tool call waits for an operator's answer (from now until `GateResolved` for its id)."""
+
+    name: ClassVar[Literal["gate"]] = "gate"
+    gate: GateInfo
+
+    def body(self) -> dict[str, Any]:
+        return self.gate.to_dict()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateResolved(_EventBase):
+    """A gate was answered (approved, denied), timed out or was cancelled; `gate.decision` says."""
+
+    name: ClassVar[Literal["gate_resolved"]] = "gate_resolved"
+    gate: GateInfo
+
+    def body(self) -> dict[str, Any]:
+        return self.gate.to_dict()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice(_EventBase):
+    """Status text; or, with `command`, the output of that `!command` (`ok` false on a failure)."""
+
+    name: ClassVar[Literal["notice"]] = "notice"
+    text: str
+    command: str | None = None
+    ok: bool | None = None
+    # Transitional: the "waiting for approval" notice names its gate. Views are moving to derive
+    # that state from GateOpened / GateResolved; then this goes.
+    gate_id: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"text": self.text}
+        if self.command is not None:
+            d["command"] = self.command
+        if self.ok is not None:
+            d["ok"] = self.ok
+        if self.gate_id is not None:
+            d["gate_id"] = self.gate_id
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """What went wrong: a code clients may branch on and a message people read."""
+
+    code: str
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ErrorInfo:
+        return cls(str(d.get("code", "error")), str(d.get("message", "")))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorEvent(_EventBase):
+    """A failure: of the model, a tool's backend, the turn itself, or the reader's stream
+    (`slow_consumer`: the reader fell too far behind and its stream ends here)."""
+
+    name: ClassVar[Literal["error"]] = "error"
+    error: ErrorInfo
+
+    @property
+    def code(self) -> str:
+        return self.error.code
+
+    @property
+    def message(self) -> str:
+        return self.error.message
+
+    def body(self) -> dict[str, Any]:
+        return self.error.to_dict()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Done(_EventBase):
+    """The end of a turn, always: how it ended and its whole text."""
+
+    name: ClassVar[Literal["done"]] = "done"
+    text: str
+    status: Literal["complete", "cancelled", "error"]
+    model: str
+    # The message ran commands only (no model turn).
+    command: bool = False
+    error: ErrorInfo | None = None
+    # "length" when the answer was cut at the model's output limit.
+    finish_reason: str | None = None
+    # Why the engine ended the turn before the model was done: the text is not a whole answer.
+    ended: str | None = None
+    usage: TokenCounts | None = None
+
+    def body(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"text": self.text, "status": self.status, "model": self.model}
+        if self.command:
+            d["command"] = True
+        if self.error is not None:
+            d["error"] = self.error.to_dict()
+        if self.finish_reason:
+            d["finish_reason"] = self.finish_reason
+        if self.ended:
+            d["ended"] = self.ended
+        if self.usage is not None:
+            d["usage"] = self.usage.to_dict()
+        return d
+
+
+# ---- what views of many sessions draw besides a conversation -------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserPosted(_EventBase):
+    """A user message was committed (with `command`: a message of `!commands`)."""
+
+    name: ClassVar[Literal["user"]] = "user"
+    text: str
+    command: bool = False
+    model: str | None = None  # a one-turn `@model`
+
+    def body(self) -> dict[str, Any]:
+        if self.command:
+            return {"text": self.text, "command": True}
+        return {"text": self.text, "model": self.model}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted(_EventBase):
+    """A queued turn began to run."""
+
+    name: ClassVar[Literal["turn"]] = "turn"
+    model: str
+
+    def body(self) -> dict[str, Any]:
+        return {"status": "started", "model": self.model}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionChanged(_EventBase):
+    """A session was created, changed (title, model, state) or deleted. `session` is its record
+    as the API lists it; a deleted one's holds only `client_id` and `short_id`."""
+
+    name: ClassVar[Literal["session"]] = "session"
+    change: Literal["created", "updated", "deleted"]
+    session: Mapping[str, Any]
+
+    def body(self) -> dict[str, Any]:
+        return {"change": self.change, **self.session}
+
+
+@dataclass(frozen=True, slots=True)
+class RateInfo:
+    """One rate-limited tool type's use in one session."""
+
+    session_id: str
+    tool_type: str
+    used: int
+    limit: int
+    window_seconds: float
+    disabled: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "tool_type": self.tool_type, "used": self.used,
+                "limit": self.limit, "window_seconds": self.window_seconds, "disabled": self.disabled}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateChanged(_EventBase):
+    """A session's rate-limit use changed."""
+
+    name: ClassVar[Literal["rate"]] = "rate"
+    usage: tuple[RateInfo, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"usage": [u.to_dict() for u in self.usage]}
+
+
+Event = (Tok | Thinking | ToolCalled | ToolReturned | GateOpened | GateResolved | Notice | ErrorEvent
+         | Done | UserPosted | TurnStarted | SessionChanged | RateChanged)
+"""Every event the engine publishes."""
+
+EVENT_TYPES: dict[str, type[_EventBase]] = {
+    t.name: t for t in (Tok, Thinking, ToolCalled, ToolReturned, GateOpened, GateResolved, Notice,
+                        ErrorEvent, Done, UserPosted, TurnStarted, SessionChanged, RateChanged)
+}
+
+
+def error_event(session_id: str | None, code: str, message: str, turn_id: str | None = None) -> ErrorEvent:
+    return ErrorEvent(session_id=session_id, turn_id=turn_id, error=ErrorInfo(code, message))
+
+
+def is_slow_consumer(event: Event) -> bool:
+    """The event that ends a subscription whose reader fell too far behind."""
+    return isinstance(event, ErrorEvent) and event.code == "slow_consumer"
+
+
+def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None) -> Event:
+    """The typed event of a wire event (an SSE event's name and JSON body), as `payload()` wrote
+    it. Raises ValueError for a name that is no event of ours."""
+    p = dict(payload)
+    ids: dict[str, Any] = {"session_id": p.pop("session_id", None), "turn_id": p.pop("turn_id", None)}
+    if ts is not None:
+        ids["ts"] = ts
+    match name:
+        case "tok":
+            return Tok(text=str(p.get("text", "")), **ids)
+        case "thinking":
+            return Thinking(text=str(p.get("text", "")), **ids)
+        case "tool_call":
+            return ToolCalled(call_id=str(p.get("id", "")), tool=str(p.get("name", "")),
+                              arguments=dict(p.get("arguments") or {}), **ids)
+        case "tool_result":
+            return ToolReturned(call_id=str(p.get("id", "")), tool=str(p.get("name", "")),
+                                content=str(p.get("content", "")), truncated=bool(p.get("truncated")),
+                                is_error=bool(p.get("is_error")), duration_ms=float(p.get("duration_ms") or 0),
+                                gate=p.get("gate"), result_data=p.get("data"),
+                                status=p.get("status") or "complete", **ids)
+        case "gate":
+            return GateOpened(gate=GateInfo.from_dict({**p, "session_id": ids["session_id"]}), **ids)
+        case "gate_resolved":
+            return GateResolved(gate=GateInfo.from_dict({**p, "session_id": ids["session_id"]}), **ids)
+        case "notice":
+            return Notice(text=str(p.get("text", "")), command=p.get("command"), ok=p.get("ok"),
+                          gate_id=p.get("gate_id"), **ids)
+        case "error":
+            return ErrorEvent(error=ErrorInfo.from_dict(p), **ids)
+        case "done":
+            err, usage = p.get("error"), p.get("usage")
+            return Done(text=str(p.get("text", "")), status=p.get("status") or "complete",
+                        model=str(p.get("model", "")), command=bool(p.get("command")),
+                        error=ErrorInfo.from_dict(err) if isinstance(err, Mapping) else None,
+                        finish_reason=p.get("finish_reason"), ended=p.get("ended"),
+                        usage=TokenCounts(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
+                        if isinstance(usage, Mapping) else None, **ids)
+        case "user":
+            return UserPosted(text=str(p.get("text", "")), command=bool(p.get("command")),
+                              model=p.get("model"), **ids)
+        case "turn":
+            return TurnStarted(model=str(p.get("model", "")), **ids)
+        case "session":
+            change = p.pop("change", "updated")
+            return SessionChanged(change=change, session=p, **ids)
+        case "rate":
+            return RateChanged(usage=tuple(RateInfo(**u) for u in p.get("usage") or ()), **ids)
+    raise ValueError(f"unknown event {name!r}")

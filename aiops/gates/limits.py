@@ -34,6 +34,8 @@ def _default_rates() -> dict[str, RateRule]:
     return {
         "db": RateRule(calls=20, window_seconds=60),
         "search": RateRule(calls=5, window_seconds=10),
+        "extract": RateRule(calls=5, window_seconds=30),
+        "drive": RateRule(calls=10, window_seconds=60),
     }
 
 

@@ -68,6 +68,34 @@ def test_chat_runs_a_turn_with_a_tool_call(setup):
     assert "who are you?" in json.dumps(fake.requests[-1].json)
 
 
+def test_chat_dash_sends_what_stdin_holds(setup):
+    """`git log -1 | aiops chat -` sends the piped text, not a literal "-"."""
+    cfg, data, fake = setup
+    fake.script(Reply.text("a fine commit"))
+    r = subprocess.run([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "-"],
+                       input="review this commit:\nfix the frobnicator\n", capture_output=True, text=True,
+                       timeout=60, env=_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.rstrip().endswith("a fine commit")
+    sent = fake.requests[-1].json["messages"][-1]["content"]
+    assert "review this commit:\nfix the frobnicator" in sent
+    empty = subprocess.run([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "-"],
+                           input="  \n", capture_output=True, text=True, timeout=60, env=_env())
+    assert empty.returncode == 2 and "stdin was empty" in empty.stderr
+
+
+def test_chat_exit_status_is_1_for_every_command_that_could_not_do_what_it_was_asked(setup):
+    """A page past the last and a reset of a session that does not exist both fail alike."""
+    cfg, data, fake = setup
+    fake.script(Reply.text("hello"))
+    assert run_aiops(["chat", "hi"], cfg, data).returncode == 0
+    page = run_aiops(["chat", "!session page 2"], cfg, data)
+    assert page.returncode == 1 and "no page 2" in page.stdout + page.stderr
+    reset = run_aiops(["chat", "!reset"], cfg, data)
+    assert reset.returncode == 1 and "nothing to reset" in reset.stdout + reset.stderr
+    assert run_aiops(["chat", "!session"], cfg, data).returncode == 0
+
+
 def test_chat_with_a_failing_model_exits_non_zero_with_the_reason(setup):
     cfg, data, fake = setup
     fake.script(Reply.error(401, "invalid api key"))

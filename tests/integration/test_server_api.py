@@ -732,6 +732,9 @@ async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp
         await proc.wait()
     assert lines[-1]["text"] == "attached and watching" and lines[-1]["session_id"] == "api-watched"
     assert {line["event"] for line in lines} <= CONTRACT_EVENTS
+    # Attached before the session existed: said so at once, instead of a silent wait.
+    said = (await proc.stderr.read()).decode()  # type: ignore[union-attr]
+    assert "no session 'api-watched'" in said and "waiting for its first message" in said
 
 
 async def test_aiops_attach_failures_are_one_line_not_a_traceback(api_server_factory: ApiServerFactory,

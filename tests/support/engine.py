@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from aiops.config import Config, load_config, resolve_paths
+from aiops.engine.bus import Subscription
 from aiops.engine.engine import Engine
-from aiops.engine.events import Event, Subscription
+from aiops.engine.events import Event
 from aiops.engine.plugins import Plugin
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI

@@ -53,6 +53,22 @@ def test_config_check_exits_2_on_a_bad_base_url_without_a_traceback(tmp_path, ca
     assert err.startswith("aiops: ") and "models.local.base_url" in err and "Traceback" not in err
 
 
+def test_config_check_names_every_error_in_every_file_in_one_run(tmp_path, capsys):
+    """Fixing one file only to be told of the next, run after run, is what a newcomer met."""
+    cfg = tmp_path / "cfg"
+    write_models(cfg, "not a url")
+    (cfg / "gates.toml").write_text("[db\n")  # not TOML at all
+    (cfg / "aiops.toml").write_text("[server]\nport = 99999999\n")
+    (cfg / "plugins.toml").write_text('mysql = "on"\n')
+    assert main(["config", "check", "--config-dir", str(cfg), "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert "models.local.base_url" in err
+    assert f"{cfg / 'gates.toml'}: invalid TOML" in err
+    assert f"{cfg / 'aiops.toml'}: server.port" in err
+    assert f"{cfg / 'plugins.toml'}: mysql: expected a table" in err
+    assert "Traceback" not in err
+
+
 def test_good_base_urls_pass(tmp_path):
     for url in ("http://127.0.0.1:8080/v1", "https://api.x.ai/v1"):
         write_models(tmp_path / "cfg", url)

@@ -1,7 +1,7 @@
 """The event bus: fan-out, filtering, coalesced deltas, and a slow reader dropped without slowing
 the publisher."""
 
-from aiops.engine.events import EventBus
+from aiops.engine.bus import EventBus
 
 
 async def test_every_subscriber_gets_every_event_of_its_session():
@@ -59,3 +59,55 @@ async def test_payload_carries_session_and_turn():
     bus = EventBus()
     ev = bus.publish("tok", "s", {"text": "x"}, "turn_1")
     assert ev.payload() == {"text": "x", "session_id": "s", "turn_id": "turn_1"}
+
+
+def _every_kind() -> list:
+    import dataclasses
+
+    from aiops.engine import events as e
+
+    gate = e.GateInfo(id="g1", session_id="s", client_id="s", client_kind="api", tool="db_query",
+                      tool_type="db", args={"sql": "DELETE FROM t"}, operation="write", tables=("test.t",),
+                      summary="DELETE FROM t", created_at=1.0, expires_at=2.0)
+    ids = {"session_id": "s", "turn_id": "turn_1"}
+    return [
+        e.Tok(text="hi", **ids), e.Thinking(text="hmm", **ids),
+        e.ToolCalled(call_id="c1", tool="db_query", arguments={"sql": "SELECT 1"}, **ids),
+        e.ToolReturned(call_id="c1", tool="db_query", content="1", duration_ms=2.5, gate="approved",
+                       result_data={"rows": [[1]]}, status="cancelled", **ids),
+        e.GateOpened(gate=gate, **ids),
+        e.GateResolved(gate=dataclasses.replace(gate, decision="approved", scope="once", by="console", at=3.0),
+                       **ids),
+        e.Notice(text="!help output", command="!help", ok=True, **ids),
+        e.error_event("s", "model_error", "the model is down", "turn_1"),
+        e.Done(text="answer", status="error", model="local", error=e.ErrorInfo("model_error", "down"),
+               finish_reason="length", ended="too many tool calls",
+               usage=e.TokenCounts(3, 4), **ids),
+        e.Done(text="", status="complete", model="local", command=True, **ids),
+        e.UserPosted(text="hello", model="other", **ids), e.UserPosted(text="!help", command=True, **ids),
+        e.TurnStarted(model="local", **ids),
+        e.SessionChanged(change="updated", session={"client_id": "s", "short_id": 101, "title": "t"},
+                         session_id="s"),
+        e.RateChanged(usage=(e.RateInfo("s", "db", 1, 5, 10.0, False),), session_id="s"),
+    ]
+
+
+def test_every_event_reads_back_from_its_wire_form():
+    """What a remote view (an attached console, a swarm peer) rebuilds from the SSE stream is the
+    event that was sent: same type, same fields."""
+    from aiops.engine.events import from_wire
+
+    for sent in _every_kind():
+        got = from_wire(sent.name, sent.payload(), ts=sent.ts)
+        assert type(got) is type(sent)
+        assert got.payload() == sent.payload()
+        assert (got.session_id, got.turn_id) == (sent.session_id, sent.turn_id)
+
+
+def test_an_unknown_wire_event_is_refused_by_name():
+    import pytest
+
+    from aiops.engine.events import from_wire
+
+    with pytest.raises(ValueError, match="'bogus'"):
+        from_wire("bogus", {})

@@ -34,8 +34,8 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import BaseModel, ValidationError
 
 from aiops.config import Config
+from aiops.engine.bus import Subscription
 from aiops.engine.engine import Engine, EngineStopping
-from aiops.engine.events import Subscription
 from aiops.integrations.server.auth import (
     CLIENT,
     OPERATOR,

@@ -38,9 +38,9 @@ from aiohttp import web
 
 from aiops.config import Config, ModelConfig
 from aiops.engine import events as ev
+from aiops.engine.bus import Subscription
 from aiops.engine.commands import command_name
 from aiops.engine.engine import Engine, EngineError
-from aiops.engine.events import Subscription
 from aiops.engine.turn import Turn, TurnResult
 from aiops.engine.types import Message, Usage, new_id
 from aiops.gates.broker import waiting_notice
