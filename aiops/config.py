@@ -79,6 +79,14 @@ class ModelConfig(_Strict):
     top_p: float | None = None
     top_k: int | None = None
     max_tokens: int | None = Field(None, gt=0)
+    # A streamed answer that goes beyond these is cut off with an error and not kept as context:
+    # one line without a line break (bytes), and the whole answer (text, thinking and tool-call
+    # arguments, characters). A runaway or hostile server cannot fill memory or the store.
+    max_line_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    max_answer_chars: int = Field(1_000_000, gt=0)
+    # A 429 answer's Retry-After is waited for and the call retried while the waits of one call add
+    # up to at most this many seconds; 0 fails at the first 429.
+    rate_limit_retry_seconds: float = Field(60, ge=0)
     # A folder under <config dir>/system_prompt/ (copied from the shipped one on first use), or an
     # absolute path; "none" sends no system prompt.
     system_prompt_folder: str = "default"
@@ -210,6 +218,10 @@ class TokenConfig(_Strict):
 
 class AuthConfig(_Strict):
     tokens: dict[str, TokenConfig] = Field(default_factory=dict)
+    # Invalid tokens one address may present within the window before its requests with a token
+    # are answered 429 until the window clears; 0 turns the throttle off.
+    failed_auth_limit: int = Field(10, ge=0)
+    failed_auth_window_seconds: float = Field(60, gt=0)
 
     @field_validator("tokens")
     @classmethod

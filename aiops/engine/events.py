@@ -155,6 +155,8 @@ class GateInfo:
     summary: str
     created_at: float
     expires_at: float | None
+    # What approving it "for the session" would let through, in words (None: this call only).
+    session_grant: str | None = None
     # Set on a resolved gate:
     decision: str | None = None  # approved | denied | timeout | cancelled
     scope: str | None = None  # once | session
@@ -165,7 +167,7 @@ class GateInfo:
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
         "id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
-        "tables", "summary", "created_at", "expires_at")
+        "tables", "summary", "created_at", "expires_at", "session_grant")
     _RESOLUTION: ClassVar[tuple[str, ...]] = ("decision", "scope", "by", "at")
 
     @classmethod
@@ -178,7 +180,7 @@ class GateInfo:
             args=dict(d.get("args") or {}), operation=str(d.get("operation", "")),
             tables=tuple(d.get("tables") or ()), summary=str(d.get("summary", "")),
             created_at=float(d.get("created_at") or 0.0), expires_at=d.get("expires_at"),
-            decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
+            session_grant=d.get("session_grant"), decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
             extra={k: v for k, v in d.items() if k not in known},
         )
 
@@ -193,6 +195,7 @@ class GateInfo:
             "client_kind": self.client_kind, "tool": self.tool, "tool_type": self.tool_type,
             "args": self.args, "operation": self.operation, "tables": list(self.tables),
             "summary": self.summary, "created_at": self.created_at, "expires_at": self.expires_at,
+            "session_grant": self.session_grant,
         }
         d.update(self.extra)
         if self.decision is not None:

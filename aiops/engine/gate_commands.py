@@ -107,7 +107,8 @@ async def _gates(ctx: CommandContext, argv: list[str], raw: str) -> str:
     for gr in grants:
         gd = gr.to_dict()
         tables = ", ".join(gd.get("tables") or []) or "-"
-        lines.append(f"  {gd['id']}  {gd['session_id']:<18} {gd['tool']} {gd['operation']} on {tables}")
+        kinds = f" ({' + '.join(k.upper() for k in gd['kinds'])} only)" if gd.get("kinds") else ""
+        lines.append(f"  {gd['id']}  {gd['session_id']:<18} {gd['tool']} {gd['operation']}{kinds} on {tables}")
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from aiops.gates.broker import (
     summarize,
 )
 from aiops.gates.limits import LimitsConfig, RateLimiter
+from aiops.gates.redact import mask_sql_secrets
 from aiops.gates.rules import GatesConfig
 
 if TYPE_CHECKING:
@@ -153,7 +154,10 @@ class Gatekeeper:
                                      unknown_tables=cls.unknown_tables, reads_tables=cls.reads_tables)
         if decision == "allow":
             return GateOutcome(True)
-        summary = cls.summary or summarize(tool.name, cls.operation, list(cls.tables), args)
+        # What operators read and the audit log keeps: credentials in the SQL masked. The call
+        # itself runs with its own arguments, never with these.
+        args = _masked(args)
+        summary = mask_sql_secrets(cls.summary or summarize(tool.name, cls.operation, list(cls.tables), args))
         if decision == "deny":
             msg = (f"The gate policy denies {tool.name} {cls.operation}"
                    f"{' on ' + ', '.join(cls.tables) if cls.tables else ''}. Do not retry this call; "
@@ -172,9 +176,21 @@ class Gatekeeper:
             tool=tool.name, tool_type=tool.tool_type, args=args, operation=cls.operation,
             tables=list(cls.tables), summary=summary, turn_id=ctx.turn_id,
             wait_seconds=self.rules.wait_seconds(ctx.client_kind), grantable=self._grantable(tool, cls),
+            kinds=cls.kinds,
         )
         if resolution.decision == "approved":
             return GateOutcome(True, decision="approved")
         what = SimpleNamespace(tool=tool.name, operation=cls.operation,
                                tables=list(cls.tables) if tool.tool_type == "db" else [])
         return GateOutcome(False, denial_message(what, resolution), resolution.decision)  # type: ignore[arg-type]
+
+
+def _masked(value: Any) -> Any:
+    """`value` with credentials masked in every string it holds (SQL in any argument)."""
+    if isinstance(value, str):
+        return mask_sql_secrets(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value

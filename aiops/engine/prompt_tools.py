@@ -117,7 +117,7 @@ def register_prompt_tools(engine: CommandHost) -> None:
         operation="write", classify=_classify_edit))
     engine.commands.register(Command(
         "prompt", "!prompt [read REF|edit REF OP TEXT|create NAME DESC [--parent P]|reload]",
-        "the system-prompt tree: show, read, edit", _prompt_command))
+        "the system-prompt tree: show (everyone); read, edit, create, reload (operator)", _prompt_command))
 
 
 PROMPT_HELP = """\
@@ -142,6 +142,10 @@ async def _prompt_command(ctx: CommandContext, argv: list[str], raw: str) -> str
                         "a system prompt)")
             return engine.prompts.get(folder).render_tree(engine.tools.names())
         sub = argv[0]
+        if sub in ("read", "reload", "edit", "create") and not ctx.is_operator:
+            # Reading a section shows the operator's instructions word for word; reloading makes
+            # every session pick up files changed on disk. Clients see the tree of names only.
+            raise CommandError(f"not permitted: !prompt {sub} is an operator command")
         if sub == "read":
             return read_section(engine.prompts.get(folder), " ".join(argv[1:]), engine.tools.names())
         if sub == "reload":
@@ -149,8 +153,6 @@ async def _prompt_command(ctx: CommandContext, argv: list[str], raw: str) -> str
             tree = engine.prompts.get(folder)
             return f"reloaded: {len(tree.sections)} sections, {len(tree.errors)} errors"
         if sub in ("edit", "create"):
-            if not ctx.is_operator:
-                return "not permitted: !prompt edit is an operator command"
             return await _edit(ctx, folder, sub, raw)
         if sub == "help":
             return PROMPT_HELP

@@ -36,6 +36,9 @@ class Classification:
     # A write that also reads the tables it names (`INSERT INTO t SELECT * FROM secret`): each
     # table's read rule applies as well as its write rule.
     reads_tables: bool = False
+    # What the call does beyond read/write, e.g. the SQL statement kinds ("insert", "delete"): a
+    # session approval covers later calls of the same kinds only (INSERT is no licence to DELETE).
+    kinds: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

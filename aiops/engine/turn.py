@@ -192,6 +192,10 @@ class TurnHost(ToolHost, Protocol):
         ...
 
 
+class TurnTimeLimit(Exception):
+    """The turn reached `max_turn_seconds`; the message says so, for the `error` event."""
+
+
 class TurnRunner:
     def __init__(self, engine: TurnHost, live: LiveSession, turn: Turn) -> None:
         self.engine = engine
@@ -259,7 +263,7 @@ class TurnRunner:
         try:
             if t.stop_requested:
                 raise asyncio.CancelledError  # stopped before it began: ends as any stopped turn
-            await self._loop()
+            await self._loop_within_time_limit()
             # A reply cut at the model's output limit says so: chat clients show it as cut off.
             result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage,
                                 finish_reason="length" if self._finish == "length" else None,
@@ -269,7 +273,11 @@ class TurnRunner:
             if cur is not None:
                 cur.uncancel()
             result = await self._settle(self._on_cancel())
+        except TurnTimeLimit as e:
+            result = await self._settle(self._on_error("turn_time_limit", str(e)))
         except ModelError as e:
+            if e.discard_partial:  # a runaway answer is never kept as context
+                self._text_parts, self._thinking_parts = [], []
             result = await self._settle(self._on_error("model_error", str(e)))
         except Exception as e:  # noqa: BLE001 - a bug in one turn must not kill the session
             log.exception("turn %s failed", t.id)
@@ -280,6 +288,21 @@ class TurnRunner:
         self.live.state = "idle"
         self.engine.session_changed(self.live)
         return result
+
+    async def _loop_within_time_limit(self) -> None:
+        """The turn's loop, ended by TurnTimeLimit after `max_turn_seconds` (limits.toml)."""
+        seconds = self.engine.limits.max_turn_seconds
+        if not seconds:
+            await self._loop()
+            return
+        try:
+            async with asyncio.timeout(seconds) as deadline:
+                await self._loop()
+        except TimeoutError:
+            if deadline.expired():
+                raise TurnTimeLimit(f"the turn ran for {seconds:g} s, its limit (max_turn_seconds in "
+                                    f"limits.toml), and was ended") from None
+            raise
 
     async def _settle(self, record: Coroutine[Any, Any, TurnResult]) -> TurnResult:
         """Record how the turn ended. A second stop (or a shutdown) meanwhile must not cut that

@@ -12,6 +12,11 @@ Session grants ("approve for this session") live in memory only. Losing them on 
 direction: the operator is simply asked again. A call that passes by a grant is still recorded
 ("granted", naming the grant), so the audit log shows every call a gate let through.
 
+A grant covers the same tool, operation, tables and kinds of statement: approving `INSERT INTO t`
+for the session lets later INSERTs into t through, never a `DELETE FROM t` or a `DROP TABLE t`.
+The gate object's `session_grant` says in words what a "session" answer would let through (None:
+it would approve this call only).
+
 Only calls fully described by their tool, operation and tables may create or use a grant. A SQL
 statement that names no table, or acts beyond its tables (a file, a variable, a routine, the
 server), is not `grantable`: approving `SET @x = 1` for the session must not let `RENAME TABLE`
@@ -107,9 +112,18 @@ class Gate:
     grantable: bool = True
     # Set when the call passed by a session grant instead of asking (never announced).
     grant: Grant | None = None
+    # The statement kinds of a db call ("insert", "delete"); part of what a grant covers.
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def session_grant(self) -> str | None:
+        """What approving for the session lets through from then on, or None (this call only)."""
+        if not self.grantable:
+            return None
+        return grant_scope(self.tool, self.operation, self.tables, self.kinds) + " pass without asking"
 
     def to_dict(self) -> dict[str, Any]:
-        """The DESIGN.md gate object, exactly."""
+        """The DESIGN.md gate object, plus `session_grant`."""
         return {
             "id": self.id,
             "session_id": self.session_id,
@@ -123,6 +137,7 @@ class Gate:
             "summary": self.summary,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
+            "session_grant": self.session_grant,
         }
 
     def resolved_dict(self) -> dict[str, Any]:
@@ -144,15 +159,19 @@ class Grant:
     gate_id: str
     by: str
     created_at: float
+    kinds: frozenset[str] = frozenset()
 
-    def matches(self, session_id: str, tool: str, operation: str, tables: frozenset[str]) -> bool:
-        return (self.session_id == session_id and self.tool == tool and self.operation == operation
-                and self.tables == tables)
+    def covers(self, gate: Gate) -> bool:
+        """Whether this grant lets `gate`'s call through: same session, tool, operation, exactly
+        the same tables and exactly the same statement kinds."""
+        return (gate.grantable and self.session_id == gate.session_id and self.tool == gate.tool
+                and self.operation == gate.operation and self.tables == _table_key(gate.tables)
+                and self.kinds == frozenset(gate.kinds))
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "session_id": self.session_id, "tool": self.tool,
-                "operation": self.operation, "tables": sorted(self.tables), "gate_id": self.gate_id,
-                "by": self.by, "created_at": self.created_at}
+                "operation": self.operation, "tables": sorted(self.tables), "kinds": sorted(self.kinds),
+                "gate_id": self.gate_id, "by": self.by, "created_at": self.created_at}
 
 
 @dataclass(slots=True)
@@ -203,6 +222,7 @@ class GateBroker:
         turn_id: str | None,
         wait_seconds: float | None,
         grantable: bool = True,
+        kinds: Sequence[str] = (),
     ) -> Resolution:
         """Ask an operator; return the one resolution (approved, denied, timeout or cancelled).
 
@@ -220,7 +240,7 @@ class GateBroker:
             tool=tool, tool_type=tool_type, args=dict(args), operation=operation,
             tables=gate_tables, summary=summary, created_at=now,
             expires_at=now + timeout if timeout is not None else None, turn_id=turn_id,
-            grantable=grantable,
+            grantable=grantable, kinds=tuple(sorted(set(kinds))),
         )
         grant = self._matching_grant(gate) if grantable else None
         if grant is not None:
@@ -297,9 +317,7 @@ class GateBroker:
         self._settle(entry, resolution)
         if final_scope == "session":
             grant = self._add_grant(entry.gate, by)
-            covered = [e for e in self._pending.values() if e.visible and e.gate.grantable
-                       and grant.matches(e.gate.session_id, e.gate.tool, e.gate.operation,
-                                         _table_key(e.gate.tables))]
+            covered = [e for e in self._pending.values() if e.visible and grant.covers(e.gate)]
             for other in covered:
                 other.gate.grant = grant
                 self._settle(other, Resolution("approved", "session", "session-grant", resolution.at))
@@ -353,11 +371,7 @@ class GateBroker:
     def _matching_grant(self, gate: Gate) -> Grant | None:
         if not gate.grantable:
             return None
-        key = _table_key(gate.tables)
-        for grant in self._grants.values():
-            if grant.matches(gate.session_id, gate.tool, gate.operation, key):
-                return grant
-        return None
+        return next((grant for grant in self._grants.values() if grant.covers(gate)), None)
 
     def _add_grant(self, gate: Gate, by: str) -> Grant:
         if not gate.grantable:
@@ -368,7 +382,7 @@ class GateBroker:
         key = _table_key(gate.tables)
         grant = Grant(id=_new_id("gr"), session_id=gate.session_id, tool=gate.tool,
                       operation=gate.operation, tables=key, gate_id=gate.id, by=by,
-                      created_at=self._clock())
+                      created_at=self._clock(), kinds=frozenset(gate.kinds))
         self._grants[grant.id] = grant
         return grant
 
@@ -452,6 +466,16 @@ def _args_text(args: Mapping[str, Any]) -> str:
         return json.dumps(dict(args), ensure_ascii=False, default=str, separators=(", ", ": "))
     except (TypeError, ValueError):
         return repr(dict(args))
+
+
+def grant_scope(tool: str, operation: str, tables: Sequence[str], kinds: Sequence[str] = ()) -> str:
+    """The calls a session grant covers, in words: "later db_query calls of this session that run
+    only INSERT on exactly shop.orders", "later ddgs_search read calls of this session"."""
+    on = f" on exactly {', '.join(tables)}" if tables else ""
+    if kinds:
+        what = " + ".join(k.upper() for k in sorted(kinds))
+        return f"later {tool} calls of this session that run only {what}{on or ' on no table'}"
+    return f"later {tool} {operation} calls of this session{on}"
 
 
 def _head(tool: str, operation: str, tables: Sequence[str]) -> str:

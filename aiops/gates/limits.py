@@ -47,10 +47,15 @@ class LimitsConfig(_Strict):
 
     max_tool_iterations: int = Field(10, gt=0)
     max_agent_call_depth: int = Field(1, ge=0)
+    # Wall-clock seconds one turn may take in all (model calls, tools, gates); 0: no limit. A model
+    # answering a token every few seconds never trips its model's timeout, which counts silence.
+    max_turn_seconds: float = Field(1800, ge=0)
     rate: dict[str, RateRule] = Field(default_factory=_default_rates)
 
     def to_toml_dict(self) -> dict[str, Any]:
         data = self.model_dump(mode="python")
+        if float(data["max_turn_seconds"]).is_integer():
+            data["max_turn_seconds"] = int(data["max_turn_seconds"])
         for rule in data["rate"].values():
             w = rule["window_seconds"]
             rule["window_seconds"] = int(w) if float(w).is_integer() else w

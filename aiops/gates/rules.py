@@ -67,12 +67,24 @@ class UnknownTableRules(DefaultRules):
     write: Decision = "ask"
 
 
+# The server's own schemas and tables that expose accounts, secrets or other connections' activity:
+# nothing the model needs, and connected as root it could read them. `mysql.*` holds the accounts
+# and their password hashes (MySQL's mysql.user, MariaDB's mysql.global_priv), the general and
+# slow query logs and FEDERATED server passwords; `mysql.binlog` is how SHOW BINLOG/RELAYLOG
+# EVENTS are named. performance_schema and sys hold every connection's statements; the
+# information_schema tables below show other connections' running SQL and per-user statistics.
+INTERNAL_DENIES: tuple[str, ...] = (
+    "mysql.*", "mysql.user", "mysql.global_priv", "performance_schema.*", "sys.*",
+    "information_schema.processlist", "information_schema.innodb_trx",
+    "information_schema.user_statistics", "information_schema.client_statistics",
+    "information_schema.query_cache_info",
+)
+
+
 def _default_tables() -> dict[str, OperationRules]:
-    # The server's accounts and their password hashes (MySQL's mysql.user, MariaDB's
-    # mysql.global_priv) are nothing the model needs, and connected as root it could read them.
-    return {"*": OperationRules(read="allow", write="ask"),
-            "mysql.user": OperationRules(read="deny", write="deny"),
-            "mysql.global_priv": OperationRules(read="deny", write="deny")}
+    tables = {"*": OperationRules(read="allow", write="ask")}
+    tables.update({name: OperationRules(read="deny", write="deny") for name in INTERNAL_DENIES})
+    return tables
 
 
 class DbRules(_Strict):
@@ -173,7 +185,10 @@ class GatesConfig(_Strict):
         name = normalize_table(table)
         candidates = [name]
         if "." in name:
-            candidates.append(name.rsplit(".", 1)[1])
+            schema, bare = name.rsplit(".", 1)
+            # `mysql.*` (every table of a database) before a bare `user` rule meant for one's own
+            # tables: a rule written for a whole internal schema must not be loosened by it.
+            candidates += [f"{schema}.*", bare]
         candidates.append("*")
         for key in candidates:
             rule = index.get(key)
@@ -185,8 +200,12 @@ class GatesConfig(_Strict):
     def _decide_db(self, operation: Operation, tables: Sequence[str], unknown_tables: bool) -> Decision:
         index = self._table_index()
         decisions: list[Decision] = [self._decide_table(index, t, operation) for t in tables]
-        if unknown_tables or not tables:
+        if unknown_tables:
             decisions.append(self.db.unknown.get(operation))
+        elif not tables:
+            # Known to touch no table (`SELECT 1`, `USE shop`): the rule for every table decides,
+            # so an operator who asks for every read is asked for these too.
+            decisions.append(self._decide_table(index, "*", operation))
         return strictest(decisions)
 
     def wait_seconds(self, client_kind: str) -> float | None:

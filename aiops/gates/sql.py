@@ -72,6 +72,24 @@ Operation = Literal["read", "write"]
 
 log = logging.getLogger(__name__)
 
+
+class _WithoutStatement(logging.Filter):
+    """sqlglot logs the statement it could not fully parse (`'…' contains unsupported syntax`).
+    That statement is the model's text: a newline in it forges a line of aiops.log, and a CREATE
+    USER in it carries a password. Its records keep their level and lose the SQL."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # Its messages are f-strings with the SQL inside: only the gist can be kept.
+        gist = ("a statement used syntax it does not support" if "unsupported syntax" in str(record.msg)
+                else "a problem with a statement")
+        record.msg = f"sqlglot reported {gist} (the statement is not logged)"
+        record.args = ()
+        return True
+
+
+if not any(isinstance(f, _WithoutStatement) for f in logging.getLogger("sqlglot").filters):
+    logging.getLogger("sqlglot").addFilter(_WithoutStatement())
+
 _DIALECT = Dialect.get_or_raise("mysql")
 
 # MySQL runs `/*! ... */` (and `/*!50001 ... */`); MariaDB also runs `/*M! ... */`.
@@ -92,11 +110,19 @@ class StatementClass:
     # A write that reads (some of) the tables it names: `INSERT INTO t SELECT * FROM secret`,
     # `UPDATE t ... WHERE`. False only for writes known to read none (`INSERT ... VALUES`).
     reads: bool = True
+    # Known to touch no table at all (`SELECT 1`, `SELECT NOW()`, `USE shop`, `SHOW WARNINGS`):
+    # its empty table list tells the whole story, so the `*` rule decides rather than [db.unknown].
+    tableless: bool = False
+    # The statement may change the database that bare table names in later statements of the same
+    # call resolve to: `USE shop` (then `database` is "shop"), or dynamic SQL and executable
+    # comments that could hide a USE (then `database` is None: not known).
+    switches_database: bool = False
+    database: str | None = None
 
     @property
     def unknown(self) -> bool:
         """True when the table list does not tell the whole story (-> the gate's unknown rule)."""
-        return not self.tables or self.beyond_tables
+        return self.beyond_tables or (not self.tables and not self.tableless)
 
 
 @dataclass(frozen=True)
@@ -199,6 +225,9 @@ class _Verdict:
     tables: tuple[str, ...] = ()
     beyond_tables: bool = False
     reads: bool = True  # see StatementClass.reads
+    tableless: bool = False  # see StatementClass.tableless
+    switches_database: bool = False  # see StatementClass.switches_database
+    database: str | None = None
 
 
 _WRITE: Operation = "write"
@@ -212,7 +241,6 @@ _OPAQUE_KINDS: dict[str, str] = {
     "LOCK": "lock",
     "UNLOCK": "lock",
     "HANDLER": "handler",
-    "USE": "use",
     "BEGIN": "transaction",
     "COMMIT": "transaction",
     "ROLLBACK": "transaction",
@@ -302,6 +330,10 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
         verdict = _classify_tokens(sql, chunk.tokens, _as_mysql_lexes(chunk.text))
         if _EXECUTABLE_COMMENT.search(chunk.text) or _has_mode_dependent_string(sql, chunk.tokens):
             verdict = replace(verdict, operation=_WRITE, beyond_tables=True)
+    if verdict.kind in _MAY_SWITCH_DATABASE or _EXECUTABLE_COMMENT.search(chunk.text):
+        # MariaDB runs `EXECUTE IMMEDIATE 'USE mysql'`, and an executable comment can hide a USE:
+        # after such a statement the database that bare names mean is not known.
+        verdict = replace(verdict, switches_database=True, database=None)
     return StatementClass(
         sql=text,
         kind=verdict.kind,
@@ -309,7 +341,15 @@ def _classify_chunk(sql: str, chunk: _Chunk) -> StatementClass:
         tables=verdict.tables,
         beyond_tables=verdict.beyond_tables,
         reads=verdict.reads,
+        tableless=verdict.tableless,
+        switches_database=verdict.switches_database,
+        database=verdict.database,
     )
+
+
+# Kinds of statement that may run a USE the classifier cannot see: dynamic SQL, and statements of no
+# known kind. (A query sqlglot cannot parse is still a query: it selects no database.)
+_MAY_SWITCH_DATABASE = frozenset({"prepare", "unknown"})
 
 
 def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
@@ -319,9 +359,17 @@ def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
     if keyword == "START":
         is_transaction = len(tokens) > 1 and tokens[1].text.upper() == "TRANSACTION"
         return _Verdict("transaction" if is_transaction else "admin", _WRITE)
+    if keyword == "USE":
+        return _classify_use(text)
+    if keyword == "SHOW":
+        return _classify_show(text)
     if keyword not in _PARSED_KINDS:
         kind = _OPAQUE_KINDS.get(keyword, "unknown")
-        return _Verdict(kind, _WRITE, _opaque_tables(text), beyond_tables=True)
+        # A qualified name anywhere in it is most likely a table it reads
+        # (`SET @h = (SELECT authentication_string FROM mysql.user)`): naming it can only make
+        # the decision stricter, so a table's deny is not turned into a question by wrapping.
+        tables = set(_opaque_tables(text)) | {n for n in _every_name(text) if "." in n}
+        return _Verdict(kind, _WRITE, tuple(sorted(tables)), beyond_tables=True)
 
     outfile = _strip_into_file(tokens)
     if outfile is not None:
@@ -370,6 +418,120 @@ _EXPRESSION_STARTS = frozenset({"SET", "VALUES", "VALUE", "SELECT", "WHERE", "ON
 def _dml_expressions(tokens: Sequence[Token]) -> Sequence[Token]:
     start = next((i for i, t in enumerate(tokens) if t.text.upper() in _EXPRESSION_STARTS), len(tokens))
     return tokens[start:]
+
+
+# --------------------------------------------------------------------------------------------
+# USE and SHOW
+
+
+def _classify_use(text: str) -> _Verdict:
+    """`USE db` touches no table; it changes what bare names in later statements mean. A target
+    that cannot be read leaves the database in effect unknown (and the statement a write)."""
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - unreadable: the database in effect is unknown
+        tokens = []
+    if len(tokens) == 2 and _is_name(tokens[1]):
+        return _Verdict("use", "read", tableless=True, switches_database=True, database=tokens[1].text.lower())
+    return _Verdict("use", _WRITE, beyond_tables=True, switches_database=True)
+
+
+# The account tables: MariaDB's mysql.global_priv (mysql.user is a view of it), MySQL's mysql.user.
+ACCOUNT_TABLES = ("mysql.global_priv", "mysql.user")
+# What other connections are running, and the statements they ran.
+ACTIVITY_TABLES = ("information_schema.processlist",)
+# Where SHOW forms that read the server's state rather than a table look, named as the table that
+# holds the same facts (or, for the binary and relay logs, which no table holds, `mysql.binlog`),
+# so the table rules decide them: `SHOW GRANTS` is a read of the account tables and meets their
+# deny. Keys are the words after SHOW (and after FULL/GLOBAL/SESSION/...); the longest key wins.
+_SHOW_READS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("GRANTS",): ACCOUNT_TABLES,
+    ("CREATE", "USER"): ACCOUNT_TABLES,
+    ("CREATE", "ROLE"): ACCOUNT_TABLES,
+    ("PROCESSLIST",): ACTIVITY_TABLES,
+    ("EXPLAIN",): ACTIVITY_TABLES,  # SHOW EXPLAIN FOR <thread>: another connection's statement
+    ("ANALYZE",): ACTIVITY_TABLES,
+    # SHOW ENGINE ... STATUS/MUTEX: engine internals, with other connections' transactions and SQL.
+    ("ENGINE",): ("information_schema.innodb_trx",),
+    ("USER_STATISTICS",): ("information_schema.user_statistics",),
+    ("CLIENT_STATISTICS",): ("information_schema.client_statistics",),
+    ("INDEX_STATISTICS",): ("information_schema.index_statistics",),
+    ("TABLE_STATISTICS",): ("information_schema.table_statistics",),
+    ("BINLOG", "EVENTS"): ("mysql.binlog",),
+    ("RELAYLOG", "EVENTS"): ("mysql.binlog",),
+    ("TABLES",): ("information_schema.tables",),
+    ("TABLE", "STATUS"): ("information_schema.tables",),
+    ("OPEN", "TABLES"): ("information_schema.tables",),
+    ("DATABASES",): ("information_schema.schemata",),
+    ("SCHEMAS",): ("information_schema.schemata",),
+    ("CREATE", "DATABASE"): ("information_schema.schemata",),
+    ("CREATE", "SCHEMA"): ("information_schema.schemata",),
+    ("TRIGGERS",): ("information_schema.triggers",),
+    ("CREATE", "TRIGGER"): ("information_schema.triggers",),
+    ("EVENTS",): ("information_schema.events",),
+    ("CREATE", "EVENT"): ("information_schema.events",),
+    ("PROCEDURE",): ("information_schema.routines",),  # STATUS, CODE
+    ("FUNCTION",): ("information_schema.routines",),
+    ("PACKAGE",): ("information_schema.routines",),
+    ("CREATE", "PROCEDURE"): ("information_schema.routines",),
+    ("CREATE", "FUNCTION"): ("information_schema.routines",),
+    ("CREATE", "PACKAGE"): ("information_schema.routines",),
+    ("VARIABLES",): ("information_schema.global_variables",),
+    ("STATUS",): ("information_schema.global_status",),
+    ("CHARACTER", "SET"): ("information_schema.character_sets",),
+    ("CHARSET",): ("information_schema.character_sets",),
+    ("COLLATION",): ("information_schema.collations",),
+    ("ENGINES",): ("information_schema.engines",),
+    ("STORAGE", "ENGINES"): ("information_schema.engines",),
+    ("PLUGINS",): ("information_schema.plugins",),
+    ("PROFILE",): ("information_schema.profiling",),
+    ("PROFILES",): ("information_schema.profiling",),
+    ("QUERY_RESPONSE_TIME",): ("information_schema.query_response_time",),
+}
+# SHOW forms that read a table named in the statement (sqlglot reads which).
+_SHOW_OF_A_TABLE = frozenset({("COLUMNS",), ("FIELDS",), ("INDEX",), ("INDEXES",), ("KEYS",),
+                              ("CREATE", "TABLE"), ("CREATE", "VIEW"), ("CREATE", "SEQUENCE")})
+# SHOW forms about this connection alone, or about no data at all.
+_SHOW_NOTHING = frozenset({("WARNINGS",), ("ERRORS",), ("COUNT",), ("PRIVILEGES",), ("AUTHORS",),
+                           ("CONTRIBUTORS",), ("LOCALES",), ("MASTER", "STATUS"), ("BINLOG", "STATUS"),
+                           ("BINARY", "LOGS"), ("MASTER", "LOGS")})
+_SHOW_MODIFIERS = frozenset({"FULL", "GLOBAL", "SESSION", "LOCAL", "EXTENDED"})
+
+
+def _classify_show(text: str) -> _Verdict:
+    """Every SHOW is read-only; what it reads is named from its form. A form not known here reads
+    something beyond any table (the unknown rule); a SHOW that runs a query or calls a function
+    in its WHERE is classified the way that query would be."""
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - the server judges it; for us it is unknown
+        return _Verdict("show", "read", _every_name(text), beyond_tables=True)
+    words = [t.text.upper() if t.token_type not in (TokenType.STRING, TokenType.IDENTIFIER) else ""
+             for t in tokens]
+    index = 1
+    while index < len(words) and words[index] in _SHOW_MODIFIERS:
+        index += 1
+    form = tuple(words[index:index + 2])
+    tables: tuple[str, ...] = ()
+    tableless = beyond = False
+    if form in _SHOW_READS or form[:1] in _SHOW_READS:
+        tables = _SHOW_READS.get(form) or _SHOW_READS[form[:1]]
+    elif form in _SHOW_OF_A_TABLE or form[:1] in _SHOW_OF_A_TABLE:
+        node = _parse(_tokenize(text), text)
+        named = _show_tables(node) if isinstance(node, exp.Show) else ()
+        tables, beyond = (named, False) if named else ((), True)
+    elif form in _SHOW_NOTHING or form[:1] in _SHOW_NOTHING:
+        tableless = True
+    else:
+        beyond = True  # SLAVE STATUS, WSREP_*, a form of a later release: ask
+    if "SELECT" in words:
+        # `SHOW TABLES WHERE (SELECT ... FROM mysql.user) ...`: a query in its filter reads too.
+        tables = tuple(sorted(set(tables) | set(_every_name(text))))
+        tableless, beyond = False, True
+    verdict = _Verdict("show", "read", tuple(tables), beyond, tableless=tableless)
+    if _calls_unsafe_function(tokens, frozenset()):
+        verdict = replace(verdict, operation=_WRITE, beyond_tables=True, tableless=False)
+    return verdict
 
 
 # --------------------------------------------------------------------------------------------
@@ -622,10 +784,8 @@ def _classify_node(node: exp.Expr) -> _Verdict:
         query = query.this
     if isinstance(query, _READ_QUERIES):
         return _classify_query(node)
-    if isinstance(node, exp.Show):
+    if isinstance(node, exp.Show):  # (SHOW statements are classified by _classify_show)
         return _Verdict("show", "read", _show_tables(node))
-    if isinstance(node, exp.Command) and str(node.this).upper() == "SHOW":
-        return _Verdict("show", "read")  # every SHOW the server accepts is read-only
     if isinstance(node, exp.Describe):
         return _classify_describe(node)
     tables, beyond = _tables(node)
@@ -658,7 +818,9 @@ def _classify_query(node: exp.Expr) -> _Verdict:
         return _Verdict("unknown", _WRITE, tables, True)
     if any(n is not node for n in node.find_all(*_STATEMENT_NODES)):
         return _Verdict("select", _WRITE, tables, True)
-    return _Verdict("select", "read", tables, beyond)
+    # `SELECT 1`, `SELECT NOW()`: a query that names no table reads none (a stored function,
+    # which could, makes it a write beyond tables later on).
+    return _Verdict("select", "read", tables, beyond, tableless=not tables and not beyond)
 
 
 def _classify_describe(node: exp.Describe) -> _Verdict:

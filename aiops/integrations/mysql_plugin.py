@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from aiops.engine.commands import Command, CommandContext, CommandError
 from aiops.engine.plugins import Plugin, PluginAPI, PluginUnavailable
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
+from aiops.gates.redact import mask_sql_secrets
 from aiops.gates.sql import SqlClassification, classify_sql
 from aiops.integrations.mysql import DatabaseError, MySQLRunner, MySQLSettings, QueryResult
 
@@ -38,32 +39,49 @@ class DbQueryArgs(BaseModel):
 
 
 def gate_tables(c: SqlClassification, database: str) -> tuple[str, ...]:
-    """The classification's tables, bare names qualified with the configured database.
+    """The classification's tables, bare names qualified with the database in effect where each
+    statement runs: the configured one (the runner starts every call there), or the one a `USE`
+    earlier in the same call selected. `USE mysql; SELECT * FROM global_priv` reads
+    `mysql.global_priv`, and that is the name the table rules must meet.
 
-    The runner starts every call in `database`, so `DELETE FROM users` acts on `test.users`; a rule
-    written for either `users` or `test.users` must apply to it. After a `USE` in the same SQL a bare
-    name may mean another database, so the names are left as written (the USE statement puts the
-    call under the unknown rule anyway).
+    Raises ValueError when a statement names a bare table after one that may have switched the
+    database in a way that cannot be read (`EXECUTE IMMEDIATE 'USE …'`, an executable comment):
+    which table it means is then unknown, and guessing could miss a deny.
     """
-    if not database or any(s.kind == "use" for s in c.statements):
-        return c.tables
-    prefix = database.lower() + "."
-    return tuple(sorted({t if "." in t else prefix + t for t in c.tables}))
+    current = database.lower() or None
+    known = True
+    names: set[str] = set()
+    for index, statement in enumerate(c.statements, 1):
+        for table in statement.tables:
+            if "." in table:
+                names.add(table)
+            elif not known:
+                raise ValueError(
+                    f"statement {index} names the table {table!r} after a statement that may change the "
+                    f"database in effect in a way aiops cannot read; name it with its database "
+                    f"(db.{table}) or run it in a separate call")
+            else:
+                names.add(f"{current}.{table}" if current else table)
+        if statement.switches_database:
+            current, known = statement.database, statement.database is not None
+    return tuple(sorted(names))
 
 
 def make_classifier(database: str) -> Callable[[DbQueryArgs], Classification]:
     def classify(args: DbQueryArgs) -> Classification:
         c = classify_sql(args.sql)
         tables = gate_tables(c, database)
-        sql_line = " ".join(args.sql.split())
+        sql_line = " ".join(mask_sql_secrets(args.sql).split())
         if len(sql_line) > 160:
             sql_line = sql_line[:159] + "…"
         named = ", ".join(tables) if tables else "no named table"
         # Whether a session approval may cover it is the gatekeeper's rule for every db tool.
         reads = " (and reads them)" if c.write_reads and tables else ""
+        # A session approval covers the same statement kinds only: INSERT is no licence to DELETE.
+        kinds = tuple(sorted({s.kind for s in c.statements}))
         return Classification(c.operation, tables, c.unknown,
                               summary=f"db_query {c.operation} on {named}{reads}: {sql_line}",
-                              reads_tables=c.write_reads)
+                              reads_tables=c.write_reads, kinds=kinds)
 
     return classify
 
@@ -121,10 +139,15 @@ class MySQLPlugin(Plugin):
                 c = classify_sql(raw)
             except ValueError as e:
                 raise CommandError(str(e)) from None
+            try:
+                tables = list(gate_tables(c, params.database))
+            except ValueError:
+                tables = list(c.tables)  # the operator's own SQL: audited as written
+            # The audit log keeps the statement with its credentials masked.
             await ctx.engine.store.add_audit(
                 "operator_db", session_id=ctx.session_id, tool="db_query", operation=c.operation,
                 decision="approved", actor=f"operator:{ctx.client_kind}",
-                data={"sql": raw, "tables": list(gate_tables(c, params.database))})
+                data={"sql": mask_sql_secrets(raw), "tables": tables})
             head = f"[{c.summary()}]"
             assert self.runner is not None
             try:

@@ -113,6 +113,12 @@ class Reply:
     write_bytes: int | None = None  # send each SSE frame in writes of this many bytes, as a slow
     # network splits it (a CRLF pair or a UTF-8 character can land in two reads)
     one_write: bool = False  # send the whole stream in one write, as a fast server's burst arrives
+    write_pause: float = 0.002  # seconds between the writes of write_bytes (0: as fast as the socket)
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (an error's Retry-After)
+    # OpenAI: stream the answer as one `data:` line of this many bytes of text, written in pieces of
+    # write_bytes (default 8 KiB) made as they are sent, so the fake itself never holds the
+    # interpreter for long (it shares the process with the server under test).
+    long_line_bytes: int | None = None
 
     # -- builders --
 
@@ -535,7 +541,7 @@ class FakeServer:
                 continue
             for start in range(0, len(frame), reply.write_bytes):
                 await resp.write(frame[start:start + reply.write_bytes])
-                await self._pause(request, 0.002, resp)  # so the pieces arrive as separate reads
+                await self._pause(request, reply.write_pause, resp)  # so the pieces arrive as separate reads
         await resp.write_eof()
         return resp
 
@@ -650,7 +656,7 @@ class FakeOpenAI(FakeServer):
         etype, ecode = _OPENAI_ERRORS.get(reply.status, ("server_error", None))
         payload = {"error": {"message": reply.error_message, "type": reply.error_type or etype,
                              "param": None, "code": reply.error_code or ecode}}
-        return web.json_response(payload, status=reply.status)
+        return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 
     # -- rendering --
 
@@ -668,6 +674,10 @@ class FakeOpenAI(FakeServer):
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion,
                 "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+    async def _send_long_line(self, request: web.Request, reply: Reply, first: bytes, cid: str, created: int,
+                              model: str) -> web.StreamResponse:
+        return await _send_long_line_impl(self, request, reply, first, cid, created, model)
 
     @staticmethod
     def _calls_with_ids(reply: Reply) -> list[Call]:
@@ -710,6 +720,8 @@ class FakeOpenAI(FakeServer):
             return sse_frame(obj)
 
         frames = [chunk({"role": "assistant", "content": "", "refusal": None})]
+        if reply.long_line_bytes is not None:
+            return await self._send_long_line(request, reply, frames[0], cid, created, model)
         frames += [chunk({reply.reasoning_field: p}) for p in split_text(reply.thinking, reply.chunks)]
         frames += [chunk({"content": p}) for p in split_text(text, reply.chunks)]
         for index, c in enumerate(calls):
@@ -725,6 +737,31 @@ class FakeOpenAI(FakeServer):
                                      "usage": usage}))
         frames.append(sse_frame("[DONE]"))
         return await self._send_sse(request, reply, frames)
+
+
+async def _send_long_line_impl(fake: FakeOpenAI, request: web.Request, reply: Reply, first: bytes, cid: str,
+                               created: int, model: str) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(first)
+    head = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]}
+    prefix, _, suffix = json.dumps(head).partition('"content": ""')
+    await resp.write(f"data: {prefix}\"content\": \"".encode())
+    piece = reply.write_bytes or 8192
+    left = reply.long_line_bytes or 0
+    try:
+        while left > 0:
+            await resp.write(b"z" * min(piece, left))
+            left -= piece
+            if reply.write_pause:
+                await fake._pause(request, reply.write_pause, resp)
+        await resp.write(f'"{suffix}\n\n'.encode())
+        await resp.write(sse_frame("[DONE]"))
+        await resp.write_eof()
+    except ConnectionError:
+        fake._client_gone(request)
+    return resp
 
 
 def _main() -> None:

@@ -403,7 +403,10 @@ def test_a_named_secret_that_is_not_set_is_reported() -> None:
     ("DELETE FROM users", "test", ("test.users",)),
     ("SELECT * FROM users JOIN shop.orders", "Test", ("shop.orders", "test.users")),
     ("SELECT * FROM information_schema.tables", "test", ("information_schema.tables",)),
-    ("USE shop; DELETE FROM users", "test", ("users",)),  # after USE a bare name may be elsewhere
+    # A bare name means the database in effect where its statement runs: after a USE, that one.
+    ("USE shop; DELETE FROM users", "test", ("shop.users",)),
+    ("SELECT * FROM a; USE `Shop`; DELETE FROM b; USE test; SELECT * FROM c", "test",
+     ("shop.b", "test.a", "test.c")),
     ("DELETE FROM users", "", ("users",)),
 ])
 def test_gate_tables_qualify_bare_names_with_the_configured_database(sql: str, database: str,

@@ -93,9 +93,24 @@ async def test_prompt_edit_is_operator_only(engine_factory, fake_openai, prompt_
                                                                   system_prompt_folder=str(prompt_copy))})
     before = (prompt_copy / ".system_prompt_role").read_text()
     out = await op(engine, "!prompt edit role append hacked", kind="proxy")
-    assert out.startswith("not permitted")
+    assert "not permitted: !prompt edit is an operator command" in out
     assert (prompt_copy / ".system_prompt_role").read_text() == before
-    assert "role" in await op(engine, "!prompt", kind="proxy")  # reading is fine
+    assert "role" in await op(engine, "!prompt", kind="proxy")  # the tree of names is for everyone
+
+
+async def test_prompt_read_and_reload_are_operator_only(engine_factory, fake_openai, prompt_copy):
+    # A section's text is the operator's instructions word for word; a reload makes every session
+    # pick up files changed on disk. Neither is a client's to do (issue 20, item 9).
+    engine = await engine_factory(models={"m": openai_model_entry(fake_openai,
+                                                                  system_prompt_folder=str(prompt_copy))})
+    section = (prompt_copy / ".system_prompt_role").read_text().strip().splitlines()[-1]
+    for kind in ("proxy", "api"):
+        out = await op(engine, "!prompt read role", kind=kind)
+        assert "not permitted: !prompt read is an operator command" in out and section not in out
+        assert "not permitted: !prompt reload is an operator command" in await op(engine, "!prompt reload",
+                                                                                  kind=kind)
+    assert section in await op(engine, "!prompt read role")
+    assert "reloaded" in await op(engine, "!prompt reload")
 
 
 async def test_model_with_no_prompt_sends_no_system_message(engine_factory, fake_openai):

@@ -393,6 +393,11 @@ async def test_a_real_db_query_gate_shows_tables_and_sql_and_runs_when_approved(
         text = screen_text(app)
         assert f"tables: {mariadb.database}.{t}" in text and sql in text
         assert color_of(app, "DELETE", "#gate-sql") != color_of(app, t, "#gate-sql")
+        # What `s` would let through, word for word (issue 20, item 7).
+        assert " ".join(region_text(app, "#gate-session-grant").split()) == (
+            f"s (for session): later db_query calls of this session that run only DELETE on exactly "
+            f"{mariadb.database}.{t} pass without asking (until restart)")
+        assert "s → only DELETE on exactly test.t" in " ".join(side.split())
         await pilot.press("a")
         await wait_chat(pilot, "1 row affected")
         assert isinstance(app.focused, ChatInput)

@@ -22,7 +22,7 @@ from aiops.gates.broker import (
 )
 
 GATE_KEYS = {"id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
-             "tables", "summary", "created_at", "expires_at"}
+             "tables", "summary", "created_at", "expires_at", "session_grant"}
 RESOLUTION_KEYS = {"decision", "scope", "by", "at"}
 
 
@@ -93,11 +93,12 @@ def ask(
     wait: float | None = None,
     args: dict[str, Any] | None = None,
     grantable: bool = True,
+    kinds: Sequence[str] = (),
 ) -> asyncio.Task[Resolution]:
     args = args if args is not None else {"query": "DELETE FROM users WHERE id=3"}
     return asyncio.create_task(broker.request(
         session, session, "api", tool, tool_type, args, operation, list(tables),  # type: ignore[arg-type]
-        summarize(tool, operation, tables, args), turn, wait, grantable=grantable,
+        summarize(tool, operation, tables, args), turn, wait, grantable=grantable, kinds=kinds,
     ))
 
 
@@ -467,3 +468,29 @@ def test_the_inbox_line_keeps_what_a_tools_own_summary_says_of_where() -> None:
     own = "update_system_prompt overwrite section 'tone': Always answer in full sentences"
     assert summary_detail(own, "update_system_prompt", "write", []) == (
         "overwrite section 'tone': Always answer in full sentences")
+
+
+async def test_a_session_grant_covers_the_same_statement_kinds_only(broker: GateBroker, bus: Bus) -> None:
+    first = ask(broker, tables=("shop.t",), kinds=("insert",))
+    (gate,) = await opened(bus, 1)
+    assert gate["session_grant"] == ("later db_query calls of this session that run only INSERT on exactly "
+                                     "shop.t pass without asking")
+    broker.resolve(gate["id"], "approve", "session", by="op")
+    assert (await first).approved
+    # Another INSERT on the same table passes without asking ...
+    again = await ask(broker, tables=("shop.t",), kinds=("insert",))
+    assert again.by == "session-grant" and len(bus.named("gate")) == 1
+    # ... a DELETE, a DROP, or an INSERT stacked with a DELETE on it are asked about.
+    for n, kinds in enumerate((("delete",), ("ddl",), ("delete", "insert")), start=2):
+        task = ask(broker, tables=("shop.t",), kinds=kinds)
+        events = await opened(bus, n)
+        broker.resolve(events[-1]["id"], "deny", by="op")
+        assert (await task).decision == "denied"
+
+
+async def test_a_gate_that_cannot_be_granted_says_so(broker: GateBroker, bus: Bus) -> None:
+    task = ask(broker, tables=(), grantable=False, kinds=("set",))
+    (gate,) = await opened(bus, 1)
+    assert gate["session_grant"] is None
+    broker.resolve(gate["id"], "approve", "session", by="op")
+    assert (await task).scope == "once"

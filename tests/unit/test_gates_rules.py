@@ -84,7 +84,7 @@ def test_strictest_rule_over_all_tables_wins(cfg: GatesConfig) -> None:
 
 
 def test_unknown_tables_add_the_unknown_rule(cfg: GatesConfig) -> None:
-    assert cfg.decide("db_query", "db", "read", []) == "ask"
+    assert cfg.decide("db_query", "db", "read", [], unknown_tables=True) == "ask"
     assert cfg.decide("db_query", "db", "read", ["products"], unknown_tables=True) == "ask"
     assert cfg.decide("db_query", "db", "write", ["users"], unknown_tables=True) == "deny"
 
@@ -258,3 +258,23 @@ def test_statements_naming_a_denied_table_are_denied(cfg: GatesConfig, sql: str)
     # The same statement on another table still asks: the unknown rule applies as well.
     other = classify_sql(sql.replace("users", "products"))
     assert cfg.decide("db_query", "db", other.operation, other.tables, unknown_tables=other.unknown) == "ask"
+
+
+def test_a_schema_wildcard_covers_every_table_of_that_database() -> None:
+    cfg = GatesConfig()  # the shipped rules
+    for table in ("mysql.general_log", "mysql.servers", "performance_schema.threads", "sys.processlist",
+                  "information_schema.processlist", "information_schema.innodb_trx"):
+        assert cfg.decide("db_query", "db", "read", [table]) == "deny", table
+    assert cfg.decide("db_query", "db", "read", ["information_schema.tables"]) == "allow"
+    # A bare rule meant for one's own `user` table does not loosen mysql.* for mysql.user's kin.
+    loose = cfg.set_rule("db:db", "read", "allow")
+    assert loose.decide("db_query", "db", "read", ["mysql.db"]) == "deny"
+    assert loose.decide("db_query", "db", "read", ["shop.db"]) == "allow"
+
+
+def test_a_statement_known_to_touch_no_table_meets_the_star_rule(cfg: GatesConfig) -> None:
+    # `SELECT 1` reads nothing: decided by [db.tables."*"], like any table, not by [db.unknown].
+    assert cfg.decide("db_query", "db", "read", []) == "allow"
+    asking = cfg.set_rule("db:*", "read", "ask")
+    assert asking.decide("db_query", "db", "read", []) == "ask"
+    assert cfg.decide("db_query", "db", "read", [], unknown_tables=True) == "ask"

@@ -13,12 +13,14 @@ class ModelError(Exception):
     """A model call failed. The message names the model, the URL and what failed."""
 
     def __init__(self, model_key: str, url: str, reason: str, *, status: int | None = None,
-                 retryable: bool = False) -> None:
+                 retryable: bool = False, discard_partial: bool = False) -> None:
         self.model_key = model_key
         self.url = url
         self.reason = reason
         self.status = status
         self.retryable = retryable
+        # What streamed before the failure must not be kept (a runaway answer past its cap).
+        self.discard_partial = discard_partial
         super().__init__(f"model {model_key!r} at {url}: {reason}")
 
 

@@ -8,7 +8,10 @@ phrased for the operator (model key, URL, what failed) — never with the API ke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime
+import email.utils
 import json
 import logging
 import socket
@@ -206,6 +209,34 @@ class _ReadFailed(Exception):
     """Reading the streamed body failed; the HTTP library's error is the __cause__."""
 
 
+class _LineTooLong(Exception):
+    """The server sent more than `max_line_bytes` without a line break."""
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """The wait a 429 asks for: `retry-after-ms` (OpenAI's), `Retry-After` in seconds or as an
+    HTTP date; None when it names none."""
+    if headers is None:
+        return None
+    if (ms := headers.get("retry-after-ms")) is not None:
+        with contextlib.suppress(ValueError):
+            return max(0.0, float(ms) / 1000)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, (when - datetime.datetime.now(datetime.UTC)).total_seconds())
+
+
 def quiet_sdk_logs() -> None:
     """The SDK's HTTP client logs every request at INFO ("HTTP Request: POST ..."), a line and a
     formatted record per model call. Turned down unless someone already chose a level for it."""
@@ -213,6 +244,23 @@ def quiet_sdk_logs() -> None:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.WARNING)
+
+
+def _delta_chars(chunk: dict[str, Any]) -> int:
+    """Characters of answer a chunk carries (text, reasoning, tool-call arguments)."""
+    choices = chunk.get("choices")
+    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+    if not isinstance(delta, dict):
+        return 0
+    total = len(delta.get("content") or "") + len(reasoning_text(delta))
+    for tc in delta.get("tool_calls") or ():
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            total += len(fn["arguments"])
+    return total
+
+
+log = logging.getLogger(__name__)
 
 
 # ---- the backend --------------------------------------------------------------------------------
@@ -240,10 +288,12 @@ class OpenAIBackend:
     def url(self) -> str:
         return self.config.display_url()
 
-    def _error(self, reason: str, *, status: int | None = None, retryable: bool = False) -> ModelError:
+    def _error(self, reason: str, *, status: int | None = None, retryable: bool = False,
+               discard_partial: bool = False) -> ModelError:
         if self._api_key and self._api_key != KEYLESS_PLACEHOLDER:
             reason = reason.replace(self._api_key, "[redacted]")
-        return ModelError(self.key, self.url, reason, status=status, retryable=retryable)
+        return ModelError(self.key, self.url, reason, status=status, retryable=retryable,
+                          discard_partial=discard_partial)
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is not None:
@@ -303,7 +353,10 @@ class OpenAIBackend:
                     system: str | None) -> AsyncAPIResponse[Any]:
         """The streaming response, once its status says it is one."""
         client = self._get_client()
-        for attempt in (1, 2):
+        waited = 0.0
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 # The client's own POST (auth, base_url, timeouts, errors mapped to the SDK's
                 # exceptions), asked for the raw streamed response as `with_streaming_response`
@@ -320,9 +373,28 @@ class OpenAIBackend:
                     self._send_stream_options = False
                     continue
                 raise self._failure(e, streaming=False) from e
+            except openai.RateLimitError as e:
+                # Waited for within the model's budget: a provider's short "slow down" should not
+                # fail the turn, a long one should fail it at once rather than hold it for minutes.
+                budget = self.config.rate_limit_retry_seconds
+                wait = retry_after_seconds(e.response.headers)
+                if wait is not None and waited + wait <= budget:
+                    log.info("model %r at %s answered 429; retrying in %.3g s as it asked", self.key,
+                             self.url, wait)
+                    waited += wait
+                    await asyncio.sleep(wait)
+                    continue
+                failure = self._failure(e, streaming=False)
+                if wait is None:
+                    why = "it named no Retry-After"
+                else:
+                    why = (f"it asked to wait {wait:g} s, beyond the retry budget of {budget:g} s "
+                           f"(rate_limit_retry_seconds in models.toml)")
+                spent = f" after waiting {waited:g} s" if waited else ""
+                raise self._error(f"{failure.reason} — not retried{spent}: {why}", status=429,
+                                  retryable=True) from e
             except openai.OpenAIError as e:
                 raise self._failure(e, streaming=False) from e
-        raise AssertionError("not reached")
 
     @staticmethod
     def _decode(data: str) -> dict[str, Any] | None:
@@ -339,16 +411,22 @@ class OpenAIBackend:
         return chunk
 
     @staticmethod
-    async def _reads(response: AsyncAPIResponse[Any]) -> AsyncIterator[list[str]]:
+    async def _reads(response: AsyncAPIResponse[Any], max_line: int) -> AsyncIterator[list[str]]:
         """The body's complete lines, as each network read completes them. Only the HTTP library
         runs while one is read, so whatever it raises is a failed read: httpx2's errors, the
         aiohttp transport's mapped to them (the original stays the cause, which is what _failure
-        reads)."""
+        reads).
+
+        Linear in the body: each read is searched once, and the unfinished line is kept as a list
+        of reads joined once it ends (a buffer searched whole at every read made one 50 MB line
+        cost a minute of the event loop). A line longer than `max_line` bytes raises _LineTooLong.
+        """
         # Bytes, split here: the SDK's iter_lines() runs every network read through two more
         # decoder layers (text, then lines) of its HTTP library, a measurable share of a short
         # call's CPU. iter_bytes() still undoes any Content-Encoding.
         chunks = response.iter_bytes()
-        pending = b""
+        parts: list[bytes] = []  # the unfinished line, read by read
+        size = 0
         while True:
             try:
                 chunk = await anext(chunks)
@@ -356,21 +434,32 @@ class OpenAIBackend:
                 break
             except Exception as e:  # noqa: BLE001 - see above
                 raise _ReadFailed(str(e)) from e
-            pending += chunk
-            # SSE ends lines with CRLF, LF or CR; a CR at the very end may be half of a CRLF.
-            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r", 0, len(pending) - 1))
-            if cut < 0:
+            # SSE ends lines with CRLF, LF or CR; a CR at the very end may be half of a CRLF, so
+            # it is held back and looked at again with the next read.
+            held_cr = bool(parts) and parts[-1].endswith(b"\r")
+            search = b"\r" + chunk if held_cr else chunk
+            cut = max(search.rfind(b"\n"), search.rfind(b"\r", 0, len(search) - 1)) - held_cr
+            if cut < -1 or (cut == -1 and not held_cr):
+                parts.append(chunk)
+                size += len(chunk)
+                if size > max_line:
+                    raise _LineTooLong
                 continue
-            complete, pending = pending[:cut + 1], pending[cut + 1:]
-            yield [line.decode("utf-8", "replace") for line in complete.splitlines()]
-        if pending:
-            yield [line.decode("utf-8", "replace") for line in pending.splitlines()]
+            complete = b"".join(parts) + chunk[:cut + 1] if parts else chunk[:cut + 1]
+            rest = chunk[cut + 1:]
+            parts, size = ([rest], len(rest)) if rest else ([], 0)
+            lines = complete.splitlines()
+            if any(len(line) > max_line for line in lines) or size > max_line:
+                raise _LineTooLong
+            yield [line.decode("utf-8", "replace") for line in lines]
+        if parts:
+            yield [line.decode("utf-8", "replace") for line in b"".join(parts).splitlines()]
 
     async def _batches(self, response: AsyncAPIResponse[Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """The JSON chunks of an SSE stream, grouped by the network read that completed them,
         until `data: [DONE]` or the end of the body."""
         data: list[str] = []
-        reads = self._reads(response)
+        reads = self._reads(response, self.config.max_line_bytes)
         async for lines in reads:
             batch: list[dict[str, Any]] = []
             for line in lines:
@@ -417,6 +506,8 @@ class OpenAIBackend:
         calls: dict[int, _PartialCall] = {}
         usage: Usage | None = None
         finish: str | None = None
+        cap = self.config.max_answer_chars
+        size = 0  # characters of text, thinking and call arguments so far
         try:
             async for batch in self._batches(response):
                 run: list[str] = []  # consecutive deltas of one kind in this read
@@ -453,10 +544,20 @@ class OpenAIBackend:
                 if run:
                     piece = "".join(run)
                     yield TextDelta(piece) if run_is_text else ThinkingDelta(piece)
+                size += sum(_delta_chars(chunk) for chunk in batch)
+                if size > cap:
+                    raise self._error(
+                        f"the answer grew beyond {cap} characters (max_answer_chars in models.toml); it "
+                        f"was cut off and is not kept", discard_partial=True)
         except StreamErrorEvent as e:
             raise self._failure(e, streaming=True) from None
         except _ReadFailed as e:
             raise self._failure(e, streaming=True) from e.__cause__
+        except _LineTooLong:
+            raise self._error(
+                f"the server sent a line longer than {self.config.max_line_bytes} bytes "
+                f"(max_line_bytes in models.toml); the answer was cut off and is not kept",
+                discard_partial=True) from None
         finally:
             # A body read to its end is closed already (the connection went back to the pool);
             # otherwise closing hangs up on the server, which is how a cancelled turn stops generation.

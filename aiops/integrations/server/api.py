@@ -220,6 +220,9 @@ class GateOut(BaseModel):
     summary: str
     created_at: float
     expires_at: float | None
+    session_grant: str | None = Field(None, description=(
+        "What approving with scope 'session' lets through from then on (the same tool, operation, "
+        "tables and statement kinds), in words; null: a 'session' answer approves this call only."))
     decision: Literal["approved", "denied", "timeout", "cancelled"] | None = None
     scope: Literal["once", "session"] | None = None
     by: str | None = None

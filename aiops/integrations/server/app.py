@@ -17,7 +17,7 @@ from aiohttp.typedefs import Middleware
 from aiops.config import Config
 from aiops.engine.engine import Engine
 from aiops.integrations.server import api, cors, ollama_proxy, openai_proxy, proxy
-from aiops.integrations.server.auth import Authenticator, Token, load_tokens
+from aiops.integrations.server.auth import Authenticator, FailedAuthThrottle, Token, load_tokens
 from aiops.integrations.server.context import AUTH_KEY, CONFIG_KEY, ENGINE_KEY, STATE_KEY, ServerState
 from aiops.integrations.server.middlewares import auth_middleware, error_middleware
 
@@ -39,7 +39,8 @@ def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, s
     app[CONFIG_KEY] = cfg
     if tokens is None:
         tokens = load_tokens(cfg.app.auth, env if env is not None else engine.env)
-    app[AUTH_KEY] = Authenticator(tokens)
+    app[AUTH_KEY] = Authenticator(tokens, FailedAuthThrottle(cfg.app.auth.failed_auth_limit,
+                                                             cfg.app.auth.failed_auth_window_seconds))
     app[STATE_KEY] = ServerState(public={("GET", "/"), ("HEAD", "/")})
     proxy.setup(app)
     api.setup(app)

@@ -13,8 +13,11 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import socket
-from collections.abc import Mapping
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiops.config import AuthConfig
@@ -23,6 +26,10 @@ log = logging.getLogger(__name__)
 
 OPERATOR = "operator"
 CLIENT = "client"
+
+# A server reachable from the network is reachable by guessers: shorter tokens are refused there.
+MIN_NETWORK_TOKEN_CHARS = 32
+MAKE_TOKEN_HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 class BindRefused(Exception):
@@ -35,6 +42,7 @@ class Token:
     name: str
     role: str
     secret: bytes  # the SHA-256 of the token: equal lengths make the comparison length-blind too
+    length: int = 0  # characters in the token (a network bind refuses short ones)
 
     def __repr__(self) -> str:  # never show the secret, even in a traceback
         return f"Token(name={self.name!r}, role={self.role!r})"
@@ -62,7 +70,7 @@ def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) 
                 log.warning("auth token %r is not configured: environment variable %s is unset", name,
                             tc.token_env)
             continue
-        token = Token(name, tc.role, _digest(value.strip()))
+        token = Token(name, tc.role, _digest(value.strip()), len(value.strip()))
         if twin := next((t for t in tokens if hmac.compare_digest(t.secret, token.secret)), None):
             # Only one of them could ever match: the other's role (operator, say) would be lost.
             raise BindRefused(f"auth tokens {twin.name!r} and {name!r} have the same value (from "
@@ -126,8 +134,18 @@ _HOSTNAME = socket.gethostname().lower()
 
 
 def check_bind(host: str, tokens: list[Token], auth: AuthConfig, env: Mapping[str, str]) -> None:
-    """Refuse a non-loopback bind when no token is configured."""
-    if tokens or is_loopback_host(host):
+    """Refuse a non-loopback bind when no token is configured, or when a token is too short to
+    stand up to guessing (under MIN_NETWORK_TOKEN_CHARS characters)."""
+    if is_loopback_host(host):
+        return
+    short = [t for t in tokens if t.length < MIN_NETWORK_TOKEN_CHARS]
+    if short:
+        names = ", ".join(f"{t.name!r} ({auth.tokens[t.name].token_env}: {t.length} characters)"
+                          if t.name in auth.tokens else repr(t.name) for t in short)
+        raise BindRefused(f"refusing to listen on {host or 'all interfaces'}: a server reachable from the "
+                          f"network needs tokens of at least {MIN_NETWORK_TOKEN_CHARS} characters, and "
+                          f"{names} {'is' if len(short) == 1 else 'are'} shorter; {MAKE_TOKEN_HINT}")
+    if tokens:
         return
     unset = unset_token_vars(auth, env)
     hint = (f" (set {', '.join(unset)} in the environment or .env)" if unset
@@ -137,22 +155,87 @@ def check_bind(host: str, tokens: list[Token], auth: AuthConfig, env: Mapping[st
                       f"at least one auth token{hint}; or bind 127.0.0.1")
 
 
+class AuthThrottled(Exception):
+    """An address presented too many invalid tokens; it may try again after `retry_after` s."""
+
+    def __init__(self, retry_after: int, limit: int, window: float) -> None:
+        super().__init__(f"too many invalid tokens from this address ({limit} in {window:g} s); "
+                         f"try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class FailedAuthThrottle:
+    """Invalid tokens per address in a sliding window. Past the limit the address's tokens are not
+    even checked until its oldest failure leaves the window, so guessing runs at `limit` tries per
+    window at most. Memory is bounded: the least recently failing addresses are forgotten first."""
+
+    MAX_ADDRESSES = 4096
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.window = window
+        self._clock = clock
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, addr: str) -> deque[float] | None:
+        times = self._failures.get(addr)
+        if times is None:
+            return None
+        cutoff = self._clock() - self.window
+        while times and times[0] <= cutoff:
+            times.popleft()
+        if not times:
+            del self._failures[addr]
+            return None
+        return times
+
+    def check(self, addr: str) -> None:
+        """Raise AuthThrottled when `addr` is over the limit."""
+        if not self.limit:
+            return
+        times = self._recent(addr)
+        if times is not None and len(times) >= self.limit:
+            wait = max(1, math.ceil(times[0] + self.window - self._clock()))
+            raise AuthThrottled(wait, self.limit, self.window)
+
+    def failed(self, addr: str) -> None:
+        if not self.limit:
+            return
+        times = self._recent(addr) or deque(maxlen=self.limit)
+        times.append(self._clock())
+        self._failures[addr] = times
+        self._failures.move_to_end(addr)
+        while len(self._failures) > self.MAX_ADDRESSES:
+            self._failures.popitem(last=False)
+        if len(times) == self.limit:
+            log.warning("%d invalid tokens from %s in %g s: its tokens are refused until the window clears",
+                        self.limit, addr, self.window)
+
+
 class Authenticator:
-    def __init__(self, tokens: list[Token]) -> None:
+    def __init__(self, tokens: list[Token], throttle: FailedAuthThrottle | None = None) -> None:
         self.tokens = tokens
+        self.throttle = throttle or FailedAuthThrottle(0, 1)
 
     @property
     def open(self) -> bool:
         """No tokens: loopback callers are operators."""
         return not self.tokens
 
-    def match(self, presented: str) -> Token | None:
-        """The token equal to `presented`; every token is compared, each in constant time."""
+    def match(self, presented: str, peer: str | None = None) -> Token | None:
+        """The token equal to `presented`; every token is compared, each in constant time.
+
+        With `peer`, failures count against that address, and an address over the limit raises
+        AuthThrottled without its token being compared."""
+        addr = peer or "?"
+        self.throttle.check(addr)
         given = _digest(presented)
         found: Token | None = None
         for t in self.tokens:
             if hmac.compare_digest(t.secret, given):
                 found = t
+        if found is None:
+            self.throttle.failed(addr)
         return found
 
 

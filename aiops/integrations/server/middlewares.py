@@ -20,6 +20,7 @@ from aiops.engine.engine import EngineStopping
 from aiops.integrations.server.auth import (
     CLIENT,
     OPERATOR,
+    AuthThrottled,
     Identity,
     addressed_to_loopback,
     bearer,
@@ -113,7 +114,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         ident = Identity(OPERATOR, f"loopback:{peer}", True)
     else:
         presented = bearer(request.headers.get("Authorization"))
-        token = authn.match(presented) if presented is not None else None
+        try:
+            token = authn.match(presented, peer) if presented is not None else None
+        except AuthThrottled as e:
+            raise HttpError(429, "rate_limited", str(e), headers={"Retry-After": str(e.retry_after)}) from None
         if token is not None:
             ident = Identity(token.role, token.name, True)
         elif public:

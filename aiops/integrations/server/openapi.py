@@ -30,6 +30,7 @@ STATUS_TEXT = {
     408: "The request body did not arrive in time",
     409: "The gate was already resolved",
     413: "The request body is larger than max_body_bytes",
+    429: "Too many invalid tokens from this address: wait the Retry-After seconds",
     500: "Internal error (details in the server log)",
     503: "The server is shutting down",
 }
@@ -157,6 +158,8 @@ def build_openapi(routes: Sequence[ApiRoute], error_model: type[BaseModel]) -> d
             codes.add(403)
         if r.public:
             codes.discard(401)
+        else:
+            codes.add(429)  # the failed-authentication throttle
         for code in sorted(codes):
             responses[str(code)] = {
                 "description": STATUS_TEXT.get(code, "Error"),

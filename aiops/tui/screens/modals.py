@@ -20,6 +20,7 @@ from aiops.engine.events import GateInfo
 from aiops.tui.format import pretty_json, sql_of, time_left
 from aiops.tui.keys import PANES, KeySpec, display_keys, keys_of, specs_for
 from aiops.tui.widgets.footer import ConsoleFooter
+from aiops.tui.widgets.gates import session_grant_text
 
 
 class HelpScreen(ModalScreen[None]):
@@ -89,6 +90,8 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
             yield Static(Content(head))
             if g.tables:
                 yield Static(Content("tables: " + ", ".join(g.tables)))
+            key = self._label("approve_session", "").strip()
+            yield Static(Content(f"{key} (for session): {session_grant_text(g)}"), id="gate-session-grant")
             yield Static(self._time_left(), id="gate-time-left")
             with VerticalScroll(id="gate-body"):
                 # Textual's highlighter uses theme variables: the colours follow the theme.

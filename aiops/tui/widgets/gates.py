@@ -16,7 +16,7 @@ from textual.widgets.option_list import Option
 from aiops.engine.events import GateInfo
 from aiops.gates.broker import summary_detail
 from aiops.tui.format import one_line, sql_of, time_left
-from aiops.tui.keys import bindings_for
+from aiops.tui.keys import BY_ID, bindings_for, keys_of
 from aiops.tui.widgets.fitted import Rows
 from aiops.tui.widgets.typeaway import TypesAway
 
@@ -46,8 +46,9 @@ chat UIs, Slack, swarm, MCP), oldest first: client kind and session, tool and op
 for database calls, a one-line summary (SQL highlighted) and the time left before it times out
 (`∞`: it waits).
 
-- **{gates.approve}** approve once · **{gates.approve_session}** approve for the session (the same
-  tool, operation and tables pass without asking until restart) · **{gates.deny}** deny ·
+- **{gates.approve}** approve once · **{gates.approve_session}** approve for the session: each gate's
+  last line ({gates.approve_session} →) says what that lets through until restart (the same tool, operation, tables and, for
+  SQL, the same statement kinds: an INSERT approved so is no licence to DELETE) · **{gates.deny}** deny ·
   **{gates.deny_stop}** deny and cancel the turn that asked
 - **{gates.details}** opens the gate: full arguments (SQL highlighted) and what the session was doing.
 
@@ -132,7 +133,13 @@ goes to the message input.
             body = Content.styled("  " + one_line(detail, 400), "dim") if detail else None
         if body is not None:
             lines.append((body, Content("")))
+        lines.append((Content.styled(f"  {self._session_key()} → {session_grant_brief(g)}", "dim"), Content("")))
         return Rows(lines)
+
+    def _session_key(self) -> str:
+        """The key that approves for the session, after the user's keymap."""
+        keymap: dict[str, str] = getattr(self.app, "keymap_overrides", {}) or {}
+        return keys_of(BY_ID["gates.approve_session"], keymap).split(",")[0].strip()
 
     @staticmethod
     def _time_left(g: GateInfo) -> Content:
@@ -226,3 +233,24 @@ goes to the message input.
         event.stop()
         if event.option.id in self.gates:
             self.post_message(self.DetailsRequested(event.option.id))
+
+
+def session_grant_text(gate: GateInfo) -> str:
+    """What approving `gate` for the session allows, from the gate object's `session_grant`."""
+    grant = gate.session_grant
+    if grant:
+        return f"{grant} (until restart)"
+    return "approves this call only (it is not described by its tables alone, so no later call is covered)"
+
+
+def session_grant_brief(gate: GateInfo) -> str:
+    """The same, short enough for an inbox row, what matters first: "only INSERT on exactly t",
+    "write_note write calls", "this call only"."""
+    grant = gate.session_grant
+    if not grant:
+        return "this call only"
+    grant = grant.removesuffix(" pass without asking")
+    _, run, kinds = grant.partition(" that run ")
+    if run:
+        return kinds
+    return grant.removeprefix("later ").replace(" calls of this session", " calls")
