@@ -138,6 +138,16 @@ async def _stop(ctx: CommandContext, argv: list[str], raw: str) -> str:
     return "the running turn is already being stopped" if live.current is not None else "no turn is running"
 
 
+async def _plugins(ctx: CommandContext, argv: list[str], raw: str) -> str:
+    """Every plugin's state, as `aiops plugins` prints it: in any chat, the operator sees why a
+    tool is missing or a bot is not answering without leaving the console."""
+    rows = ctx.engine.plugin_status
+    if not rows:
+        return "no plugins"
+    width = max(len(p.name) for p in rows)
+    return "\n".join(f"{p.name:<{width}}  {p.state:<8} {p.reason}".rstrip() for p in rows)
+
+
 def register_builtin_commands(engine: CommandHost) -> None:
     for cmd in (
         Command("help", "!help", "this list", _help),
@@ -146,5 +156,7 @@ def register_builtin_commands(engine: CommandHost) -> None:
                 "list sessions (most recent first) / delete one", _session),
         Command("reset", "!reset", "start this session afresh (history archived)", _reset),
         Command("stop", "!stop [ID]", "cancel the running turn", _stop),
+        Command("plugins", "!plugins", "every plugin's state and why (started, disabled, skipped, failed)",
+                _plugins, operator_only=True),
     ):
         engine.commands.register(cmd)

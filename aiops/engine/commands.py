@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
     from aiops.config import Config
     from aiops.engine.gatekeeper import Gatekeeper
+    from aiops.engine.plugins import PluginStatus
     from aiops.engine.sessions import LiveSession
     from aiops.engine.store import Store
     from aiops.engine.tools import ToolRegistry
+    from aiops.engine.types import Message
     from aiops.gates.limits import LimitsConfig
 
 
@@ -76,6 +78,17 @@ class CommandHost(Protocol):
     async def set_session_model(self, ref: str, model: str) -> None: ...
 
     def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool: ...
+
+    @property
+    def plugin_status(self) -> list[PluginStatus]: ...
+
+    async def history(self, ref: str, *, limit: int | None = None,
+                      before_id: int | None = None) -> list[Message]: ...
+
+    async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
+                     model: str | None = None, is_operator: bool = False, depth: int = 0,
+                     tools: bool = True, meta: dict[str, Any] | None = None,
+                     owner_only: bool = False) -> Any: ...
 
 
 @dataclass(slots=True)

@@ -45,6 +45,10 @@ class PluginHost:
         self._discover = discover_plugins
         self._started: list[Plugin] = []
 
+    @property
+    def config(self) -> Config:
+        return self._config
+
     async def load(self) -> None:
         """Set up and start every enabled plugin; one that cannot run is reported, the rest start."""
         classes: dict[str, type[Plugin] | Exception] = discover() if self._discover else {}

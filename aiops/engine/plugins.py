@@ -20,6 +20,7 @@ from aiops.engine.commands import Command, CommandRegistry
 from aiops.engine.tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
+    from aiops.config import Config
     from aiops.engine.facade import EngineFacade
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class PluginHostView(Protocol):
     def env(self) -> Mapping[str, str]: ...
 
     @property
+    def config(self) -> Config: ...
+
+    @property
     def status(self) -> list[PluginStatus]: ...
 
     @property
@@ -109,6 +113,11 @@ class PluginAPI:
     def env(self) -> Mapping[str, str]:
         return self._host.env
 
+    @property
+    def config(self) -> Config:
+        """The whole configuration, read-only by convention (a plugin's own file, the data dir)."""
+        return self._host.config
+
     def report(self, note: str) -> None:
         """Say something about the plugin's state (shown next to "started"), at any time."""
         self._plugin.status_note = note
@@ -120,9 +129,17 @@ class PluginAPI:
         tool.plugin = self._plugin.name
         self._host.tools.register(tool)
 
+    def unregister_tool(self, name: str) -> None:
+        """Withdraw a tool this plugin registered (an MCP server's tool list changed)."""
+        self._host.tools.unregister(name)
+
     def register_command(self, cmd: Command) -> None:
         cmd.plugin = self._plugin.name
         self._host.commands.register(cmd)
+
+    def has_command(self, name: str) -> bool:
+        """Whether a `!command` of that name exists (several plugins may offer one command)."""
+        return self._host.commands.get(name) is not None
 
     def require_env(self, var: str, what: str = "") -> str:
         value = self.env.get(var)

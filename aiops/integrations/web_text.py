@@ -129,7 +129,7 @@ async def _fulltext(ctx: CommandContext, argv: list[str], raw: str) -> str:
 
 def register_fulltext(api: PluginAPI) -> None:
     """Every data tool offers `!fulltext`; the first one to start registers it."""
-    if api.engine.commands.get("fulltext") is None:
+    if not api.has_command("fulltext"):
         api.register_command(Command("fulltext", "!fulltext [N]",
                                      "the full text of a data tool's result the model got cut "
                                      "(N: 1 = the latest)", _fulltext, operator_only=True))

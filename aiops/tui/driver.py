@@ -66,7 +66,8 @@ class ConsoleDriver(LinuxDriver):
     def __init__(self, app: App[Any], **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._writer: TerminalWriter | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # (Driver declares it non-optional; ours is set in start_application_mode.)
+        self._loop: asyncio.AbstractEventLoop | None = None  # type: ignore[assignment]
         self._local = threading.local()  # .control: the driver itself is writing (never dropped)
         self._paused: contextlib.ExitStack | None = None  # drawing paused while the terminal is behind
 

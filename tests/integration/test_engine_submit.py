@@ -211,3 +211,18 @@ async def test_a_rate_limit_window_must_be_a_positive_number_of_seconds(engine_f
     assert "WINDOW positive seconds" in out, out
     assert "3 calls" in (await engine.run("console-op", "!limits set web 3 60", kind="console",
                                           is_operator=True, timeout=10)).text
+
+
+async def test_plugins_command_shows_each_plugins_state_and_why_to_operators_only(engine_factory):
+    """From any chat the operator sees why a tool is missing (a data tool without its key) or a
+    bot is silent, without leaving for `aiops plugins`."""
+    engine = await engine_factory(extra_files=MYSQL_OFF)
+    out = (await engine.run("console-op", "!plugins", kind="console", is_operator=True, timeout=10)).text
+    lines = out.splitlines()
+    assert len(lines) == len(engine.plugin_status) > 0
+    for status, line in zip(engine.plugin_status, lines, strict=True):
+        assert line.split()[:2] == [status.name, status.state]
+        assert status.reason in line
+    assert any(line.split()[:2] == ["mysql", "disabled"] for line in lines)
+    refused = await engine.run("api-bot", "!plugins", kind="api", timeout=10)
+    assert "not permitted" in refused.text and "mysql" not in refused.text

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 import aiops
 from aiops.client import AgentClient, AgentError, EventStream
+from aiops.config import SHIPPED_CONFIG_DIR
 from aiops.engine.events import CONTRACT_EVENTS
 from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext, ToolOutput
@@ -528,7 +529,14 @@ async def test_health_reports_models_sessions_gates_and_the_callers_role(
             assert r.status == 200
             h = await r.json()
         async with http.get(srv.url + "/api/v1/health", headers=tokens.header("bot")) as r:
-            assert (await r.json())["role"] == "client"
+            bot = await r.json()
+        async with http.get(srv.url + "/api/v1/health", headers=tokens.header("ops")) as r:
+            ops = await r.json()
+    assert bot["role"] == "client" and "plugins" not in bot
+    # Operators also see every plugin's state, as `aiops plugins` shows it.
+    assert ops["role"] == "operator"
+    assert ops["plugins"] == [p.to_dict() for p in srv.engine.plugin_status]
+    assert all(set(p) == {"name", "state", "reason", "source"} for p in ops["plugins"])
     assert h == {"status": "ok", "version": aiops.__version__, "models": ["local"], "default_model": "local",
                  "sessions": 0, "pending_gates": 0, "role": None,
                  "mcp": {"endpoint": {"url": srv.handle.mcp.url}}}  # where /mcp is (docs/MCP.md)
@@ -814,6 +822,26 @@ def test_aiops_serve_answers_and_exits_cleanly_on_sigterm(aiops_serve: ServeProc
     status, body = _post(aiops_serve.url + "/api/v1/submit", {"text": "hi", "wait": True})
     assert (status, body["status"], body["text"]) == (200, "complete", "hello from a subprocess")
     assert aiops_serve.stop(signal.SIGTERM) == 0
+
+
+def test_aiops_serve_with_the_shipped_auth_and_plugins_says_one_line_when_ready(
+        aiops_serve_factory: ServeFactory) -> None:
+    """The shipped aiops.toml names AIOPS_OPERATOR_TOKEN; unset, a loopback server runs open, as
+    its ready line says: a warning about it on every start told a newcomer something was wrong.
+    Plugins skipped for a missing key (the data tools, as shipped) are one line, not one each."""
+    shipped = (SHIPPED_CONFIG_DIR / "plugins.toml").read_text().replace(
+        "[mysql]\nenabled = true", "[mysql]\nenabled = false")
+    serve = aiops_serve_factory(extra_files={
+        "aiops.toml": '[server]\nhost = "127.0.0.1"\nport = 0\n'
+                      '[auth.tokens.ops]\ntoken_env = "AIOPS_OPERATOR_TOKEN"\nrole = "operator"\n',
+        "plugins.toml": shipped})
+    assert serve.stop(signal.SIGTERM) == 0
+    ready = serve.stdout.strip().splitlines()
+    assert len(ready) == 1 and ready[0].startswith(serve.banner)
+    assert "no tokens: loopback callers are operators" in ready[0]
+    assert "AIOPS_OPERATOR_TOKEN" not in serve.stderr
+    skipped = [line for line in serve.stderr.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and "tavily_search" in skipped[0] and "aiops plugins" in skipped[0]
 
 
 def test_a_request_whose_body_is_still_arriving_at_shutdown_gets_a_503_at_once(

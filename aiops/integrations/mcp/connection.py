@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal, TextIO
 
 import mcp_types as mt
 from mcp import Client, StdioServerParameters
@@ -156,7 +156,7 @@ class ServerConnection:
                 params = StdioServerParameters(command=self.cfg.command, args=self.cfg.args, env=env,
                                                cwd=self.cfg.cwd)
                 self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
-                errlog: IO[str] = stack.enter_context(self.stderr_path.open("a", encoding="utf-8"))
+                errlog: TextIO = stack.enter_context(self.stderr_path.open("a", encoding="utf-8"))
                 errlog.write(f"{_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.cfg.where()}\n")
                 errlog.flush()
                 return stdio_client(params, errlog=errlog)

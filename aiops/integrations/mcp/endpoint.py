@@ -206,8 +206,8 @@ async def start_mcp_endpoint(engine: Engine, cfg: Config, host: str, main_port: 
         sock = socket.create_server((bind_host, port), family=socket.AF_INET6 if ":" in bind_host else socket.AF_INET,
                                     reuse_port=False)
     except OSError as e:
-        why = "in use by another program" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        raise OSError(e.errno, f"cannot listen for MCP on {bind_host}:{port}: {why} (mcp_port in aiops.toml)") \
+        reason = "in use by another program" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        raise OSError(e.errno, f"cannot listen for MCP on {bind_host}:{port}: {reason} (mcp_port in aiops.toml)") \
             from None
     sock.setblocking(False)
     app = LazyApp(engine, bind_host)

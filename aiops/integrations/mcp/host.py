@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -74,9 +74,8 @@ class McpPlugin(Plugin):
     async def setup(self, api: PluginAPI) -> None:
         from aiops.integrations.mcp.commands import mcp_command
 
-        engine = api.engine
-        cfg = engine.config.mcp
-        data_dir = engine.config.paths.data_dir / "mcp"
+        cfg = api.config.mcp
+        data_dir = api.config.paths.data_dir / "mcp"
         self.artifacts = ArtifactStore(data_dir / "artifacts")
         enabled = {name: server for name, server in cfg.servers.items() if server.enabled}
         if enabled:
@@ -166,9 +165,8 @@ class McpPlugin(Plugin):
 
     def _register_tools(self, conn: ServerConnection) -> None:
         assert self.api is not None
-        registry = self.api.engine.tools
         for old in self._registered.pop(conn.name, []):
-            registry.unregister(old)
+            self.api.unregister_tool(old)
         names: list[str] = []
         for t in conn.tools:
             if not conn.cfg.tool_allowed(t.name):
@@ -188,7 +186,7 @@ class McpPlugin(Plugin):
     def _make_tool(self, conn: ServerConnection, t: mt.Tool) -> Tool:
         server, original = conn.name, t.name
         read_only = bool(t.annotations and t.annotations.read_only_hint)
-        operation = "read" if read_only else "write"
+        operation: Literal["read", "write"] = "read" if read_only else "write"
         limit = conn.cfg.max_result_chars
 
         def classify(args: BaseModel) -> Classification:

@@ -237,6 +237,13 @@ class GateResolved(BaseModel):
     gate: GateOut
 
 
+class PluginOut(BaseModel):
+    name: str
+    state: Literal["started", "disabled", "skipped", "failed"]
+    reason: str
+    source: str
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     version: str
@@ -248,6 +255,9 @@ class Health(BaseModel):
         description="The caller's role, or null when no valid token was sent.")
     mcp: dict[str, Any] | None = Field(None, description="Where /mcp is (endpoint.url); for operators also "
                                        "the external MCP servers' state (docs/MCP.md).")
+    plugins: list[PluginOut] | None = Field(None, description=(
+        "Operators only: every plugin's state (started, disabled, skipped, failed) and why, as "
+        "`aiops plugins` shows it (a Slack bot that cannot connect, a data tool without its key)."))
 
 
 class StreamEvent(BaseModel):
@@ -562,13 +572,17 @@ async def health(request: web.Request) -> web.Response:
 
     engine = get_engine(request)
     cfg = get_config(request)
-    return _json(Health(
+    operator = bool(request.get(AUTHENTICATED_KEY)) and request["role"] == "operator"
+    health = Health(
         status="ok", version=aiops.__version__, models=sorted(cfg.models.enabled()),
         default_model=cfg.models.default_model, sessions=await engine.store.count_sessions(),
         pending_gates=len(engine.pending_gates()),
         role=request["role"] if request.get(AUTHENTICATED_KEY) else None,
-        mcp=mcp_health(engine, operator=bool(request.get(AUTHENTICATED_KEY)) and request["role"] == "operator"),
-    ))
+        mcp=mcp_health(engine, operator=operator),
+    )
+    if operator:  # a plugin's reason may name a host or a variable: not for anonymous callers
+        health.plugins = [PluginOut.model_validate(p.to_dict()) for p in engine.plugin_status]
+    return _json(health, exclude_unset=True)
 
 
 async def openapi_document(request: web.Request) -> web.Response:

@@ -61,14 +61,16 @@ def _digest(token: str) -> bytes:
 
 
 def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) -> list[Token]:
-    """The configured tokens whose environment variable is set (the others are warned about)."""
+    """The configured tokens whose environment variable is set (see `partly_unset` for which of
+    the others are warned about)."""
     tokens: list[Token] = []
+    if warn:
+        for var in partly_unset(auth, env):
+            name = next(n for n, tc in auth.tokens.items() if tc.token_env == var)
+            log.warning("auth token %r is not configured: environment variable %s is unset", name, var)
     for name, tc in auth.tokens.items():
         value = env.get(tc.token_env, "")
         if not value.strip():
-            if warn:
-                log.warning("auth token %r is not configured: environment variable %s is unset", name,
-                            tc.token_env)
             continue
         token = Token(name, tc.role, _digest(value.strip()), len(value.strip()))
         if twin := next((t for t in tokens if hmac.compare_digest(t.secret, token.secret)), None):
@@ -83,6 +85,14 @@ def load_tokens(auth: AuthConfig, env: Mapping[str, str], *, warn: bool = True) 
 def unset_token_vars(auth: AuthConfig, env: Mapping[str, str]) -> list[str]:
     """The `token_env` names of configured tokens whose variable is unset."""
     return [tc.token_env for tc in auth.tokens.values() if not env.get(tc.token_env, "").strip()]
+
+
+def partly_unset(auth: AuthConfig, env: Mapping[str, str]) -> list[str]:
+    """The unset token variables worth a warning: those of a configuration where some token *is*
+    set (a half-made set-up). With none set at all, as shipped, the server runs open on loopback,
+    which the ready line says; a non-loopback bind is refused with its own message."""
+    unset = unset_token_vars(auth, env)
+    return unset if len(unset) < len(auth.tokens) else []
 
 
 def is_loopback_host(host: str) -> bool:

@@ -30,7 +30,7 @@ from aiops.engine import gc_policy
 from aiops.engine.engine import Engine
 from aiops.integrations.runtime import exit_if_left, run_to_exit
 from aiops.integrations.server.app import create_app
-from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, unset_token_vars
+from aiops.integrations.server.auth import BindRefused, Token, check_bind, load_tokens, partly_unset
 from aiops.integrations.server.context import AUTH_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
     env = os.environ
     server = cfg.app.server
     host = server.host if host is None else host
-    unset = unset_token_vars(cfg.app.auth, env)
+    unset = partly_unset(cfg.app.auth, env)
     for var in unset:
         print(f"aiops: warning: auth token not configured: {var} is unset", file=sys.stderr)
     try:
@@ -289,8 +289,12 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
     await engine.start()
     await engine.close_left_open(lock)
     for p in engine.plugin_status:
-        if p.state in ("skipped", "failed"):
+        if p.state == "failed":
             print(f"aiops: plugin {p.name} {p.state}: {p.reason}", file=sys.stderr)
+    if skipped := [p.name for p in engine.plugin_status if p.state == "skipped"]:
+        # A data tool without its key is skipped on every start: one line, not one each.
+        print(f"aiops: plugins skipped (a secret or package is missing; `aiops plugins` says which): "
+              f"{', '.join(skipped)}", file=sys.stderr)
     try:
         handle = await start_server(engine, cfg, host, port, env=env, tokens=tokens)
     except (ServerStartError, BindRefused) as e:
