@@ -469,3 +469,15 @@ async def test_a_stopped_non_streaming_answer_keeps_its_text_and_says_it_was_sto
     assert said and full.startswith(said) and said != full
     assert line == "*⛔ the answer was stopped*"
     assert r.done and r.done_reason == "stop"
+
+
+def test_embeddings_and_model_management_say_aiops_does_not_serve_them(client: ollama.Client) -> None:
+    """Not a generic 'no route': the ollama client shows the reason it is given."""
+    calls = [("embeddings", lambda: client.embed(model="aiops", input="hello")),
+             ("embeddings", lambda: client.embeddings(model="aiops", prompt="hello")),
+             ("model downloads", lambda: client.pull("llama3")),
+             ("model deletion", lambda: client.delete("aiops"))]
+    for what, call in calls:
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert f"aiops does not serve {what}" in e.value.error and e.value.status_code == 501

@@ -473,3 +473,35 @@ async def test_a_stopped_non_streaming_turn_has_no_usage(aclient: openai.AsyncOp
     assert r.usage is None
     # The model said nothing: the answer is the stop's status line, not an empty reply.
     assert r.choices[0].message.content == "*⛔ the answer was stopped*"
+
+
+def test_a_bare_base_url_reaches_the_same_routes_without_v1(served: ServeProcess, fake: FakeOpenAI) -> None:
+    """Clients configured with the server's bare URL call /chat/completions and /models."""
+    fake.script(Reply.text("no prefix needed"))
+    with openai.OpenAI(base_url=served.url, api_key="unused", max_retries=0) as bare:
+        assert "aiops" in [m.id for m in bare.models.list()]
+        reply = bare.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "no prefix needed"
+        with pytest.raises(openai.NotFoundError) as e:  # and its errors in OpenAI's shape
+            bare.models.retrieve("nosuch")
+        assert e.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_asked_for_outputs_aiops_cannot_give_are_refused_naming_the_field(client: openai.OpenAI,
+                                                                           fake: FakeOpenAI) -> None:
+    """Log probabilities and audio were accepted and silently left out; a developer-only chat was
+    refused as if it were a 'system' message."""
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [({"logprobs": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+             ({"modalities": ["text", "audio"]}, "modalities"),
+             ({"audio": {"voice": "alloy", "format": "wav"}}, "audio")]
+    for extra, field in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="aiops", messages=hi, **extra)  # type: ignore[call-overload]
+        assert e.value.body["param"] == field and field in e.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="aiops", messages=[{"role": "developer", "content": "be brief"}])
+    assert "'developer'" in e.value.body["message"] and "'system'" not in e.value.body["message"]  # type: ignore[index]
+    fake.script(Reply.text("fine"))  # what can be honoured still is: logprobs false, text only
+    ok = client.chat.completions.create(model="aiops", messages=hi, logprobs=False, modalities=["text"])
+    assert ok.choices[0].message.content == "fine"

@@ -34,8 +34,8 @@ def surface_for(path: str) -> Surface:
         return "api"
     if path.startswith("/v1/api/"):
         return "ollama"  # the legacy alias of the Ollama routes
-    if path == "/v1" or path.startswith("/v1/"):
-        return "openai"
+    if path == "/v1" or path.startswith(("/v1/", "/chat/completions", "/models")):
+        return "openai"  # (the last two: the OpenAI routes without /v1, for bare base URLs)
     if path == "/" or path == "/api" or path.startswith("/api/"):
         return "ollama"
     return "api"

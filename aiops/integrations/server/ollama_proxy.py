@@ -409,6 +409,21 @@ def _ndjson(obj: Any) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
+_NOT_SERVED = {
+    "embed": "embeddings", "embeddings": "embeddings", "pull": "model downloads",
+    "push": "model uploads", "create": "model creation", "copy": "model copies", "delete": "model deletion",
+}
+
+
+async def not_served(request: web.Request) -> web.Response:
+    """Ollama routes of model management and embeddings: aiops is an agent, not a model server.
+    Said in Ollama's shape, so a client shows the reason rather than 'no route'."""
+    what = _NOT_SERVED[request.path.rsplit("/", 1)[-1]]
+    raise HttpError(501, "not_implemented",
+                    f"aiops does not serve {what} ({request.path}): it is an agent behind an Ollama-compatible "
+                    f"chat API (/api/chat, /api/generate); use a model server for {what}")
+
+
 def setup(app: web.Application) -> None:
     """Mount the Ollama routes, under `/api` and the legacy `/v1/api` alias, and `GET|HEAD /`."""
     app.router.add_get("/", root)  # HEAD comes with GET
@@ -419,3 +434,5 @@ def setup(app: web.Application) -> None:
         app.router.add_post(f"{prefix}/show", show)
         app.router.add_post(f"{prefix}/chat", chat)
         app.router.add_post(f"{prefix}/generate", generate)
+        for route in ("embed", "embeddings", "pull", "push", "create", "copy", "delete"):
+            app.router.add_route("*", f"{prefix}/{route}", not_served)

@@ -84,6 +84,11 @@ class ChatRequest(BaseModel):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
+    # Asked-for outputs aiops cannot give: refused (see refuse_unservable), not silently ignored.
+    logprobs: Any = None
+    top_logprobs: Any = None
+    modalities: Any = None
+    audio: Any = None
 
 
 def _text(i: int, m: _Message, new: bool) -> str:
@@ -123,12 +128,29 @@ def refuse_json_modes(req: ChatRequest) -> None:
                     f"(only {{\"type\": \"text\"}} is accepted)", param="response_format")
 
 
+def refuse_unservable(req: ChatRequest) -> None:
+    """Outputs a client asks for that no agent turn produces: a 400 naming the field, as `n > 1`
+    gets, rather than an answer without what the client will look for in it."""
+    if req.logprobs not in (None, False):
+        raise HttpError(400, "unsupported_value", "logprobs: aiops does not return log probabilities "
+                        "(send false or leave it out)", param="logprobs")
+    if req.top_logprobs is not None:
+        raise HttpError(400, "unsupported_value", "top_logprobs: aiops does not return log probabilities",
+                        param="top_logprobs")
+    if req.modalities not in (None, ["text"]):
+        raise HttpError(400, "unsupported_value", f"modalities: aiops answers in text only (got "
+                        f"{req.modalities!r}; send [\"text\"] or leave it out)", param="modalities")
+    if req.audio is not None:
+        raise HttpError(400, "unsupported_value", "audio: aiops answers in text only", param="audio")
+
+
 def client_messages(req: ChatRequest) -> list[ClientMessage]:
     # Any value, even `[]` or "none", is refused: the client would otherwise believe its tools
     # were offered. Only null counts as absent (OpenAI's own reading of null).
     for name in ("tools", "functions", "tool_choice", "function_call"):
         if getattr(req, name) is not None:
             raise tools_refused(name)
+    refuse_unservable(req)
     if req.n is not None and req.n != 1:
         raise HttpError(400, "invalid_value", f"n: aiops gives one answer per request (n must be 1, got {req.n})",
                         param="n")
@@ -142,7 +164,8 @@ def client_messages(req: ChatRequest) -> list[ClientMessage]:
                             f"messages.{i}: tool calls and tool results are not supported; the agent runs "
                             f"its tools server-side", param=f"messages.{i}")
         role = "system" if m.role == "developer" else m.role
-        out.append(ClientMessage(role, _text(i, m, new=i == len(req.messages) - 1)))
+        out.append(ClientMessage(role, _text(i, m, new=i == len(req.messages) - 1),
+                                 sent_as=m.role if m.role != role else None))
     return out
 
 
@@ -300,6 +323,8 @@ class OpenAIFramer:
 
 def setup(app: web.Application) -> None:
     """Mount `/v1/chat/completions` and `/v1/models`."""
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", get_model)
+    # Also without the /v1 prefix: clients configured with the bare server URL call these.
+    for prefix in ("/v1", ""):
+        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
+        app.router.add_get(f"{prefix}/models", list_models)
+        app.router.add_get(f"{prefix}/models/{{model:.+}}", get_model)

@@ -13,6 +13,9 @@ from aiops.integrations.server.errors import HttpError
 class ClientMessage:
     role: str  # system | user | assistant
     text: str
+    # The role as the client wrote it, when the proxy reads it as another (OpenAI's "developer"
+    # is a system message here): errors name what the client sent.
+    sent_as: str | None = None
 
 
 def tools_refused(field_name: str = "tools") -> HttpError:
@@ -35,7 +38,8 @@ def check_conversation(messages: Sequence[ClientMessage]) -> None:
                         param="messages")
     if messages[-1].role != "user":
         raise HttpError(400, "invalid_request",
-                        f"the last message must be the user's new message, not {messages[-1].role!r}",
+                        f"the last message must be the user's new message, not "
+                        f"{messages[-1].sent_as or messages[-1].role!r}",
                         param="messages")
     if not messages[-1].text.strip():
         raise HttpError(400, "invalid_request", "the last user message is empty", param="messages")
