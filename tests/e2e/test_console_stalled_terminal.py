@@ -87,10 +87,12 @@ class Chats:
             else:
                 self.failures.append(f"{text}: answered {answer!r}")
 
-    def until_behind(self, log: Path, clients: int = 3, after: int = 10, most: int = 400) -> int:
+    def until_behind(self, log: Path, clients: int = 3, after: int = 10, most: int = 2000,
+                     stalled_seconds: float = 1.5) -> int:
         """`clients` chat in parallel until aiops's log says the terminal fell behind, then `after`
-        more chats each; returns how many chats were sent. `self.behind_at`: when (perf_counter)
-        the log said so."""
+        more chats each and for at least `stalled_seconds` (on a fast machine ten chats take less
+        time than enough health probes to judge by); returns how many chats were sent.
+        `self.behind_at`: when (perf_counter) the log said so."""
         sent = 0
         lock = threading.Lock()
         behind_at: list[int] = []
@@ -99,7 +101,8 @@ class Chats:
             nonlocal sent
             while True:
                 with lock:
-                    if behind_at and sent >= behind_at[0] + after * clients or sent >= most:
+                    if (behind_at and sent >= behind_at[0] + after * clients
+                            and time.perf_counter() - self.behind_at >= stalled_seconds) or sent >= most:
                         return
                     sent += 1
                     i = sent
