@@ -1,0 +1,53 @@
+"""The `aiops` command.
+
+Argument parsing comes first and heavy imports happen inside each sub-command, so `aiops --help`
+and `aiops config paths` stay instant and `aiops serve` never imports Textual.
+
+The sub-commands live in the modules of this package, by concern: args (the parser), common (what
+they share), config (config paths/check/init, mcp import), reports (models, plugins, audit), chat,
+server (console, serve, attach).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from aiops.cli.args import parse_args
+from aiops.cli.chat import _rule_hint, cmd_chat
+from aiops.cli.common import CliError, parse_since
+from aiops.cli.config import cmd_config_check, cmd_config_init, cmd_config_paths, cmd_mcp_import
+from aiops.cli.reports import cmd_audit, cmd_models, cmd_plugins
+from aiops.cli.server import cmd_attach, cmd_console, cmd_serve
+
+__all__ = ["CliError", "_rule_hint", "main", "parse_args", "parse_since"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from aiops.config import ConfigError
+
+    handlers = {
+        None: cmd_console, "console": cmd_console, "serve": cmd_serve, "chat": cmd_chat,
+        "models": cmd_models, "audit": cmd_audit, "plugins": cmd_plugins, "attach": cmd_attach,
+    }
+    try:
+        if args.command == "config":
+            fn = {"paths": cmd_config_paths, "check": cmd_config_check,
+                  "init": cmd_config_init}[args.config_command]
+        elif args.command == "mcp":
+            fn = cmd_mcp_import
+        else:
+            fn = handlers[args.command]
+        return fn(args)
+    except (ConfigError, CliError) as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`aiops chat ... | head`): no traceback, and none at exit either.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -1,0 +1,7 @@
+"""`python -m aiops.cli`: the `aiops` command."""
+
+import sys
+
+from aiops.cli import main
+
+sys.exit(main())

@@ -1,0 +1,243 @@
+"""`aiops chat`: one turn streamed to stdout, its gates asked about on the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from aiops.cli.common import CliError, load, setup_file_logging
+
+if TYPE_CHECKING:
+    from aiops.engine.events import GateInfo, GateOpened
+    from aiops.engine.lock import DataDirLock
+
+
+def _rule_hint(gate: GateInfo | Mapping[str, Any]) -> str:
+    """The gates.toml rule that decided `gate`, phrased as the setting that would allow it."""
+    from aiops.engine.events import GateInfo
+
+    if not isinstance(gate, GateInfo):
+        gate = GateInfo.from_dict(gate)
+    op = gate.operation
+    if gate.tool_type == "db":
+        if not gate.tables:  # the statement names no table: the unknown rule decides
+            return f'[db.unknown] {op} = "allow"'
+        rules = " and ".join(f'[db.tables."{t}"] {op} = "allow"' for t in gate.tables)
+        return f"{rules} (and [db.unknown] {op}, if the statement does more than touch its tables)"
+    return f'[tools."{gate.tool}"] {op} = "allow"'
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    if args.text == "-":
+        # `git log -1 | aiops chat -`: the message is what the pipe holds, read before anything
+        # starts (so a usage error never leaves an engine half up).
+        args.text = sys.stdin.read()
+        if not args.text.strip():
+            raise CliError("aiops chat -: nothing to send (stdin was empty)")
+    cfg = load(args)
+    setup_file_logging(cfg, args.verbose)
+    from aiops.engine.lock import AlreadyRunning, DataDirLock
+
+    # Another aiops on this data dir owns its sessions and gates: talk to it, don't share its files.
+    lock = DataDirLock(cfg.paths.lock_path)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        raise CliError(f"{e}; send the message through its API instead "
+                       f"(POST /api/v1/submit, or aiops.client.AgentClient)") from None
+    try:
+        return asyncio.run(_chat(cfg, args, lock))
+    finally:
+        lock.release()
+
+
+class _TerminalAsker:
+    """Asks the operator about gates on the terminal `aiops chat` runs in.
+
+    One daemon thread reads stdin lines into a queue: a prompt whose gate resolves elsewhere (it
+    timed out) can be abandoned without leaving a reader blocked, and the process can still exit.
+    """
+
+    def __init__(self) -> None:
+        self._lines: asyncio.Queue[str] | None = None
+        self._lock = asyncio.Lock()  # one prompt at a time (parallel calls may open several gates)
+
+    def _start(self) -> asyncio.Queue[str]:
+        if self._lines is None:
+            import threading
+
+            loop = asyncio.get_running_loop()
+            lines: asyncio.Queue[str] = asyncio.Queue()
+
+            def read() -> None:
+                while True:
+                    line = sys.stdin.readline()
+                    try:
+                        loop.call_soon_threadsafe(lines.put_nowait, line)
+                    except RuntimeError:  # the loop has closed: aiops chat is exiting
+                        return
+                    if not line:  # EOF
+                        return
+
+            threading.Thread(target=read, name="aiops-chat-stdin", daemon=True).start()
+            self._lines = lines
+        return self._lines
+
+    async def ask(self, gate: GateInfo) -> tuple[Literal["approved", "denied"], Literal["once", "session"]]:
+        """(decision, scope) from the operator; EOF or anything but y/s is a denial."""
+        async with self._lock:
+            lines = self._start()
+            while not lines.empty():  # typed ahead, before this question was shown
+                lines.get_nowait()
+            print(f"approve {gate.tool}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
+                  flush=True)
+            answer = (await lines.get()).strip().lower()
+        if answer in ("y", "yes"):
+            return "approved", "once"
+        if answer in ("s", "session"):
+            return "approved", "session"
+        return "denied", "once"
+
+
+# C0 and C1 controls but tab and newline, and DEL: what the model, a tool or a database sends
+# must not drive the operator's terminal (hide text, move the cursor, redraw a gate's question).
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
+
+
+def _shown(text: str) -> str:
+    """`text` as `aiops chat` prints it: control characters written out as `\\xNN`."""
+    return text.translate(_CONTROLS)
+
+
+def _waiting_line(opened: GateOpened) -> dict[str, Any]:
+    """The "waiting for approval" notice that follows a gate in `aiops chat --json`, derived from
+    the gate itself (the line, its keys and their order as the engine's notice had them)."""
+    from aiops.gates.broker import waiting_notice
+
+    line: dict[str, Any] = {"event": "notice", "text": waiting_notice(opened.gate), "gate_id": opened.gate.id,
+                            "session_id": opened.session_id}
+    if opened.turn_id is not None:
+        line["turn_id"] = opened.turn_id
+    return line
+
+
+async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = None) -> int:
+    import uuid
+
+    from aiops.engine import events as ev
+    from aiops.engine.engine import Engine, EngineError
+    from aiops.gates.broker import GateError
+
+    engine = Engine(cfg)
+    await engine.start()
+    await engine.close_left_open(lock)
+    out = sys.stdout
+    status = 0
+    # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only
+    # be answered here: on the terminal, or (without one) refused at once rather than waited on.
+    asker = _TerminalAsker() if sys.stdin.isatty() else None
+    asking: dict[str, asyncio.Task[None]] = {}
+    say = sys.stderr if args.json else out  # keeps --json output to JSON lines
+
+    async def answer(gate: ev.GateInfo) -> None:
+        decision: Literal["approved", "denied"]
+        scope: Literal["once", "session"]
+        if asker is None:
+            decision, scope, by = "denied", "once", "aiops chat (no terminal)"
+        else:
+            decision, scope = await asker.ask(gate)
+            by = "aiops chat (terminal)"
+        try:
+            engine.resolve_gate(gate.id, decision, scope, by=by)
+        except GateError as e:
+            say.write(f"[gate {gate.id}: {e}]\n")
+            return
+        if asker is None:
+            gates_toml = cfg.paths.config_dir / "gates.toml"
+            say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
+                      f"{gate.tool} {gate.operation}, set {_rule_hint(gate)} in {gates_toml} "
+                      f"(`aiops config init` copies the defaults there), or send the message through "
+                      f"a running aiops (the console, or `aiops serve` and its API) and approve it "
+                      f"there]\n")
+        else:
+            say.write(f"[{decision}{' for this session' if scope == 'session' else ''}]\n")
+        say.flush()
+
+    def show(e: ev.Event) -> None:
+        """One event as text on the terminal (the waiting notice is not shown: we ask instead)."""
+        match e:
+            case ev.Tok(text=text):
+                out.write(_shown(text))
+            case ev.ToolCalled():
+                out.write(f"\n→ {_shown(e.tool)}({json.dumps(e.arguments)[:200]})\n")
+            case ev.ToolReturned():
+                first = (e.content.strip().splitlines() or [""])[0][:200]
+                mark = "✗" if e.is_error else "←"
+                out.write(f"{mark} {_shown(e.tool)}: {_shown(first)} ({e.duration_ms:.0f} ms)\n")
+            case ev.Notice(command=str(command)) if command:
+                out.write(f"{_shown(e.text)}\n")  # a command's output, as is
+            case ev.Notice():
+                out.write(f"\n[{_shown(e.text)}]\n")
+            case ev.GateOpened(gate=gate):
+                out.write(f"\n[gate {gate.id}: {_shown(gate.summary)}]\n")
+            case ev.ErrorEvent():
+                out.write(f"\nerror: {_shown(e.message)}\n")
+
+    try:
+        for p in engine.plugin_status:
+            if p.state in ("skipped", "failed"):
+                print(f"[plugin {p.name} {p.state}: {p.reason}]", file=sys.stderr)
+        session = args.session
+        if session:
+            live = await engine.session(session)
+            if live is None:
+                raise CliError(f"no session {session!r}")
+            session = live.id
+        else:
+            session = f"console-{uuid.uuid4().hex[:8]}"
+        sub = engine.subscribe(session)
+        try:
+            turn = await engine.submit(session, args.text, kind="console", model=args.model,
+                                       is_operator=True)
+        except EngineError as err:
+            raise CliError(str(err)) from None
+        # A message of commands only creates no session, and `!session ID delete` may remove it.
+        live = await engine.session(session)
+        if not args.json and live is not None:
+            print(f"[session {live.row.short_id} · {live.model_key(engine)}]", file=sys.stderr)
+        async for e in sub:
+            if e.turn_id != turn.id and not isinstance(e, ev.ErrorEvent):
+                continue
+            match e:
+                case ev.Notice(command=str(command), ok=False) if command:
+                    status = 1  # a !command reported an error
+                case ev.GateResolved(gate=gate):
+                    task = asking.pop(gate.id, None)
+                    if task is not None and not task.done():  # resolved before we had an answer: a timeout
+                        task.cancel()
+                        say.write(f"\n[gate {gate.id}: {gate.decision} by {gate.by}]\n")
+            if args.json:
+                out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
+                if isinstance(e, ev.GateOpened):
+                    out.write(json.dumps(_waiting_line(e), default=str) + "\n")
+            else:
+                show(e)
+            if isinstance(e, ev.ErrorEvent):
+                status = 1
+            elif isinstance(e, ev.Done):
+                out.write("\n")
+                break
+            if isinstance(e, ev.GateOpened):
+                out.flush()
+                asking[e.gate.id] = asyncio.create_task(answer(e.gate))
+            out.flush()
+        sub.close()
+    finally:
+        for task in asking.values():
+            task.cancel()
+        await engine.stop()
+    return status
