@@ -16,13 +16,16 @@ measures:
 
 Errors reach the caller as `DatabaseError` with text meant for the model and the operator; the
 password never appears in logs or messages.
+
+The settings and connection parameters are in mysql_settings, the results and their formatting in
+mysql_results, statement splitting and the read-only refusals in mysql_statements; the names below
+are importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import decimal
 import logging
 import os
@@ -30,16 +33,15 @@ import re
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
 
 import aiomysql
-import sqlglot
-from pydantic import BaseModel, ConfigDict, Field
 from pymysql.constants import COMMAND
-from sqlglot.errors import TokenError
-from sqlglot.tokens import Token, TokenType
+
+from aiops.integrations.mysql_results import QueryResult
+from aiops.integrations.mysql_settings import ConnectionParams, MySQLSettings
+from aiops.integrations.mysql_statements import Statement, parse_statements, read_refusal, split_statements
 
 log = logging.getLogger(__name__)
 
@@ -55,107 +57,6 @@ __all__ = [
     "QueryResult",
     "split_statements",
 ]
-
-
-# ---- settings ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionParams:
-    """Effective connection parameters, resolved from settings and the environment."""
-
-    host: str
-    port: int
-    user: str
-    password: str = field(repr=False)
-    database: str
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def describe(self) -> str:
-        """Safe for logs: everything but the password."""
-        return f"{self.user}@{self.host}:{self.port}/{self.database}"
-
-
-class MySQLSettings(BaseModel):
-    """The `[mysql]` table of plugins.toml."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: int = Field(3306, ge=1, le=65535)
-    user: str = "root"
-    # Name of an env var holding the password. Left out of the file, an unset MYSQL_PASSWORD means
-    # an empty password; named in the file, the variable must be set (see `missing_secret`).
-    password_env: str | None = "MYSQL_PASSWORD"
-    # Name of an env var holding a DSN (mysql://user:pass@host:3306/db) that overrides the fields.
-    dsn_env: str | None = None
-    database: str = "test"
-    pool_size: int = Field(5, ge=1)
-    max_rows: int = Field(200, ge=1)
-    # 0 disables the limit.
-    statement_timeout_ms: int = Field(10000, ge=0)
-
-    def missing_secret(self, env: Mapping[str, str] | None = None) -> str | None:
-        """Why the configured secrets cannot be read, or None.
-
-        A variable the user named (`dsn_env`, or `password_env` written in the file) but did not
-        set is a mistake to report, not a reason to connect with other credentials: without it the
-        runner would silently fall back to the host/user fields and an empty password. Set to an
-        empty value counts as set (a server without a password).
-        """
-        env = os.environ if env is None else env
-        named = [("dsn_env", self.dsn_env)]
-        if "password_env" in self.model_fields_set:
-            named.append(("password_env", self.password_env))
-        for key, var in named:
-            if var and var not in env:
-                return f"environment variable {var} is not set ({key} in [mysql])"
-        return None
-
-    def connection_params(self, env: Mapping[str, str] | None = None) -> ConnectionParams:
-        """Resolve host, port, user, password and database from these settings and `env`.
-
-        A DSN (when `dsn_env` names a set variable) overrides the fields; parts it leaves out fall back
-        to them, and a DSN without a password takes it from `password_env`. Raises ValueError (without
-        echoing the DSN, which may hold the password) when the DSN is malformed.
-        """
-        env = os.environ if env is None else env
-        password = env.get(self.password_env, "") if self.password_env else ""
-        params = ConnectionParams(self.host, self.port, self.user, password, self.database)
-        dsn = env.get(self.dsn_env, "").strip() if self.dsn_env else ""
-        if not dsn:
-            return params
-        return _params_from_dsn(dsn, params, source=f"${self.dsn_env}")
-
-
-def _params_from_dsn(dsn: str, fallback: ConnectionParams, *, source: str) -> ConnectionParams:
-    try:
-        parts = urlsplit(dsn)
-        port = parts.port
-    except ValueError:
-        # Not chained: urlsplit's message can quote the netloc, password included.
-        raise ValueError(f"{source}: not a valid DSN (expected mysql://user:password@host:3306/database)") \
-            from None
-    if parts.scheme.lower() not in ("mysql", "mariadb"):
-        raise ValueError(f"{source}: DSN scheme must be mysql:// or mariadb://, not {parts.scheme or 'none'}")
-    if not parts.hostname:
-        raise ValueError(f"{source}: DSN has no host")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{source}: DSN options (?…) are not supported")
-    database = unquote(parts.path.lstrip("/"))
-    if "/" in database:
-        raise ValueError(f"{source}: DSN path must be a single database name")
-    return ConnectionParams(
-        host=parts.hostname,
-        port=port or 3306,
-        user=unquote(parts.username) if parts.username else fallback.user,
-        password=unquote(parts.password) if parts.password is not None else fallback.password,
-        database=database or fallback.database,
-    )
 
 
 # ---- errors --------------------------------------------------------------------------------------
@@ -199,212 +100,6 @@ def _server_message(exc: BaseException) -> str:
     if code is not None and len(args) > 1:
         return f"MySQL error {code}: {args[1]}"
     return str(exc) or type(exc).__name__
-
-
-# ---- results -------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class QueryResult:
-    """The outcome of one statement.
-
-    Statements that return a result set have `columns` and `rows` (at most max_rows of them; all of
-    `total_rows` were read from the server) and `affected_rows` None. Other statements have no
-    columns and `affected_rows` set.
-    """
-
-    columns: list[str]
-    rows: list[tuple[Any, ...]]
-    total_rows: int
-    truncated: bool
-    affected_rows: int | None
-    elapsed_ms: float
-    statement: str = ""
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def has_result_set(self) -> bool:
-        return self.affected_rows is None
-
-    def to_text(self, max_cell_chars: int = 80) -> str:
-        """A compact table for the model: header, separator, rows, then what was left out."""
-        lines: list[str] = []
-        if not self.has_result_set:
-            n = self.affected_rows or 0
-            lines.append(f"{n} row{'' if n == 1 else 's'} affected")
-        else:
-            header = [_clip(c, max_cell_chars) for c in self.columns]
-            body = [[_clip(_cell_text(v), max_cell_chars) for v in row] for row in self.rows]
-            widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(header)]
-            lines.append(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
-            lines.append("-+-".join("-" * w for w in widths))
-            for r in body:
-                lines.append(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-            hidden = self.total_rows - len(self.rows)
-            if hidden > 0:
-                lines.append(f"{hidden} more row{'' if hidden == 1 else 's'} not shown")
-            elif not self.rows:
-                lines.append("(0 rows)")
-        lines.extend(f"warning: {w}" for w in self.warnings)
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Structured and JSON-safe: rows are lists aligned with `columns` (names may repeat)."""
-        return {
-            "statement": self.statement,
-            "columns": list(self.columns),
-            "rows": [[_json_value(v) for v in row] for row in self.rows],
-            "total_rows": self.total_rows,
-            "truncated": self.truncated,
-            "affected_rows": self.affected_rows,
-            "elapsed_ms": round(self.elapsed_ms, 3),
-            "warnings": list(self.warnings),
-        }
-
-
-def _time_text(td: dt.timedelta) -> str:
-    # MySQL TIME values arrive as timedelta; show them the way the server does ([-]HH:MM:SS[.ffffff]).
-    sign = "-" if td < dt.timedelta(0) else ""
-    td = abs(td)
-    total_us = (td.days * 86400 + td.seconds) * 1_000_000 + td.microseconds
-    secs, us = divmod(total_us, 1_000_000)
-    hours, rem = divmod(secs, 3600)
-    minutes, seconds = divmod(rem, 60)
-    text = f"{sign}{hours:02d}:{minutes:02d}:{seconds:02d}"
-    return f"{text}.{us:06d}" if us else text
-
-
-def _bytes_text(b: bytes) -> str:
-    try:
-        return b.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + b.hex()
-
-
-def _cell_text(v: Any) -> str:
-    if v is None:
-        return "NULL"
-    if isinstance(v, bytes | bytearray | memoryview):
-        text = _bytes_text(bytes(v))
-    elif isinstance(v, dt.datetime):
-        text = v.isoformat(sep=" ")
-    elif isinstance(v, dt.timedelta):
-        text = _time_text(v)
-    elif isinstance(v, set | frozenset):
-        text = ",".join(sorted(str(x) for x in v))
-    else:
-        text = str(v)
-    # One table row per result row: control characters would break the layout.
-    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
-
-
-def _json_value(v: Any) -> Any:
-    if v is None or isinstance(v, bool | int | str):
-        return v
-    if isinstance(v, float):
-        return v if v == v and v not in (float("inf"), float("-inf")) else str(v)
-    if isinstance(v, decimal.Decimal):
-        # A string keeps the exact value; a float would round money.
-        return str(v)
-    if isinstance(v, dt.datetime | dt.date | dt.time):
-        return v.isoformat()
-    if isinstance(v, dt.timedelta):
-        return _time_text(v)
-    if isinstance(v, bytes | bytearray | memoryview):
-        return _bytes_text(bytes(v))
-    if isinstance(v, set | frozenset):
-        return sorted(str(x) for x in v)
-    return str(v)
-
-
-# ---- statement splitting -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Statement:
-    text: str
-    # Upper-cased token texts; empty when the tokenizer could not read the SQL.
-    words: tuple[str, ...]
-
-
-# After END, these words close an IF/LOOP/… that the splitter does not track.
-_END_SUFFIXES = frozenset({"IF", "LOOP", "WHILE", "REPEAT", "FOR"})
-
-
-def _split(sql: str) -> list[_Statement]:
-    try:
-        tokens = sqlglot.tokenize(sql, read="mysql")
-    except TokenError:
-        # The server will judge it; with multi-statements off it cannot run as several.
-        text = sql.strip()
-        return [_Statement(text, ())] if text else []
-
-    statements: list[_Statement] = []
-    start = 0
-    current: list[Token] = []
-    # Open BEGIN…END blocks and CASE…END, so semicolons inside a routine body do not split it.
-    stack: list[str] = []
-    skip_next_case = False
-
-    def flush(end: int) -> None:
-        if current:
-            statements.append(_Statement(sql[start:end].strip(), tuple(t.text.upper() for t in current)))
-
-    for i, tok in enumerate(tokens):
-        if tok.token_type == TokenType.SEMICOLON and "BEGIN" not in stack:
-            flush(tok.start)
-            start, current, stack = tok.end + 1, [], []
-            continue
-        nxt = tokens[i + 1].text.upper() if i + 1 < len(tokens) else ""
-        if tok.token_type == TokenType.BEGIN and tok.text.upper() == "BEGIN":
-            # `BEGIN;` / `BEGIN WORK` open a transaction; `BEGIN NOT ATOMIC` or a BEGIN later in a
-            # statement (routine body, label) opens a compound block.
-            if current or nxt == "NOT":
-                stack.append("BEGIN")
-        elif tok.token_type == TokenType.CASE:
-            if skip_next_case:
-                skip_next_case = False
-            else:
-                stack.append("CASE")
-        elif tok.token_type == TokenType.END:
-            if nxt == "CASE":
-                skip_next_case = True
-                if "CASE" in stack:
-                    del stack[len(stack) - 1 - stack[::-1].index("CASE")]
-            elif nxt not in _END_SUFFIXES and stack:
-                stack.pop()
-        current.append(tok)
-    flush(len(sql))
-    return statements
-
-
-def split_statements(sql: str) -> list[str]:
-    """Split on top-level semicolons, keeping each statement's original text (comments included)."""
-    return [s.text for s in _split(sql)]
-
-
-# Statements a read may not run: they would end or replace the runner's read-only transaction.
-_TRANSACTION_WORDS = frozenset({"BEGIN", "START", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "XA",
-                                "LOCK", "UNLOCK"})
-# Session variables a read may not SET: they switch the read-only protection or autocommit off.
-_GUARDED_VARIABLES = frozenset({"TX_READ_ONLY", "TRANSACTION_READ_ONLY", "AUTOCOMMIT", "COMPLETION_TYPE"})
-_GUARDED_RE = re.compile(r"\b(tx_read_only|transaction_read_only|autocommit|completion_type)\b|"
-                         r"^\s*(begin|start|commit|rollback|savepoint|release|xa|lock|unlock)\b", re.I)
-
-
-def _read_refusal(stmt: _Statement) -> str | None:
-    if not stmt.words:
-        return "it could not be tokenized" if _GUARDED_RE.search(stmt.text) else None
-    first = stmt.words[0].split()[0]
-    if first in _TRANSACTION_WORDS:
-        return f"{first} controls the transaction"
-    if first == "SET" and ("TRANSACTION" in stmt.words or _GUARDED_VARIABLES.intersection(stmt.words)):
-        return "it changes the transaction mode"
-    return None
 
 
 # ---- the runner ----------------------------------------------------------------------------------
@@ -502,12 +197,12 @@ class MySQLRunner:
             raise ValueError(f"operation must be 'read' or 'write', not {operation!r}")
         if self._closed:
             raise DatabaseError("the MySQL runner is closed", kind="connection")
-        statements = _split(sql)
+        statements = parse_statements(sql)
         if not statements:
             raise DatabaseError("nothing to run: the SQL holds no statement", kind="refused")
         if operation == "read":
             for i, stmt in enumerate(statements):
-                reason = _read_refusal(stmt)
+                reason = read_refusal(stmt)
                 if reason:
                     raise DatabaseError(
                         f"refused: {_which(i, len(statements))}is not allowed in a read-only query "
@@ -656,7 +351,7 @@ class MySQLRunner:
 
     # -- transactions --
 
-    async def _run_read(self, conn: aiomysql.Connection, statements: Sequence[_Statement], cap: int,
+    async def _run_read(self, conn: aiomysql.Connection, statements: Sequence[Statement], cap: int,
                         progress: _Progress) -> list[QueryResult]:
         await self._prepare(conn)
         mysql = self._flavour == "mysql"
@@ -683,7 +378,7 @@ class MySQLRunner:
                 except (aiomysql.Error, OSError):
                     conn.close()
 
-    async def _run_write(self, conn: aiomysql.Connection, statements: Sequence[_Statement], cap: int,
+    async def _run_write(self, conn: aiomysql.Connection, statements: Sequence[Statement], cap: int,
                          progress: _Progress) -> list[QueryResult]:
         await self._prepare(conn)
         await conn.autocommit(False)
@@ -754,7 +449,7 @@ class MySQLRunner:
 
     # -- error phrasing --
 
-    def _sql_error(self, exc: aiomysql.Error, statements: Sequence[_Statement], progress: _Progress,
+    def _sql_error(self, exc: aiomysql.Error, statements: Sequence[Statement], progress: _Progress,
                    operation: Operation) -> DatabaseError:
         code = _error_code(exc)
         which = _which(progress.index, len(statements)) if progress.index >= 0 else ""
