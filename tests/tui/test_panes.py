@@ -324,11 +324,11 @@ async def test_the_log_pane_shows_what_was_logged_before_it_was_there(make_app, 
     """Start-up runs alongside the first paint: its warnings (a keymap entry that names nothing,
     a token variable left unset beside one that is set) came before the pane and were lost."""
     monkeypatch.delenv("AIOPS_TEST_UNSET_TOKEN", raising=False)
-    monkeypatch.setenv("AIOPS_TEST_SET_TOKEN", "s" * 32)
+    monkeypatch.setenv("SET_TOKEN_FOR_AIOPS_TEST", "s" * 32)
     app = make_app(server=True, extra_files={"aiops.toml": (
         '[console.keymap]\n"no.such.binding" = "z"\n'
         '[auth.tokens.ops]\ntoken_env = "AIOPS_TEST_UNSET_TOKEN"\nrole = "operator"\n'
-        '[auth.tokens.bot]\ntoken_env = "AIOPS_TEST_SET_TOKEN"\nrole = "client"\n')})
+        '[auth.tokens.bot]\ntoken_env = "SET_TOKEN_FOR_AIOPS_TEST"\nrole = "client"\n')})
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         app.main.show_pane("log")
