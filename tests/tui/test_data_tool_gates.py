@@ -73,8 +73,8 @@ async def test_a_drive_delete_asks_and_runs_once_approved_in_the_console(tmp_pat
         await send(pilot, "please clean up")
         await wait_for(pilot, lambda: app.inbox.gates, "a gate in the inbox")
         gate = next(iter(app.inbox.gates.values()))
-        assert (gate["tool"], gate["tool_type"], gate["operation"]) == ("google_drive", "drive", "write")
-        assert gate["summary"] == "google_drive delete file oldReport1 (moved to the Drive trash)"
+        assert (gate.tool, gate.tool_type, gate.operation) == ("google_drive", "drive", "write")
+        assert gate.summary == "google_drive delete file oldReport1 (moved to the Drive trash)"
         assert "google_drive write" in region_text(app, "#side") and "delete file oldReport1" in region_text(app, "#side")
         assert not doomed.trashed  # nothing happens before the operator answers
         await pilot.press("ctrl+g", "a")
