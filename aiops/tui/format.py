@@ -90,3 +90,11 @@ def gate_outcome(info: GateInfo | Mapping[str, Any]) -> str:
     scope_txt = " for the session" if info.scope == "session" and decision == "approved" else ""
     by_txt = "" if not by or by == decision else (f" ({by})" if decision == "cancelled" else f" by {by}")
     return f"{'timed out' if decision == 'timeout' else decision}{scope_txt}{by_txt}"
+
+
+def server_label(urls: list[str], wanted: bool) -> str:
+    """The header's server field: the first URL and the other ports ("http://127.0.0.1:8080 +8443"),
+    or why there is none."""
+    if urls:
+        return urls[0] + "".join(f" +{u.rsplit(':', 1)[-1]}" for u in urls[1:])
+    return "server off" if not wanted else "server failed"

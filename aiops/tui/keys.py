@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from textual.binding import Binding, BindingType
 
@@ -185,3 +186,14 @@ def render_help(text: str, keymap: Mapping[str, str]) -> str:
         return display_keys(keys_of(spec, keymap)) if spec is not None else m.group(0)
 
     return _PLACEHOLDER.sub(key, text)
+
+
+def pane_help(widget: object, default: str) -> str:
+    """The help text F1 shows: that of the pane holding `widget` (the nearest ancestor with a PANE
+    and a HELP), else `default` (the console's overview)."""
+    node: Any = widget
+    while node is not None:
+        if isinstance(getattr(node, "PANE", None), str) and getattr(node, "HELP", None):
+            return str(node.HELP)
+        node = node.parent
+    return default

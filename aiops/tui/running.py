@@ -1,0 +1,121 @@
+"""Running the console as a process: its terminal driver, a quiet terminal while it draws, the data-dir
+lock, the signals that quit it, and a bounded exit.
+
+Kept apart from the App (aiops/tui/app.py), which tests run headless: only `run_console` tunes the
+collector, catches SIGTERM/SIGHUP and arms the exit watchdog, so an app under test leaves the test
+runner's process alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from aiops.logs import log_file_handler
+from aiops.watchdog import ExitWatchdog
+
+if TYPE_CHECKING:
+    from textual.driver import Driver
+
+    from aiops.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def quit_on_signals(signalled: Callable[[int], None]) -> None:
+    """SIGTERM and SIGHUP (a closed terminal, a dropped SSH session) call `signalled` on the running
+    loop. Without this, SIGTERM killed the console where it stood: the terminal left in raw mode
+    on the alternate screen, client streams cut instead of ended, turns left for the next
+    start to record as interrupted."""
+    loop = asyncio.get_running_loop()
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)  # no SIGHUP on Windows
+        try:
+            if sig is not None:
+                loop.add_signal_handler(sig, signalled, sig)
+        except NotImplementedError:  # Windows event loops catch no signals
+            pass
+
+
+def console_driver() -> type[Driver] | None:
+    """Our terminal driver (aiops/tui/driver.py: output never blocks the loop), where Textual would
+    use LinuxDriver; None (Textual's choice) on Windows or when TEXTUAL_DRIVER names another."""
+    if sys.platform == "win32" or os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    from aiops.tui.driver import ConsoleDriver
+
+    return ConsoleDriver
+
+
+@contextlib.contextmanager
+def terminal_quiet(cfg: Config) -> Iterator[None]:
+    """While the console draws, no log record or warning may reach the terminal."""
+    root = logging.getLogger()
+    removed = [h for h in root.handlers if isinstance(h, logging.StreamHandler)
+               and not isinstance(h, logging.FileHandler)
+               and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)]
+    for h in removed:
+        root.removeHandler(h)
+    added: logging.Handler | None = None
+    level = root.level
+    log_path = str(cfg.paths.log_path)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == log_path for h in root.handlers):
+        cfg.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        added = log_file_handler(cfg.paths.log_path)
+        root.addHandler(added)
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        if added is not None:
+            root.removeHandler(added)
+            added.close()
+            root.setLevel(level)
+        for h in removed:
+            root.addHandler(h)
+
+
+def run_console(cfg: Config, host: str | None = None, port: int | None = None, server: bool = True) -> int:
+    """Run the console until quit. Exit status 2 when another aiops holds the data dir."""
+    from aiops.engine.lock import AlreadyRunning, DataDirLock
+    from aiops.tui.app import AiopsApp  # the App imports this module for its driver
+
+    lock = DataDirLock(cfg.paths.lock_path)
+    try:
+        lock.acquire()
+    except AlreadyRunning as e:
+        print(f"aiops: {e}", file=sys.stderr)
+        return 2
+    from aiops.integrations.runtime import exit_if_left, run_to_exit
+
+    started = time.monotonic()
+    code, left = 0, [0]
+    try:
+        with terminal_quiet(cfg):
+            app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
+            app.settle_gc = True
+            app.quit_on_signals = True
+            app.watchdog = ExitWatchdog()  # armed by the quit; never disarmed: it covers the whole exit
+            # On a loop of our own, wound down bounded (as `aiops serve`'s): a tool still running
+            # after the close, or a thread blocked in one, must not hold the exit for good.
+            code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0
+        log.info("console closed after %.0f s", time.monotonic() - started)
+        return code
+    finally:
+        # Closed already: a second SIGTERM (a service manager repeating itself) or SIGHUP (the
+        # terminal going as it closes) during the last of the exit must not make it a killed one.
+        for name in ("SIGTERM", "SIGHUP"):
+            if (sig := getattr(signal, name, None)) is not None:
+                signal.signal(sig, signal.SIG_IGN)
+        lock.release()
+        exit_if_left(left[0], code)

@@ -1,0 +1,82 @@
+"""Start-up of the engine and the HTTP server behind the console, and what the header says of them.
+
+The App starts them on mount in a worker, which only posts the outcome (`ServicesStarted` or
+`ServicesFailed`) back; the App's handlers, delegating here, then fill the panes: the header's server
+field, the input's completions, the sessions list, pending gates, the console session to show. A
+failed start leaves the console up, saying why. Owned by the App.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from textual.css.query import NoMatches
+
+from aiops.engine import gc_policy
+from aiops.tui.adapter import ServicesFailed
+from aiops.tui.format import one_line, server_label
+
+if TYPE_CHECKING:
+    from aiops.tui.adapter import ServicesStarted
+    from aiops.tui.app import AiopsApp
+
+log = logging.getLogger(__name__)
+
+
+class Services:
+    """The engine and the server as the console starts and shows them."""
+
+    def __init__(self, app: AiopsApp) -> None:
+        self.app = app
+
+    async def start(self) -> None:
+        """In a worker: start the engine and the server, and post how it went."""
+        app = self.app
+        try:
+            started = await app.adapter.start(server=app.want_server, host=app.host, port=app.port,
+                                              lock=app.lock)
+        except Exception as e:  # noqa: BLE001 - shown in the console, which stays up
+            log.exception("the engine did not start")
+            app.post_message(ServicesFailed(f"{type(e).__name__}: {e}"))
+            return
+        app.post_message(started)
+
+    def failed(self, error: str) -> None:
+        app = self.app
+        app.status.server = "engine failed"
+        app.status.warning = one_line(error, 60)
+        app.notify(f"the engine did not start: {error}", severity="error", timeout=30)
+
+    async def started(self, msg: ServicesStarted) -> None:
+        app = self.app
+        app.services_ready = True
+        if app.settle_gc:
+            gc_policy.settle()  # start-up is over: see gc_policy
+        app.server_urls = msg.server_urls
+        app.status.server = server_label(msg.server_urls, app.want_server)
+        if msg.server_error:
+            app.notify(f"server: {msg.server_error}", severity="error", timeout=15)
+        if app.lock is not None:
+            with contextlib.suppress(OSError):
+                app.lock.update(url=msg.server_urls[0] if msg.server_urls else None)
+        app.chat_input.set_completions(app.adapter.command_names(), app.adapter.model_keys())
+        sessions = await app.adapter.sessions()
+        if not app._drawing:
+            return
+        app.sessions_list.set_sessions(sessions)
+        app.gate_desk.set_gates(app.adapter.pending_gates())
+        app.side.refresh_limits()
+        await app.sessions.select_latest_console(sessions)
+        app.probe_models()
+
+    def refresh_clients(self) -> None:
+        """The header's count of connected clients (an app timer, every 2 s)."""
+        app = self.app
+        # An app timer outlives the screen: on shutdown Textual removes the screen's widgets
+        # before it stops the app's timers, so a tick can land on an empty screen.
+        if not app.services_ready or not app._drawing:
+            return
+        with contextlib.suppress(NoMatches):
+            app.status.clients = app.adapter.connected_clients()
