@@ -116,7 +116,8 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("gates.approve", "a", "approve", "Approve",
             "Approve the highlighted gate once", "gates"),
     KeySpec("gates.approve_session", "s", "approve_session", "Approve session",
-            "Approve it and let the same tool, operation and tables through for the rest of the session",
+            "Approve it and let the same tool, operation, tables (and SQL statement kinds) through for the "
+            "rest of the session",
             "gates", label="Session"),
     KeySpec("gates.deny", "d", "deny", "Deny",
             "Deny the highlighted gate; the model is told it was not allowed", "gates"),

@@ -224,7 +224,7 @@ async def test_f1_explains_the_focused_pane(make_app):
         await pilot.press("ctrl+g", "f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
         text = screen_text(app)
-        assert "Help · Gates inbox" in text and "Approve it and let the same tool" in text
+        assert "Help · Gates inbox" in text and "approve for the session" in text
 
 
 async def test_the_palette_offers_the_focused_panes_actions_first(make_app):
