@@ -376,8 +376,8 @@ def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
         # sqlglot cannot parse `INTO OUTFILE/DUMPFILE`; parsing the query without it still
         # names the tables read. Writing a server file is beyond any table.
         node = _parse(outfile, sql)
-        tables = _tables(node)[0] if node is not None else ()
-        return _Verdict("select_into", _WRITE, tables, beyond_tables=True)
+        read = _tables(node)[0] if node is not None else ()
+        return _Verdict("select_into", _WRITE, read, beyond_tables=True)
 
     is_replace = keyword == "REPLACE"
     if is_replace:

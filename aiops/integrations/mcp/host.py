@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -23,6 +23,7 @@ from aiops.integrations.mcp.results import ArtifactStore, cut_for_model, operato
 if TYPE_CHECKING:
     import mcp_types as mt
 
+    from aiops.engine.engine import Engine
     from aiops.integrations.mcp.connection import ServerConnection
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,9 @@ class McpPlugin(Plugin):
         import mcp_types as mt
 
         assert self.api is not None
-        engine = self.api.engine
+        # The one place a plugin opens a gate of its own (no view operation does): through the
+        # engine's gatekeeper, so the inbox, the audit log and the timeout treat it as any gate.
+        engine = cast("Engine", self.api.engine)
         message = (getattr(params, "message", "") or "")[:500]
         calls = list(self._in_flight.get(conn.name, {}).values())
         if not calls:
@@ -143,8 +146,8 @@ class McpPlugin(Plugin):
             return mt.ElicitResult(action="decline")
         ctx = calls[0]
         url = getattr(params, "url", None)
-        schema = getattr(params, "requested_schema", None)
-        schema = schema.model_dump() if hasattr(schema, "model_dump") else (schema or {})
+        requested: Any = getattr(params, "requested_schema", None)
+        schema = requested.model_dump() if hasattr(requested, "model_dump") else (requested or {})
         required = list(schema.get("required") or []) if isinstance(schema, dict) else []
         if required:
             ctx.notice(f"MCP server {conn.name} asked for {', '.join(map(str, required))} ({message[:200]}); "
