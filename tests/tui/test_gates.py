@@ -16,6 +16,7 @@ from aiops.engine.events import GateInfo
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp
 from aiops.tui.screens.modals import GateDetailsScreen
+from aiops.tui.widgets.chat import ToolCallBlock
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import ARM_SECONDS, GatesInbox
 from tests.fakes.openai_server import call_tool_when
@@ -63,6 +64,9 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert isinstance(app.focused, ChatInput)
         await wait_chat(pilot, "waiting for operator approval: write_note write")
         assert app.sessions_list.sessions[app.selected]["state"] == "waiting"
+        # The call's own block says it waits (and where it is answered), not "running…".
+        block = app.chat.query(ToolCallBlock).last()
+        assert "waiting for operator approval (gates inbox)" in str(block.title) and "running" not in str(block.title)
         # The global key jumps to the oldest gate; `a` approves it once.
         await pilot.press("ctrl+g")
         assert isinstance(app.focused, GatesInbox)
@@ -73,6 +77,7 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert not app.inbox.gates
         assert "⚑ 1 gate" not in screen_text(app)
         assert "approved by console" in chat_text(app)
+        assert "waiting" not in str(block.title) and "✓" in str(block.title)
         # The wait is over: its line goes, as the history (which never had it) shows the session.
         assert "waiting for operator approval" not in chat_text(app)
         history = await app.adapter.engine.history(app.selected)

@@ -120,6 +120,8 @@ class ToolCallBlock(Collapsible):
         self.tool_name = name
         self.arguments = arguments
         self.result: dict[str, Any] | None = None
+        # Set while a gate holds the call: the block says so instead of "running…".
+        self.waiting: str | None = None
         self.args_view = Static(self._args_renderable(arguments), classes="tool-args")
         self.result_view = Static("", classes="tool-result")
         self.result_view.display = False
@@ -144,7 +146,7 @@ class ToolCallBlock(Collapsible):
         head = f"⚙ {escape(self.tool_name)}  {escape(args_preview(self.arguments, 48))}"
         r = self.result
         if r is None:
-            return f"{head}  · running…"
+            return f"{head}  · ⏳ {self.waiting}" if self.waiting else f"{head}  · running…"
         status = r.get("status")
         gate = r.get("gate")
         if status == "cancelled":
@@ -158,6 +160,11 @@ class ToolCallBlock(Collapsible):
         if gate and gate not in ("allow", "cancelled"):
             extra.append(str(gate))
         return f"{head}  · {' · '.join(x for x in [mark, *extra] if x)}"
+
+    def set_waiting(self, text: str | None) -> None:
+        """The call waits at a gate (`text` says for what and whom), or no longer does."""
+        self.waiting = text
+        self.title = self._title_text()
 
     def set_result(self, content: str, *, is_error: bool, duration_ms: float | None,
                    gate: str | None = None, status: str | None = None) -> None:
@@ -294,6 +301,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
         self._current: AssistantMessage | None = None
         self._tools: dict[str, ToolCallBlock] = {}
         self._waiting: dict[str, NoticeLine] = {}  # "waiting for approval" lines, by gate id
+        self._held: dict[str, ToolCallBlock] = {}  # tool calls waiting at a gate, by gate id
         self._details_open = False
 
     def on_mount(self) -> None:
@@ -309,6 +317,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
         self.session_id = session_id
         self._tools.clear()
         self._waiting.clear()
+        self._held.clear()
         self._current = None
         with self.app.batch_update():
             await self.remove_children()
@@ -375,6 +384,14 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
 
     # -- live events --
 
+    def _gated_call(self, gate: ev.GateInfo) -> ToolCallBlock | None:
+        """The call a gate holds: the latest call of that tool still without a result and not
+        already held (the gate names its tool, not its call), else the latest open call."""
+        held = set(map(id, self._held.values()))
+        open_calls = [b for b in self._tools.values() if b.result is None and id(b) not in held]
+        same_tool = [b for b in open_calls if b.tool_name == gate.tool]
+        return (same_tool or open_calls or [None])[-1]
+
     async def apply(self, event: Event) -> None:
         """Draw one live event of this session."""
         match event:
@@ -403,10 +420,17 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
                 line = NoticeLine(waiting_notice(gate))
                 self._waiting[gate.id] = line
                 await self._add(line)
+                if (block := self._gated_call(gate)) is not None:
+                    # Not "running…": it waits, and for an operator (the inbox, or an operator
+                    # token over the API or MCP).
+                    block.set_waiting("waiting for operator approval (gates inbox)")
+                    self._held[gate.id] = block
             case ev.GateResolved(gate=gate):
                 await self._finish_current()
                 if (waiting := self._waiting.pop(gate.id, None)) is not None:
                     await waiting.remove()
+                if (held := self._held.pop(gate.id, None)) is not None:
+                    held.set_waiting(None)
                 await self._add(GateLine(gate))
             case ev.Notice(command=str(command)) if command:
                 await self._finish_current()
