@@ -414,3 +414,19 @@ async def test_command_output_wraps_under_its_columns_in_a_narrow_chat(make_app)
         column = lines[i].index("list models /")
         assert lines[i + 1].strip() and len(lines[i + 1]) - len(lines[i + 1].lstrip()) == column, lines[i:i + 2]
         assert all(len(line) < output.size.width for line in lines)
+
+
+async def test_f6_reaches_the_transcript_so_its_keys_work_from_the_keyboard(make_app, fake_openai):
+    """Its keys (expand, think, end) were reachable only by Tab or the mouse."""
+    from aiops.tui.widgets.chat import ChatView
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert isinstance(app.focused, ChatInput)
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatView), "the transcript")
+        await pilot.press("shift+f6")
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "back to the input")
+        await pilot.press("shift+f6")  # the input -> the sessions pane, as before
+        await wait_for(pilot, lambda: not isinstance(app.focused, (ChatInput, ChatView)), "the sessions pane")

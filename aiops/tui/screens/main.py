@@ -153,6 +153,7 @@ class MainScreen(Screen[None]):
         return {
             "chat": lambda: self.query_one(ChatInput),
             "input": lambda: self.query_one(ChatInput),
+            "transcript": lambda: self.query_one(ChatView),
             "sessions": lambda: self.query_one(SessionsList),
             "gates": lambda: self.query_one(GatesInbox),
             "prompt": lambda: self.query_one("#prompt-sections"),
@@ -230,13 +231,20 @@ class MainScreen(Screen[None]):
             order = list(VIEWS)
             current = self.view
         else:
-            order = [p for p in ("sessions", "chat", "side") if not (
+            # The transcript is a stop of its own after the input, so its keys (expand, think,
+            # end) are reached from the keyboard, not only by Tab or the mouse.
+            order = [p for p in ("sessions", "chat", "transcript", "side") if not (
                 (p == "sessions" and self.has_class("-no-sessions")) or (p == "side" and self.has_class("-no-side")))]
             current = self._view_of(self.focused)
             current = "side" if current in SIDE_TABS else current
+            if current == "chat" and self.focused is not None and not isinstance(self.focused, ChatInput):
+                current = "transcript"
         if current not in order:
             current = order[0]
         nxt = order[(order.index(current) + step) % len(order)]
+        if nxt == "transcript":
+            self.focus_pane("transcript")
+            return
         self.show_pane(self.side_tab() if nxt == "side" else nxt)
 
     def resize_pane(self, delta: int) -> None:
