@@ -390,7 +390,8 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
         held = set(map(id, self._held.values()))
         open_calls = [b for b in self._tools.values() if b.result is None and id(b) not in held]
         same_tool = [b for b in open_calls if b.tool_name == gate.tool]
-        return (same_tool or open_calls or [None])[-1]
+        candidates = same_tool or open_calls
+        return candidates[-1] if candidates else None
 
     async def apply(self, event: Event) -> None:
         """Draw one live event of this session."""
@@ -420,11 +421,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
                 line = NoticeLine(waiting_notice(gate))
                 self._waiting[gate.id] = line
                 await self._add(line)
-                if (block := self._gated_call(gate)) is not None:
+                if (held_call := self._gated_call(gate)) is not None:
                     # Not "running…": it waits, and for an operator (the inbox, or an operator
                     # token over the API or MCP).
-                    block.set_waiting("waiting for operator approval (gates inbox)")
-                    self._held[gate.id] = block
+                    held_call.set_waiting("waiting for operator approval (gates inbox)")
+                    self._held[gate.id] = held_call
             case ev.GateResolved(gate=gate):
                 await self._finish_current()
                 if (waiting := self._waiting.pop(gate.id, None)) is not None:
