@@ -99,7 +99,11 @@ class PluginHost:
     async def stop(self) -> None:
         """Stop the started plugins, last started first; one failing does not keep the rest."""
         for p in reversed(self._started):
-            try:
-                await p.stop()
-            except Exception:  # noqa: BLE001
-                log.exception("plugin %s failed to stop", p.name)
+            # A task waited on, not awaited: a stop that swallows its own cancel still cannot hold us.
+            stopping = asyncio.ensure_future(p.stop())
+            done, _ = await asyncio.wait({stopping}, timeout=p.stop_seconds)
+            if not done:
+                stopping.cancel()
+                log.error("plugin %s did not stop within %g s; left behind", p.name, p.stop_seconds)
+            elif (e := stopping.exception()) is not None:
+                log.error("plugin %s failed to stop", p.name, exc_info=e)

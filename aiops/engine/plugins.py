@@ -50,6 +50,10 @@ class Plugin:
     settings_model: ClassVar[type[PluginSettings]] = PluginSettings
     # Python modules that must import for the plugin to work (reported when missing).
     requires: ClassVar[tuple[str, ...]] = ()
+    # How long `stop` may take before the engine leaves it behind and goes on shutting down: a
+    # plugin that hangs (a peer gone, a library that swallows the cancel) must not keep the process,
+    # and with it the data dir's lock, alive.
+    stop_seconds: ClassVar[float] = 10.0
 
     def __init__(self) -> None:
         self.settings: Any = None

@@ -119,3 +119,42 @@ async def test_a_database_host_that_never_answers_does_not_hold_up_start_up(engi
             w.close()
         server.close()
         await server.wait_closed()
+
+
+class HangsOnStop(Plugin):
+    """A plugin whose stop never ends by itself and shrugs off its first cancel (as a library can)."""
+
+    name = "hangs"
+    stop_seconds: ClassVar[float] = 0.3
+
+    async def stop(self) -> None:
+        import asyncio
+
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(3600)
+
+
+class StopsLast(Plugin):
+    name = "stops_last"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stopped = False
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_plugin_that_never_stops_does_not_keep_the_engine(engine_factory, caplog):
+    import asyncio
+
+    first = StopsLast()
+    engine = await engine_factory(extra_files={"plugins.toml": "[hangs]\nenabled = true\n"
+                                                               "[stops_last]\nenabled = true\n"},
+                                  plugins=[first, HangsOnStop()], env={})
+    await asyncio.wait_for(engine.stop(), 10)
+    assert not engine.started
+    assert first.stopped, "the plugins started before the hung one still stop"
+    assert "plugin hangs did not stop within 0.3 s; left behind" in caplog.text

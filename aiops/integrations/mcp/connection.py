@@ -63,6 +63,7 @@ class ServerConnection:
         self._task: asyncio.Task[None] | None = None
         self._first_try = asyncio.Event()
         self._change = asyncio.Event()
+        self._stopping = False
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -74,9 +75,14 @@ class ServerConnection:
         await self._first_try.wait()
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._stopping = True
+        task = self._task
+        # Cancel until it ends: a cancel that lands inside the SDK's anyio task group can come back
+        # out wrapped in an exception group beside a transport error, and must not be taken for a
+        # failed attempt (CI once saw a stop wait forever on a server that had gone away).
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
         self.state = "stopped"
 
     async def next_change(self) -> None:
@@ -94,7 +100,7 @@ class ServerConnection:
 
     async def _run(self) -> None:
         wait = self.settings.retry_first_seconds
-        while True:
+        while not self._stopping:
             self.attempts += 1
             try:
                 await self._session()
@@ -102,6 +108,8 @@ class ServerConnection:
             except asyncio.CancelledError:
                 raise
             except BaseException as e:  # noqa: BLE001 - ExceptionGroups from anyio, OSError, ...
+                if self._stopping or _holds_cancel(e):
+                    raise asyncio.CancelledError from e
                 error = describe(e)
             self.client = None
             if self.state == "connected":
@@ -240,6 +248,13 @@ def _is_transport_error(e: BaseException) -> bool:
     if isinstance(e, MCPError):
         return False  # the server answered (with an error): the connection is fine
     return True
+
+
+def _holds_cancel(e: BaseException) -> bool:
+    """True for an exception group that carries a cancellation (anyio's way of reporting one)."""
+    if isinstance(e, BaseExceptionGroup):
+        return any(_holds_cancel(x) for x in e.exceptions)
+    return isinstance(e, asyncio.CancelledError)
 
 
 def describe(e: BaseException) -> str:
