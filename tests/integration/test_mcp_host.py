@@ -398,3 +398,35 @@ async def test_a_servers_question_goes_to_the_operator_like_a_gate(engine_factor
     assert tool_results(fake_openai)[-1] == "answer: decline"
     notices = [m.content for m in await engine.history("api-q") if m.role == "notice"]
     assert any("asked for name" in n and "declined" in n for n in notices), notices
+
+
+async def test_stopping_a_connection_that_keeps_failing_always_ends(tmp_path, caplog):
+    # A server that went away: the connection retries fast. Stopping it at any moment (inside the
+    # SDK's connect, in the backoff, in between) must end it: a cancel the SDK's task group hands
+    # back wrapped beside the ConnectError once kept a shutdown waiting forever.
+    import logging
+    import random
+
+    from aiops.integrations.mcp.connection import ServerConnection
+    from aiops.mcp_config import McpConfig, McpServerConfig
+
+    caplog.set_level(logging.ERROR, "aiops.integrations.mcp")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = McpServerConfig(url=f"http://127.0.0.1:{port}/mcp")
+    settings = McpConfig(retry_first_seconds=0.01, retry_max_seconds=0.02)
+
+    async def on_change(conn: ServerConnection) -> None:
+        return None
+
+    async def on_elicit(conn: ServerConnection, params: object) -> object:
+        raise AssertionError("no elicitation expected")
+
+    rng = random.Random(7)
+    for _ in range(100):
+        conn = ServerConnection("gone", cfg, settings, {}, tmp_path / "gone.err", on_change, on_elicit)
+        conn.start()
+        await asyncio.sleep(rng.random() * 0.02)
+        await asyncio.wait_for(conn.stop(), 5)
+        assert conn.state == "stopped"
