@@ -223,6 +223,27 @@ async def test_a_delegated_call_meets_the_callers_gate_and_a_denial_stops_it(eng
     assert [m.meta["decision"] for m in gates] == ["denied"]
 
 
+async def test_stopping_the_caller_cancels_the_delegated_calls_gate(engine_factory, fake_openai, delegate):
+    notes = NotesPlugin()
+    engine = await _engine(engine_factory, fake_openai, delegate, notes=notes)
+    delegate.script(Reply.tool_calls(("note_write", {"text": "x"})))
+    fake_openai.script(Reply.tool_calls(("llm_clean_tool", {"model": "helper", "tool": "note_write",
+                                                             "arguments": "write x"})))
+    sub = engine.subscribe("api-stop")
+    turn = await engine.submit("api-stop", "go", kind="api")
+    await next_event(sub, GATE)
+    assert engine.stop_turn("api-stop")
+    result = await turn.wait(30)
+    assert result.status == "cancelled"
+    assert engine.pending_gates("api-stop") == [] and notes.notes == []
+    history = await engine.history("api-stop")
+    tool = next(m for m in history if m.role == "tool")
+    assert tool.status == "cancelled" and tool.content.startswith("cancelled: the turn was stopped before "
+                                                                  "llm_clean_tool finished")
+    assert [m.meta["decision"] for m in history if m.role == "gate"] == ["cancelled"]
+    assert len(delegate.requests) == 1  # the delegate was not asked for an answer after the stop
+
+
 async def test_a_delegated_call_denied_by_policy_never_runs(engine_factory, fake_openai, delegate):
     notes = NotesPlugin()
     engine = await _engine(engine_factory, fake_openai, delegate, notes=notes,
