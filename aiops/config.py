@@ -90,6 +90,11 @@ class ModelConfig(_Strict):
     # A folder under <config dir>/system_prompt/ (copied from the shipped one on first use), or an
     # absolute path; "none" sends no system prompt.
     system_prompt_folder: str = "default"
+    # A target of the delegation tools (llm_clean_text, llm_clean_tool): another model may hand it
+    # a prompt or one tool's task. Only the operator marks a model so; `!llm_call` switches targets
+    # off and on per session. `delegation_timeout` bounds each of its answers there (seconds).
+    delegation: bool = False
+    delegation_timeout: float = Field(60, gt=0, le=3600)
 
     @field_validator("base_url")
     @classmethod
@@ -150,6 +155,10 @@ class ModelsConfig(_Strict):
 
     def enabled(self) -> dict[str, ModelConfig]:
         return {k: m for k, m in self.models.items() if m.enabled}
+
+    def delegation_targets(self) -> dict[str, ModelConfig]:
+        """The enabled models marked `delegation = true`: what the delegation tools may call."""
+        return {k: m for k, m in self.models.items() if m.enabled and m.delegation}
 
 
 # ---- aiops.toml -----------------------------------------------------------------------------------

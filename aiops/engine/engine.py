@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from aiops.engine.facade import EngineFacade
     from aiops.engine.gatekeeper import GateHost
     from aiops.engine.intake import IntakeHost
+    from aiops.engine.plugins import PluginEngine
     from aiops.engine.turn import TurnHost
 
 # Names other layers import from here.
@@ -171,6 +172,12 @@ class Engine:
         """One model call with no tools, no gates and no session: chat UIs' background tasks."""
         return await self.catalog.complete_plain(model_key, messages, system)
 
+    async def complete(self, model_key: str, messages: list[Message], tools: list[ToolSpec],
+                       system: str | None = None) -> Completion:
+        """One model call with exactly these messages, tools and system prompt, outside any
+        session: a delegation's call to another model (plugins.PluginAPI.complete)."""
+        return await self.catalog.complete(model_key, messages, tools, system)
+
     # ---- system prompt ----
 
     @property
@@ -198,6 +205,11 @@ class Engine:
 
             parts.append(describe_tools_for_prompt(text_tools))
         return "\n\n".join(p for p in parts if p) or None
+
+    def tool_guidance(self, model_key: str, tool: str) -> str:
+        from aiops.engine.prompt_tools import tool_guidance
+
+        return tool_guidance(self, model_key, tool)
 
     # ---- sessions ----
 
@@ -478,3 +490,4 @@ if TYPE_CHECKING:
         _gates: GateHost = engine
         _commands: CommandHost = engine
         _intake: IntakeHost = engine
+        _plugins: PluginEngine = engine

@@ -158,6 +158,8 @@ class Gatekeeper:
         # itself runs with its own arguments, never with these.
         args = _masked(args)
         summary = mask_sql_secrets(cls.summary or summarize(tool.name, cls.operation, list(cls.tables), args))
+        if ctx.via:
+            summary += f" (via {ctx.via})"
         if decision == "deny":
             msg = (f"The gate policy denies {tool.name} {cls.operation}"
                    f"{' on ' + ', '.join(cls.tables) if cls.tables else ''}. Do not retry this call; "

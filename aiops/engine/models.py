@@ -6,9 +6,9 @@ import logging
 from collections.abc import Mapping
 
 from aiops.config import Config, ModelConfig
-from aiops.engine.backends import Backend, make_backend
+from aiops.engine.backends import Backend, ModelError, make_backend
 from aiops.engine.errors import EngineError
-from aiops.engine.types import Completion, Message
+from aiops.engine.types import Completion, Message, ToolSpec, valid_completion
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,18 @@ class Models:
         """One model call with no tools, no gates and no session: chat UIs' background tasks.
 
         The whole Completion, so callers can report the model's token usage with the text."""
-        completion = Completion()
-        async for item in self.backend(model_key).stream(messages, [], system=system):
+        return await self.complete(model_key, messages, [], system)
+
+    async def complete(self, model_key: str, messages: list[Message], tools: list[ToolSpec],
+                       system: str | None = None) -> Completion:
+        """One model call, streamed and collected: the whole reply (text, calls, usage)."""
+        completion: Completion | None = None
+        async for item in self.backend(model_key).stream(messages, tools, system=system):
             if isinstance(item, Completion):
-                completion = item
+                completion = valid_completion(item)
+        if completion is None:
+            raise ModelError(model_key, self.config(model_key).display_url(),
+                             "the stream ended without a completion")
         return completion
 
     async def aclose(self) -> None:

@@ -25,14 +25,14 @@ from aiops.engine.plugins import (
 if TYPE_CHECKING:
     from aiops.config import Config
     from aiops.engine.commands import CommandRegistry
-    from aiops.engine.facade import EngineFacade
+    from aiops.engine.plugins import PluginEngine
     from aiops.engine.tools import ToolRegistry
 
 log = logging.getLogger(__name__)
 
 
 class PluginHost:
-    def __init__(self, config: Config, facade: EngineFacade, env: Mapping[str, str], tools: ToolRegistry,
+    def __init__(self, config: Config, facade: PluginEngine, env: Mapping[str, str], tools: ToolRegistry,
                  commands: CommandRegistry, *, plugins: list[Plugin] | None = None,
                  discover_plugins: bool = True) -> None:
         self._config = config

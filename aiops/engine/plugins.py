@@ -16,12 +16,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from aiops.engine.calls import run_checked
 from aiops.engine.commands import Command, CommandRegistry
-from aiops.engine.tools import Tool, ToolRegistry
+from aiops.engine.facade import EngineFacade
+from aiops.engine.tools import Tool, ToolContext, ToolOutput, ToolRegistry
 
 if TYPE_CHECKING:
     from aiops.config import Config
-    from aiops.engine.facade import EngineFacade
+    from aiops.engine.gatekeeper import GateOutcome
+    from aiops.engine.tools import Classification
+    from aiops.engine.types import Completion, Message, ToolSpec
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "aiops.plugins"
@@ -78,11 +82,25 @@ class Plugin:
         return None
 
 
+class PluginEngine(EngineFacade, Protocol):
+    """What the plugin host reaches of the engine: the views' facade, and what a tool that acts
+    through other models and tools needs (delegation): one model call, the gate check every call
+    passes, a tool's prompt guidance. Nothing here changes policy."""
+
+    async def complete(self, model_key: str, messages: list[Message], tools: list[ToolSpec],
+                       system: str | None = None) -> Completion: ...
+
+    async def check_call(self, tool: Tool, args: dict[str, Any], cls: Classification,
+                         ctx: ToolContext) -> GateOutcome: ...
+
+    def tool_guidance(self, model_key: str, tool: str) -> str: ...
+
+
 class PluginHostView(Protocol):
     """What a PluginAPI reaches of the plugin host (see plugin_host.py)."""
 
     @property
-    def facade(self) -> EngineFacade: ...
+    def facade(self) -> PluginEngine: ...
 
     @property
     def env(self) -> Mapping[str, str]: ...
@@ -144,6 +162,34 @@ class PluginAPI:
     def has_command(self, name: str) -> bool:
         """Whether a `!command` of that name exists (several plugins may offer one command)."""
         return self._host.commands.get(name) is not None
+
+    def tool(self, name: str) -> Tool | None:
+        """A registered tool (any plugin's, the engine's own), to read its definition."""
+        return self._host.tools.get(name)
+
+    def tool_names(self) -> list[str]:
+        return self._host.tools.names()
+
+    async def run_tool(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> tuple[ToolOutput, str | None]:
+        """Run one call of the registered tool `name` for `ctx`'s session, as that session's own
+        model's calls run: validated, classified, through its gates and rate limits (the operator
+        may be asked), then executed. Returns the output and the gate's decision (None when the
+        call never reached the gate). An unknown name is an error output, never a call."""
+        tool = self._host.tools.get(name)
+        if tool is None:
+            return ToolOutput(f"error: unknown tool {name!r}; it was not executed", is_error=True), None
+        return await run_checked(self._host.facade.check_call, tool, arguments, ctx)
+
+    async def complete(self, model_key: str, messages: list[Message], tools: list[ToolSpec] | None = None,
+                       system: str | None = None) -> Completion:
+        """One call of the registry model `model_key` (its backend, its timeout and caps), with
+        exactly these messages, tools and system prompt: no session, no history, no gate."""
+        return await self._host.facade.complete(model_key, messages, tools or [], system)
+
+    def tool_guidance(self, model_key: str, tool: str) -> str:
+        """The system-prompt sections of `model_key`'s tree that are about `tool` (their
+        `[REQUIRES ...]` line names it), as the prompt would show them; "" when there are none."""
+        return self._host.facade.tool_guidance(model_key, tool)
 
     def require_env(self, var: str, what: str = "") -> str:
         value = self.env.get(var)

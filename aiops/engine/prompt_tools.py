@@ -229,3 +229,14 @@ def turn_prompt(engine: CommandHost, model_key: str, session_id: str | None = No
         if session_id is not None:
             engine.notice(session_id, text, turn_id)
     return ""
+
+
+def tool_guidance(engine: CommandHost, model_key: str, tool: str) -> str:
+    """The sections of `model_key`'s prompt tree about `tool` (see PromptTree.about_tool); "" when
+    the model has no prompt (`system_prompt_folder = "none"`, a missing folder) or no such section.
+    A delegate given that one tool gets them as its whole system prompt."""
+    folder = engine.prompt_folder(model_key)
+    if folder is None or not folder.is_dir():
+        return ""
+    tree = engine.prompts.get(folder)
+    return str(tree.about_tool(tool))

@@ -68,6 +68,9 @@ class ToolContext:
     model_key: str
     depth: int = 0  # agent-call / delegation depth
     is_operator: bool = False
+    # Who wrote the call when it is not the session's own model (a delegate: "delegate model
+    # grok"): gates and denials say so, so the operator judges the call knowing its author.
+    via: str = ""
 
     def notice(self, text: str) -> None:
         self.engine.notice(self.session_id, text, self.turn_id)

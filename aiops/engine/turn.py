@@ -17,13 +17,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import ValidationError
-
 from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
+from aiops.engine.calls import run_checked
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
-from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call, format_validation_error
+from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call
 from aiops.engine.types import (
     Completion,
     Message,
@@ -564,28 +563,12 @@ class TurnRunner:
         await self._record_result(call, out, (time.monotonic() - start) * 1000, decision)
 
     async def _execute(self, tool: Any, call: ToolCall, ctx: ToolContext) -> tuple[ToolOutput, str | None]:
-        try:
-            args = tool.validate(call.arguments)
-        except ValidationError as e:
-            return ToolOutput("error: " + format_validation_error(tool.name, e), is_error=True), None
-        try:
-            cls = tool.classification(args)
-        except Exception as e:  # noqa: BLE001 - a classifier failure must fail closed
-            return ToolOutput(f"error: {tool.name} could not be checked: {e}", is_error=True), None
-        self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
-        # The arguments as the tool will read them: a key the tool ignores (a long decoy
-        # "summary", say) must not fill what the operator reads before approving.
-        outcome = await self.engine.check_call(tool, args.model_dump(exclude_defaults=True), cls, ctx)
-        self._at_gate.discard(call.id)
-        if not outcome.allowed:
-            return ToolOutput(outcome.message, is_error=True), outcome.decision
-        self._executing.add(call.id)
-        try:
-            raw = await tool.execute(args, ctx)
-            out = raw if isinstance(raw, ToolOutput) else ToolOutput(str(raw))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the model sees the failure and the turn goes on
-            log.info("tool %s raised: %s", tool.name, e)
-            return ToolOutput(f"error: {tool.name} failed: {e}", is_error=True), outcome.decision
-        return out, outcome.decision
+        def at_gate(waiting: bool) -> None:
+            # Left set if a stop lands at the gate: the call was stopped there.
+            if waiting:
+                self._at_gate.add(call.id)
+            else:
+                self._at_gate.discard(call.id)
+
+        return await run_checked(self.engine.check_call, tool, call.arguments, ctx, at_gate=at_gate,
+                                 executing=lambda: self._executing.add(call.id))

@@ -118,8 +118,12 @@ class WaitRules(_Strict):
 
 
 def _default_tools() -> dict[str, OperationRules]:
-    # Editing the system prompt changes every later answer, so it always asks (as shipped).
-    return {"update_system_prompt": OperationRules(write="ask")}
+    # Editing the system prompt changes every later answer, so it always asks (as shipped). The
+    # delegation tools are reads (a delegate's own call meets its tool's rule): named so the
+    # shipped file shows where to tighten them.
+    return {"update_system_prompt": OperationRules(write="ask"),
+            "llm_clean_text": OperationRules(read="allow"),
+            "llm_clean_tool": OperationRules(read="allow")}
 
 
 class GatesConfig(_Strict):

@@ -233,6 +233,12 @@ class PromptTree:
         blocks.extend(_render_section(s) for s in self.active(tools))
         return "\n\n".join(blocks)
 
+    def about_tool(self, tool: str) -> str:
+        """The sections whose `[REQUIRES ...]` line names `tool`, as the prompt shows them: that
+        tool's guidance on its own (a delegate that is given only this tool reads it); "" when
+        no section is about it."""
+        return "\n\n".join(_render_section(s) for s in self.sections if tool in s.requires)
+
     def subtree(self, section: Section) -> list[Section]:
         """The section followed by all its descendants (contiguous in depth-first order)."""
         found = [section]

@@ -44,7 +44,8 @@ async def test_the_prompt_tree_shows_sections_and_errors_and_edits_save_through_
     tools = folder / ".system_prompt_tools"
     tools.write_text(tools.read_text() + "ghost: a section nobody wrote\n")
     app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
+    # Tall enough for every section of the shipped tree (and the ghost) to show at once.
+    async with app.run_test(size=(SIZE[0], SIZE[1] + 4)) as pilot:
         await ready(pilot)
         await pilot.press("f5")  # gates -> prompt
         await wait_for(pilot, lambda: app.main.side_tab() == "prompt", "the prompt tab")
@@ -98,8 +99,8 @@ async def test_a_section_whose_tool_is_not_registered_is_marked_inactive(make_ap
         await ready(pilot)
         reader = await _prompt_section(pilot, app, "tools_db")
         tree = region_text(app, "#prompt-sections")
-        # (the data tools' sections are inactive too: none of their plugins is enabled here)
-        assert "3. tools_db ⊘ needs db_query" in tree and "(12 sections, 7 inactive" in tree
+        # (the data tools' and delegation's sections are inactive too: none of their plugins is enabled here)
+        assert "3. tools_db ⊘ needs db_query" in tree and "(13 sections, 8 inactive" in tree
         assert "⊘" not in tree.replace("tools_db ⊘", "").split("tools_ddgs_search")[0]  # the others: in the prompt
         assert "inactive: needs db_query (not registered); left out of the prompt" in reader
         # Dimmed: drawn unlike an active section (with the cursor on neither).
@@ -122,8 +123,8 @@ async def test_a_section_whose_tool_is_registered_is_active(tmp_path, fake_opena
         assert app.adapter.engine.tools.get("db_query") is not None, app.adapter.engine.plugin_status
         reader = await _prompt_section(pilot, app, "tools_db")
         tree = region_text(app, "#prompt-sections")
-        # Only the data tools' sections (their plugins are not enabled here) are inactive.
-        assert "3. tools_db Querying databases" in tree and "(12 sections, 6 inactive" in tree
+        # Only the data tools' and delegation's sections (their plugins are not enabled here) are inactive.
+        assert "3. tools_db Querying databases" in tree and "(13 sections, 7 inactive" in tree
         assert "⊘" not in tree.split("tools_ddgs_search")[0]
         assert "requires db_query (registered)" in reader
         await pilot.press("down")

@@ -45,6 +45,34 @@ def test_a_disabled_default_model_is_refused_naming_file_and_key(tmp_path):
     assert "default_model 'off' is disabled" in message and "(on)" in message
 
 
+@pytest.mark.parametrize(("line", "key", "says"), [
+    ("delegation_timeout = 0", "models.helper.delegation_timeout", "greater than 0"),
+    ("delegation_timeout = 7200", "models.helper.delegation_timeout", "less than or equal to 3600"),
+    ('delegation = "maybe"', "models.helper.delegation", "valid boolean"),
+    ("delegate = true", "models.helper.delegate", "unknown key"),
+])
+def test_bad_delegation_settings_are_refused_naming_file_and_key(tmp_path, line, key, says):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "models.toml").write_text(
+        'default_model = "helper"\n[models.helper]\ntype = "openai"\nmodel_id = "m"\n' + line + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False)
+    message = str(e.value)
+    assert str(tmp_path / "cfg" / "models.toml") in message and key in message and says in message
+
+
+def test_delegation_targets_are_the_enabled_models_marked_so(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "models.toml").write_text(
+        'default_model = "a"\n'
+        '[models.a]\ntype = "openai"\nmodel_id = "m"\n'
+        '[models.b]\ntype = "openai"\nmodel_id = "m"\ndelegation = true\ndelegation_timeout = 5\n'
+        '[models.c]\ntype = "openai"\nmodel_id = "m"\ndelegation = true\nenabled = false\n')
+    models = load_config(resolve_paths(tmp_path / "cfg", tmp_path / "data"), load_dotenv=False).models
+    assert list(models.delegation_targets()) == ["b"]
+    assert (models.models["b"].delegation_timeout, models.models["a"].delegation_timeout) == (5, 60)
+
+
 def test_config_check_exits_2_on_a_bad_base_url_without_a_traceback(tmp_path, capsys):
     write_models(tmp_path / "cfg", "not a url")
     assert main(["config", "check", "--config-dir", str(tmp_path / "cfg"),

@@ -645,7 +645,7 @@ def test_default_tree_loads_without_errors_and_assembles_every_section() -> None
     assert "operations assistant" in tree.main
     assert names(tree) == ["role", "tools", "tools_db", "tools_prompt", "tools_ddgs_search", "tools_tavily_search",
                            "tools_xai_search", "tools_google_search", "tools_url_extract", "tools_google_drive",
-                           "gates", "memory"]
+                           "tools_delegation", "gates", "memory"]
     assert tree.find("tools").kind == "container"
     prompt = tree.assemble()
     for section in tree.sections:
