@@ -390,7 +390,7 @@ class Engine:
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
-                     owner_only: bool = False) -> Turn:
+                     owner_only: bool = False, hops: tuple[str, ...] = ()) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn (see intake.py).
 
         The user message is committed before this returns, so acknowledging the returned turn to a
@@ -405,7 +405,7 @@ class Engine:
             with self.admission(), ExitStack() as pins:
                 outcome = await self.intake.take(pins, client_id, text, kind=kind, model=model,
                                                  is_operator=is_operator, depth=depth, tools=tools, meta=meta,
-                                                 owner_only=owner_only)
+                                                 owner_only=owner_only, hops=hops)
         if isinstance(outcome, Refused):
             raise EngineError(outcome.reason)
         return outcome.turn

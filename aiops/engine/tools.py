@@ -54,7 +54,8 @@ class ToolHost(Protocol):
     @property
     def store(self) -> Store: ...
 
-    def notice(self, session_id: str | None, text: str, turn_id: str | None = None) -> None: ...
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
+               persist: bool = True) -> None: ...
 
 
 @dataclass(slots=True)
@@ -68,9 +69,14 @@ class ToolContext:
     model_key: str
     depth: int = 0  # agent-call / delegation depth
     is_operator: bool = False
+    # The aiops instances the turn's message came through (a swarm call's hop list), oldest first:
+    # an agent_call from here carries them on, so that a loop back to one of them is refused.
+    hops: tuple[str, ...] = ()
 
-    def notice(self, text: str) -> None:
-        self.engine.notice(self.session_id, text, self.turn_id)
+    def notice(self, text: str, *, persist: bool = True) -> None:
+        """Status text for the session's views; without `persist`, not written to its history
+        (progress that the tool's result sums up)."""
+        self.engine.notice(self.session_id, text, self.turn_id, persist=persist)
 
 
 Executor = Callable[[Any, ToolContext], Awaitable["ToolOutput | str"]]

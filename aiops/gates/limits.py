@@ -36,6 +36,7 @@ def _default_rates() -> dict[str, RateRule]:
         "search": RateRule(calls=5, window_seconds=10),
         "extract": RateRule(calls=5, window_seconds=30),
         "drive": RateRule(calls=10, window_seconds=60),
+        "agent_call": RateRule(calls=5, window_seconds=60),
     }
 
 
