@@ -317,6 +317,31 @@ async def test_a_call_that_times_out_at_a_stops_the_turn_on_b(nodes):
     assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in detail["messages"])
 
 
+async def test_stopping_the_callers_turn_stops_the_turn_on_b(nodes):
+    b = await nodes("b")
+    a = await nodes("a", peers={"b": b})
+    b.fake.script(Reply.hang(0))
+    a.fake.script(_call("b", "a long job"))
+
+    async with a.operator() as agent, agent.stream("ops-stop") as events:
+        accepted = await agent.submit("ask b", client_id="ops-stop")
+        await b.fake.wait_for_requests_async(1, timeout=30)  # the call reached B's model
+        assert (await agent.stop("ops-stop"))["stopped"]
+        async for e in events:
+            if e["event"] == "done" and e["data"]["turn_id"] == accepted["turn_id"]:
+                assert e["data"]["status"] == "cancelled"
+                break
+
+    # B's turn did not run on for no one (its model would have failed after its own 10 s timeout).
+    await b.fake.wait_for_disconnects_async(1, timeout=30)
+    [session] = await _swarm_sessions(b)
+    async with b.operator() as ops:
+        detail = await _eventually(lambda: ops.session(session["client_id"]),
+                                   lambda d: d["session"]["state"] == "idle")
+    assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in detail["messages"])
+    assert not any(m["role"] == "error" for m in detail["messages"])
+
+
 def test_peer_names_and_urls_are_checked_when_the_config_loads(tmp_path: Path) -> None:
     from aiops.config import ConfigError, load_config, resolve_paths
 
