@@ -81,6 +81,9 @@ class ToolContext:
 
 Executor = Callable[[Any, ToolContext], Awaitable["ToolOutput | str"]]
 Classifier = Callable[[Any], Classification]
+# Why a call may not run at all in this context (None: it may), checked before its rate limit and
+# gate: an operator is not asked about a call that would be refused anyway (agent_call's depth).
+Precheck = Callable[[Any, ToolContext], "str | None"]
 
 
 @dataclass(slots=True)
@@ -92,6 +95,7 @@ class Tool:
     execute: Executor
     operation: Operation = "read"  # when there is no classifier
     classify: Classifier | None = None
+    precheck: Precheck | None = None
     plugin: str = "core"
     meta: dict[str, Any] = field(default_factory=dict)
     # pydantic builds a JSON schema in about a millisecond; every turn asks for every tool's.

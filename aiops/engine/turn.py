@@ -574,6 +574,8 @@ class TurnRunner:
             cls = tool.classification(args)
         except Exception as e:  # noqa: BLE001 - a classifier failure must fail closed
             return ToolOutput(f"error: {tool.name} could not be checked: {e}", is_error=True), None
+        if tool.precheck is not None and (why := tool.precheck(args, ctx)):
+            return ToolOutput(f"error: {why}", is_error=True), None
         self._at_gate.add(call.id)  # left set if a stop lands here: the call was stopped at its gate
         # The arguments as the tool will read them: a key the tool ignores (a long decoy
         # "summary", say) must not fill what the operator reads before approving.

@@ -66,14 +66,15 @@ def node_tokens() -> Tokens:
 @pytest.fixture
 async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
     """`await nodes(name, peers={name: Node | (url, token)}, max_depth=1, peer_timeout=None, gates="",
-    port=0, tokens=None)`: an `aiops serve` with its own fake model, tokens (`ops` operator, `peer`
-    client), data dir and swarm peers."""
+    port=0, tokens=None, allow_calls=True)`: an `aiops serve` with its own fake model, tokens (`ops`
+    operator, `peer` client), data dir and swarm peers; agent_call runs unasked unless not
+    `allow_calls` (the shipped rule: it asks)."""
     started: list[Node] = []
     with contextlib.ExitStack() as stack:
 
         async def make(name: str, *, peers: dict[str, Node | tuple[str, str]] | None = None,
                        max_depth: int = 1, peer_timeout: float | None = None, gates: str = "", port: int = 0,
-                       tokens: Tokens | None = None) -> Node:
+                       tokens: Tokens | None = None, allow_calls: bool = True) -> Node:
             fake = stack.enter_context(FakeOpenAI())
             tokens = tokens or node_tokens()
             env = tokens.env()
@@ -94,7 +95,7 @@ async def nodes(tmp_path: Path) -> AsyncIterator[NodeFactory]:
                 "aiops.toml": tomli_w.dumps(aiops_toml),
                 "plugins.toml": "[mysql]\nenabled = false\n[swarm]\nenabled = true\n",
                 "limits.toml": f"max_agent_call_depth = {max_depth}\n",
-                "gates.toml": '[tools.agent_call]\nwrite = "allow"\n' + gates,
+                "gates.toml": ('[tools.agent_call]\nwrite = "allow"\n' if allow_calls else "") + gates,
             })
             proc = await asyncio.to_thread(start_serve, cfg, root / "data", port=port, env=env, fake=fake,
                                            tokens=tokens)
@@ -214,7 +215,7 @@ async def test_a_call_streams_the_peers_answer_back_and_continues_one_remote_con
 
 async def test_depth_is_counted_across_processes_a_to_b_to_c_is_refused_at_b(nodes):
     c = await nodes("c")
-    b = await nodes("b", peers={"c": c})
+    b = await nodes("b", peers={"c": c}, allow_calls=False)  # B's operator would be asked about a call
     a = await nodes("a", peers={"b": b})  # every one with max_agent_call_depth = 1
     b.fake.script(_call("c", "what does c know?"))
     b.fake.responder = _relay("b relays")
@@ -228,6 +229,9 @@ async def test_depth_is_counted_across_processes_a_to_b_to_c_is_refused_at_b(nod
     assert refusal in tool_results(a.fake.requests[1].json)[0]  # as A's model read it
     assert c.fake.requests == []                           # C's agent never ran
     assert await _swarm_sessions(c) == []
+    async with b.operator() as ops:                        # refused before B's gate: no one was asked
+        assert [e for e in await ops.history((await _swarm_sessions(b))[0]["client_id"])
+                if e["role"] == "gate"] == []
 
 
 async def test_a_loop_a_to_b_to_a_is_refused_by_the_hop_list(nodes):
@@ -278,19 +282,20 @@ async def test_a_gate_on_b_is_approved_by_bs_operator_while_a_waits(nodes):
     assert "waiting for operator approval of read_system_prompt on b" in result["data"]["progress"]
 
 
-async def test_a_peer_that_is_down_is_a_clear_error_in_the_callers_turn(nodes):
+async def test_a_peer_that_is_down_or_unknown_is_a_clear_error_in_the_callers_turn(nodes):
     url = f"http://127.0.0.1:{_free_port()}"
     a = await nodes("a", peers={"b": (url, "x" * 32)})
-    a.fake.script(_call("b", "are you there?"), Reply.text("b is down"))
+    a.fake.script(_call("nobody", "hello?"), _call("b", "are you there?"), Reply.text("b is down"))
 
     async with a.operator() as agent:
         events = await _turn(agent, "ops-down", "ask b")
 
-    result = _tool_result(events)
-    assert result["is_error"]
-    assert result["content"].startswith(f"error: peer b ({url}) cannot be reached")
+    unknown, down = [e["data"] for e in events if e["event"] == "tool_result"]
+    assert unknown["is_error"] and "unknown peer 'nobody'; the peers are: b: the aiops of team b" in unknown["content"]
+    assert down["is_error"]
+    assert down["content"].startswith(f"error: peer b ({url}) cannot be reached")
     assert events[-1]["data"]["status"] == "complete"  # the turn goes on: A's model answered
-    assert tool_results(a.fake.requests[1].json)[0] == result["content"]
+    assert tool_results(a.fake.requests[2].json)[0] == down["content"]
 
 
 async def test_a_call_that_times_out_at_a_stops_the_turn_on_b(nodes):

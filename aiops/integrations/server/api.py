@@ -635,7 +635,10 @@ ROUTES: tuple[ApiRoute, ...] = (
              description="Without `wait`, answers 202 as soon as the message is committed; follow the "
                          "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes. "
                          "A message of only `!commands` is answered at once, 200, with or without `wait`. "
-                         "A new session is owned by the caller." + _OWN,
+                         "A new session is owned by the caller. With the header `X-Aiops-Agent-Hops: "
+                         "depth=N; via=ID,…` it is a call from another aiops (docs/SWARM.md): a session of "
+                         "kind `swarm`, its message text only; 403 `agent_call_refused` when too deep or "
+                         "looping back here." + _OWN,
              body=SubmitRequest, response=SubmitAccepted, status=202, also={200: SubmitResult},
              errors=(403, 404), content_description="Accepted: the turn is queued (without `wait`)"),
     ApiRoute("GET", f"{PREFIX}/stream/{{client_id}}", stream, "stream", "Stream a session's events", "turns",
