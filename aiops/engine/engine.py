@@ -398,7 +398,9 @@ class Engine:
         text is the commands' output. `meta` goes into a session this creates (its owner, say);
         an existing session's is left alone. With `owner_only` (a client token's message), nothing
         of the message acts on a session whose owner is not `meta`'s: one another caller started
-        after the caller's surface found no session of that id.
+        after the caller's surface found no session of that id. `depth` and `hops` are a call's
+        from another aiops (a swarm session): its tools run at that depth, and a call they make
+        carries the hop list on.
         """
         outcome: Outcome | None = self.intake.precheck(text, model)
         if outcome is None:
