@@ -322,7 +322,8 @@ async def test_a_call_that_times_out_at_a_stops_the_turn_on_b(nodes):
     assert any(m["role"] == "notice" and "cancelled" in m["content"] for m in detail["messages"])
 
 
-async def test_stopping_the_callers_turn_stops_the_turn_on_b(nodes):
+@pytest.mark.parametrize("how", ["stop", "shutdown"])
+async def test_stopping_the_callers_turn_stops_the_turn_on_b(nodes, how):
     b = await nodes("b")
     a = await nodes("a", peers={"b": b})
     b.fake.script(Reply.hang(0))
@@ -331,7 +332,10 @@ async def test_stopping_the_callers_turn_stops_the_turn_on_b(nodes):
     async with a.operator() as agent, agent.stream("ops-stop") as events:
         accepted = await agent.submit("ask b", client_id="ops-stop")
         await b.fake.wait_for_requests_async(1, timeout=30)  # the call reached B's model
-        assert (await agent.stop("ops-stop"))["stopped"]
+        if how == "stop":
+            assert (await agent.stop("ops-stop"))["stopped"]
+        else:  # A shuts down (SIGTERM): its turns are cancelled, and with them the calls they made
+            assert await asyncio.to_thread(a.proc.stop) == 0
         async for e in events:
             if e["event"] == "done" and e["data"]["turn_id"] == accepted["turn_id"]:
                 assert e["data"]["status"] == "cancelled"

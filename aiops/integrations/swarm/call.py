@@ -33,6 +33,14 @@ STOP_SECONDS = 10.0
 _stopping: set[asyncio.Task[None]] = set()
 
 
+async def finish_stops() -> None:
+    """Let the stops still on their way reach their peers (at shutdown: the turns were cancelled
+    first, and each sent one), for at most STOP_SECONDS."""
+    pending = {t for t in _stopping if t.get_loop() is asyncio.get_running_loop()}
+    if pending:
+        await asyncio.wait(pending, timeout=STOP_SECONDS)
+
+
 @dataclass(slots=True)
 class PeerCall:
     """One call to one peer; `progress` shows a line of the peer's progress to the caller."""
