@@ -30,7 +30,7 @@ import inspect
 import json
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
@@ -226,17 +226,20 @@ class AgentClient:
     """An async client for `/api/v1`. Use it as an async context manager."""
 
     def __init__(self, base_url: str = DEFAULT_URL, token: str | None = None, *,
-                 gate_policy: GatePolicy | None = None, timeout: float = 30.0) -> None:
+                 gate_policy: GatePolicy | None = None, timeout: float = 30.0,
+                 headers: Mapping[str, str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token if token is not None else (os.environ.get("AIOPS_TOKEN") or None)
         self.gate_policy = gate_policy
         self.timeout = timeout
+        # Sent with every request besides the token (an aiops peer's X-Aiops-Agent-Hops).
+        self.headers = dict(headers or {})
         self._http: aiohttp.ClientSession | None = None
 
     # -- lifecycle --
 
     async def __aenter__(self) -> Self:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {**self.headers, **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
         self._http = aiohttp.ClientSession(headers=headers)
         return self
 

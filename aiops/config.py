@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import tomllib
 from dataclasses import dataclass, field
@@ -258,11 +259,52 @@ class EngineConfig(_Strict):
     cached_sessions: int = Field(256, ge=1)
 
 
+class PeerConfig(_Strict):
+    """One aiops instance this one's agent may call (`agent_call`), under `[swarm.peers.NAME]`."""
+
+    url: str
+    # The variable holding the bearer token the peer gave this instance (a client token is
+    # enough); unset: the call goes without one (a peer without tokens, on loopback).
+    token_env: str | None = None
+    # What the model reads to choose this peer by name ("the billing database's agent").
+    description: str = ""
+    # Seconds to wait for its answer; None: [swarm] timeout_seconds.
+    timeout_seconds: float | None = Field(None, gt=0, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ValueError(f"expected the peer's base URL like http://10.0.0.7:8765, not {v!r}")
+        return v.rstrip("/")
+
+
+class SwarmConfig(_Strict):
+    """`[swarm]`: the other aiops instances the agent may call (docs/SWARM.md)."""
+
+    # Seconds a call waits for the peer's answer; then the peer's turn is stopped.
+    timeout_seconds: float = Field(120, gt=0, le=3600)
+    # The model's copy of a peer's answer is cut (head and tail kept) beyond this many characters.
+    max_result_chars: int = Field(12_000, ge=500, le=100_000)
+    peers: dict[str, PeerConfig] = Field(default_factory=dict)
+
+    @field_validator("peers")
+    @classmethod
+    def _peer_names(cls, peers: dict[str, PeerConfig]) -> dict[str, PeerConfig]:
+        for name in peers:
+            # The model names a peer in a tool call, and the name goes into the remote session id.
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
+                raise ValueError(f"peer name {name!r}: use letters, digits, '-' and '_' (at most 64)")
+        return peers
+
+
 class AppConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
 
 
 # ---- paths ----------------------------------------------------------------------------------------

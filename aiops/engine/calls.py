@@ -44,6 +44,9 @@ async def run_checked(check: CheckCall, tool: Tool, arguments: dict[str, Any], c
         cls = tool.classification(args)
     except Exception as e:  # noqa: BLE001 - a classifier failure must fail closed
         return ToolOutput(f"error: {tool.name} could not be checked: {e}", is_error=True), None
+    # A refusal the tool can tell before any gate (a swarm call too deep): no operator is asked.
+    if tool.precheck is not None and (why := tool.precheck(args, ctx)):
+        return ToolOutput(f"error: {why}", is_error=True), None
     if at_gate is not None:
         at_gate(True)
     # The arguments as the tool will read them: a key the tool ignores (a long decoy "summary",

@@ -88,7 +88,7 @@ class CommandHost(Protocol):
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
-                     owner_only: bool = False) -> Any: ...
+                     owner_only: bool = False, hops: tuple[str, ...] = ()) -> Any: ...
 
 
 @dataclass(slots=True)
@@ -142,6 +142,9 @@ class Command:
 
 # Session kinds whose users type chat, not commands (see CommandRegistry.parse).
 KNOWN_COMMANDS_ONLY = frozenset({"proxy"})
+# Session kinds whose messages are all text: another aiops's model wrote them (a swarm call), and
+# neither a `!` line nor an `@model` it wrote may act on this instance.
+TEXT_ONLY = frozenset({"swarm"})
 
 # A command's name: `!!! ALERT`, `![image](url)` and `!= 0` are text, whoever sends them.
 _COMMAND_NAME = re.compile(r"[a-z][\w.-]*")
@@ -187,7 +190,10 @@ class CommandRegistry:
         """`text` as a message from a client of `kind` (a session kind) is read: `parse_input`
         with this registry's commands. A chat UI's user did not learn our commands, pastes logs
         and notes full of `!important`, and attaches documents the chat UI puts in the message:
-        there, only a line naming a real command, before any text, is one."""
+        there, only a line naming a real command, before any text, is one. A swarm peer's message
+        is text only."""
+        if kind in TEXT_ONLY:
+            return ParsedInput([], text.strip(), None)
         known = self._commands.keys() if kind in KNOWN_COMMANDS_ONLY else None
         return parse_input(text, self.raw_names(), known)
 

@@ -402,7 +402,7 @@ class Engine:
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
-                     owner_only: bool = False) -> Turn:
+                     owner_only: bool = False, hops: tuple[str, ...] = ()) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn (see intake.py).
 
         The user message is committed before this returns, so acknowledging the returned turn to a
@@ -410,14 +410,16 @@ class Engine:
         text is the commands' output. `meta` goes into a session this creates (its owner, say);
         an existing session's is left alone. With `owner_only` (a client token's message), nothing
         of the message acts on a session whose owner is not `meta`'s: one another caller started
-        after the caller's surface found no session of that id.
+        after the caller's surface found no session of that id. `depth` and `hops` are a call's
+        from another aiops (a swarm session): its tools run at that depth, and a call they make
+        carries the hop list on.
         """
         outcome: Outcome | None = self.intake.precheck(text, model)
         if outcome is None:
             with self.admission(), ExitStack() as pins:
                 outcome = await self.intake.take(pins, client_id, text, kind=kind, model=model,
                                                  is_operator=is_operator, depth=depth, tools=tools, meta=meta,
-                                                 owner_only=owner_only)
+                                                 owner_only=owner_only, hops=hops)
         if isinstance(outcome, Refused):
             raise EngineError(outcome.reason)
         return outcome.turn

@@ -81,6 +81,7 @@ class _Message:
     is_operator: bool
     depth: int
     tools: bool
+    hops: tuple[str, ...]
     meta: dict[str, Any] | None
     owner: str | None  # with `owner_only`: the owner its session must have
     turn_id: str = field(default_factory=lambda: new_id("turn_"))
@@ -120,7 +121,7 @@ class Intake:
 
     async def take(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
                    model: str | None, is_operator: bool, depth: int, tools: bool,
-                   meta: dict[str, Any] | None, owner_only: bool) -> Outcome:
+                   meta: dict[str, Any] | None, owner_only: bool, hops: tuple[str, ...] = ()) -> Outcome:
         """The steps, in order. The session is pinned (on `pins`) from the moment it is known
         until its turn is queued: the commands and the writes in between must not see it dropped
         from memory."""
@@ -128,7 +129,7 @@ class Intake:
         if why := too_many_commands(parsed):
             return Refused(why)
         msg = _Message(client_id or f"{kind}-{new_id()[:8]}", parsed, kind, model, is_operator, depth,
-                       tools, meta, (meta or {}).get(OWNER_KEY) if owner_only else None)
+                       tools, hops, meta, (meta or {}).get(OWNER_KEY) if owner_only else None)
         if (refused := await self._find_session(msg, pins)) is not None:
             return refused
         if parsed.commands and (finished := await self._run_commands(msg, pins)) is not None:
@@ -250,7 +251,7 @@ class Intake:
                                          command=bool(parsed.commands)))
         self._bus.publish(ev.UserPosted(session_id=live.id, turn_id=turn_id, text=parsed.text, model=turn_model))
         turn = Turn(turn_id, live.id, parsed.text, msg.kind, model=turn_model, is_operator=msg.is_operator,
-                    depth=msg.depth, prefix=msg.answer(), tools_enabled=msg.tools)
+                    depth=msg.depth, hops=msg.hops, prefix=msg.answer(), tools_enabled=msg.tools)
         if self._turns.enqueue(live, turn):
             self._host.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
                               turn_id, persist=False)

@@ -54,7 +54,8 @@ class ToolHost(Protocol):
     @property
     def store(self) -> Store: ...
 
-    def notice(self, session_id: str | None, text: str, turn_id: str | None = None) -> None: ...
+    def notice(self, session_id: str | None, text: str, turn_id: str | None = None, *,
+               persist: bool = True) -> None: ...
 
 
 @dataclass(slots=True)
@@ -71,13 +72,21 @@ class ToolContext:
     # Who wrote the call when it is not the session's own model (a delegate: "delegate model
     # grok"): gates and denials say so, so the operator judges the call knowing its author.
     via: str = ""
+    # The aiops instances the turn's message came through (a swarm call's hop list), oldest first:
+    # an agent_call from here carries them on, so that a loop back to one of them is refused.
+    hops: tuple[str, ...] = ()
 
-    def notice(self, text: str) -> None:
-        self.engine.notice(self.session_id, text, self.turn_id)
+    def notice(self, text: str, *, persist: bool = True) -> None:
+        """Status text for the session's views; without `persist`, not written to its history
+        (progress that the tool's result sums up)."""
+        self.engine.notice(self.session_id, text, self.turn_id, persist=persist)
 
 
 Executor = Callable[[Any, ToolContext], Awaitable["ToolOutput | str"]]
 Classifier = Callable[[Any], Classification]
+# Why a call may not run at all in this context (None: it may), checked before its rate limit and
+# gate: an operator is not asked about a call that would be refused anyway (agent_call's depth).
+Precheck = Callable[[Any, ToolContext], "str | None"]
 
 
 @dataclass(slots=True)
@@ -89,6 +98,7 @@ class Tool:
     execute: Executor
     operation: Operation = "read"  # when there is no classifier
     classify: Classifier | None = None
+    precheck: Precheck | None = None
     plugin: str = "core"
     meta: dict[str, Any] = field(default_factory=dict)
     # pydantic builds a JSON schema in about a millisecond; every turn asks for every tool's.

@@ -115,6 +115,8 @@ class Turn:
     model: str | None = None  # a one-turn `@model` override
     is_operator: bool = False
     depth: int = 0
+    # The aiops instances this turn's message came through, first caller first (swarm calls).
+    hops: tuple[str, ...] = ()
     prefix: str = ""  # output of commands that came in the same message
     tools_enabled: bool = True
     cancelled_gates: int = 0  # gates of this turn cancelled by a stop
@@ -558,7 +560,7 @@ class TurnRunner:
                              f"{', '.join(engine.tools.names()) or 'none'}", is_error=True)
         else:
             ctx = ToolContext(engine, t.session_id, t.client_kind, t.id, self.model_key, depth=t.depth,
-                              is_operator=t.is_operator)
+                              is_operator=t.is_operator, hops=t.hops)
             out, decision = await self._execute(tool, call, ctx)
         await self._record_result(call, out, (time.monotonic() - start) * 1000, decision)
 

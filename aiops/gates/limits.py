@@ -37,6 +37,7 @@ def _default_rates() -> dict[str, RateRule]:
         "extract": RateRule(calls=5, window_seconds=30),
         "drive": RateRule(calls=10, window_seconds=60),
         "llm_call": RateRule(calls=3, window_seconds=20),
+        "agent_call": RateRule(calls=5, window_seconds=60),
     }
 
 

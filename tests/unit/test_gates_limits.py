@@ -34,6 +34,7 @@ def test_shipped_file_is_the_model_default() -> None:
     assert (shipped.rate["db"].calls, shipped.rate["db"].window_seconds) == (20, 60)
     assert shipped.rate["db"].auto_disable is False
     assert (shipped.rate["search"].calls, shipped.rate["search"].window_seconds) == (5, 10)
+    assert (shipped.rate["agent_call"].calls, shipped.rate["agent_call"].window_seconds) == (5, 60)
 
 
 @pytest.mark.parametrize(

@@ -645,7 +645,7 @@ def test_default_tree_loads_without_errors_and_assembles_every_section() -> None
     assert "operations assistant" in tree.main
     assert names(tree) == ["role", "tools", "tools_db", "tools_prompt", "tools_ddgs_search", "tools_tavily_search",
                            "tools_xai_search", "tools_google_search", "tools_url_extract", "tools_google_drive",
-                           "tools_delegation", "gates", "memory"]
+                           "tools_delegation", "tools_agent_call", "gates", "memory"]
     assert tree.find("tools").kind == "container"
     prompt = tree.assemble()
     for section in tree.sections:
@@ -664,7 +664,9 @@ def test_default_tree_guides_only_the_tools_that_exist() -> None:
     with_db = tree.assemble([*core, "db_query"])
 
     assert tree.find("tools_db").requires == ("db_query",)
+    assert tree.find("tools_agent_call").requires == ("agent_call",)
     assert "db_query" not in without_db and "LIMIT" not in without_db
+    assert "agent_call" not in without_db and "agent_call(peer, message)" in tree.assemble([*core, "agent_call"])
     assert "### tools_db: Querying databases with db_query\n" in with_db
     assert "update_system_prompt" in without_db
     # No section talks about tools that no plugin provides.

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
@@ -50,6 +51,7 @@ from aiops.integrations.server.owners import (
     owner_meta,
     owner_of,
 )
+from aiops.integrations.swarm.hops import HOPS_HEADER, Hops, HopsError, instance_id, parse_hops, refusal
 
 log = logging.getLogger(__name__)
 
@@ -315,13 +317,14 @@ async def submit(request: web.Request) -> web.Response:
     if body.model is not None:
         check_model(engine, body.model, "model")
     who = caller(request)
+    hops = await _swarm_hops(request)
     if body.client_id is not None and is_short_id(body.client_id):
         client_id = (await _live(engine, body.client_id, who)).id  # a shorthand id names an existing session
     else:
         client_id = body.client_id or f"api-{new_id()[:8]}"
     try:
         # Shielded: a client hanging up must not interrupt the engine halfway through accepting.
-        turn = await asyncio.shield(_submit(engine, client_id, body, who))
+        turn = await asyncio.shield(_submit(engine, client_id, body, who, hops))
     except EngineError as e:
         raise HttpError(400, "bad_request", str(e)) from None
     if not body.wait and not turn.done:
@@ -338,13 +341,39 @@ async def submit(request: web.Request) -> web.Response:
     return _json(SubmitResult.model_validate(_hidden_reply(who, engine, reply)), exclude_none=True)
 
 
-async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
+async def _swarm_hops(request: web.Request) -> Hops | None:
+    """The hops of a call from another aiops (`X-Aiops-Agent-Hops`), None for any other caller;
+    400 for a header this server cannot read, 403 for a call too deep or looping back here."""
+    value = request.headers.get(HOPS_HEADER)
+    if value is None:
+        return None
+    try:
+        hops = parse_hops(value)
+    except HopsError as e:
+        raise HttpError(400, "invalid_request", str(e), param=HOPS_HEADER) from None
+    cfg = get_config(request)
+    own = await asyncio.to_thread(_instance_id, cfg.paths.data_dir)
+    if why := refusal(hops, own, cfg.limits.max_agent_call_depth):
+        raise HttpError(403, "agent_call_refused", why)
+    return hops
+
+
+@functools.cache
+def _instance_id(data_dir: Path) -> str:
+    return instance_id(data_dir)
+
+
+async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller,
+                  hops: Hops | None = None) -> Turn:
     """Submit to a session the caller may use; a session it creates is recorded as its own."""
     with engine.admission():  # (a shutdown waits for the message to be taken in, or refuses it)
-        return await _submit_admitted(engine, client_id, body, who)
+        return await _submit_admitted(engine, client_id, body, who, hops)
 
 
-async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:
+async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, who: Caller,
+                           hops: Hops | None) -> Turn:
+    # A call from another aiops's agent is a `swarm` session here, its turn at the call's depth.
+    kind = "api" if hops is None else "swarm"
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)
@@ -352,14 +381,15 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
         # A message of only commands to another client's conversation name is refused too: its
         # commands would act on that conversation the moment its owner started it.
         check_name_free(who, client_id)
-        if (parsed := engine.parse(body.text, "api")).text and not (
+        if (parsed := engine.parse(body.text, kind)).text and not (
                 parsed.model and engine.check_model(parsed.model)):
             # A message that starts a turn: its new session is created owned before anything runs,
             # so even the first event on a stream that subscribed early is known to be its own. (A
             # message of only `!commands`, or one asking for a refused model, creates none.)
-            await claim(engine, client_id, who, kind="api", model=body.model)
-    return await engine.submit(client_id, body.text, kind="api", model=body.model, is_operator=who.operator,
-                               meta=owner_meta(who), owner_only=not who.operator)
+            await claim(engine, client_id, who, kind=kind, model=body.model)
+    return await engine.submit(client_id, body.text, kind=kind, model=body.model, is_operator=who.operator,
+                               meta=owner_meta(who), owner_only=not who.operator,
+                               depth=hops.depth if hops else 0, hops=hops.via if hops else ())
 
 
 def _seen_by(who: Caller, engine: Engine, event: ev.Event) -> ev.Event:
@@ -605,7 +635,10 @@ ROUTES: tuple[ApiRoute, ...] = (
              description="Without `wait`, answers 202 as soon as the message is committed; follow the "
                          "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes. "
                          "A message of only `!commands` is answered at once, 200, with or without `wait`. "
-                         "A new session is owned by the caller." + _OWN,
+                         "A new session is owned by the caller. With the header `X-Aiops-Agent-Hops: "
+                         "depth=N; via=ID,…` it is a call from another aiops (docs/SWARM.md): a session of "
+                         "kind `swarm`, its message text only; 403 `agent_call_refused` when too deep or "
+                         "looping back here." + _OWN,
              body=SubmitRequest, response=SubmitAccepted, status=202, also={200: SubmitResult},
              errors=(403, 404), content_description="Accepted: the turn is queued (without `wait`)"),
     ApiRoute("GET", f"{PREFIX}/stream/{{client_id}}", stream, "stream", "Stream a session's events", "turns",
