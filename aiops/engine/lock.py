@@ -11,17 +11,23 @@ that dies, or stops, before that passes it on.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from aiops.engine import runfile
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, no protection
     fcntl = None  # type: ignore[assignment]
 
+
+log = logging.getLogger(__name__)
 
 # Data dirs this process holds: only their holder may rotate aiops.log (see aiops.logs).
 _held: set[Path] = set()
@@ -145,6 +151,11 @@ class DataDirLock:
         # Without flock a live holder's file would read as a dead one's: no guess is made then.
         self.died_since = float(since) if isinstance(since, int | float) and fcntl is not None else None
         self.info = {"pid": os.getpid(), "url": url, "started_at": time.time()}
+        # A run file left by a holder that died is stale from the moment this one holds the lock.
+        with contextlib.suppress(OSError):
+            runfile.run_path(self.path.parent).unlink(missing_ok=True)
+        if url:
+            self._write_run_file(url)
         if self.died_since is not None:
             self.info["recover_since"] = self.died_since
         self._write()
@@ -156,6 +167,15 @@ class DataDirLock:
             return
         self.info.update(info)
         self._write()
+        if info.get("url"):
+            self._write_run_file(str(info["url"]))
+
+    def _write_run_file(self, url: str) -> None:
+        """Where this holder serves, for `aiops`, `aiops chat` and `aiops attach` to find it."""
+        try:
+            runfile.write(self.path.parent, url)
+        except OSError as e:  # a read-only data dir: the lock still protects it
+            log.warning("cannot write the run file in %s: %s", self.path.parent, e)
 
     def recovered(self) -> None:
         """What the last holder left open is recorded: a later holder need not look again."""
@@ -180,6 +200,8 @@ class DataDirLock:
         if fd is None:
             return
         _held.discard(self.path.parent.resolve())
+        with contextlib.suppress(OSError):
+            runfile.remove(self.path.parent)
         # A holder that never got to record what a dead one left open (a start refused or
         # interrupted before that) leaves the file as it is: it still says since when to look.
         if "recover_since" not in self.info:

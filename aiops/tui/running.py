@@ -94,6 +94,17 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     try:
         lock.acquire()
     except AlreadyRunning as e:
+        # Another aiops holds this data dir: attach to it when it serves (its run file says where).
+        from aiops.engine.runfile import holder_url
+
+        url = holder_url(cfg.paths.data_dir, cfg.paths.lock_path)
+        if url is not None:
+            import os
+
+            from aiops.integrations.remote.find import client_url
+            from aiops.tui.attach import run_attached
+
+            return run_attached(cfg, client_url(url), os.environ.get("AIOPS_TOKEN") or None)
         print(f"aiops: {e}", file=sys.stderr)
         return 2
     from aiops.integrations.runtime import exit_if_left, run_to_exit

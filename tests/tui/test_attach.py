@@ -1,0 +1,147 @@
+"""The console attached to an `aiops serve` subprocess (issue 22): the same console over the API.
+
+A proxy client's gate reaches the attached console's inbox and is approved there; two attached
+consoles see each other's answers (who answered); the server restarted under an attached console,
+which says it lost the link, reconnects and shows the history once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from aiops.config import load_config, resolve_paths
+from aiops.engine import runfile
+from aiops.integrations.remote import RemoteEngine
+from aiops.tui.app import AiopsApp
+from aiops.tui.widgets.gates import GatesInbox
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.server import ServeFactory, ServeProcess
+from tests.tui.conftest import chat_text, ready, region_text, screen_text, send, wait_chat, wait_for
+
+EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
+
+
+def attached_app(serve: ServeProcess, token: str | None = None) -> AiopsApp:
+    cfg = load_config(resolve_paths(serve.config_dir, serve.data_dir.parent / "attached-data"), load_dotenv=False)
+    # A clock far ahead at every reading: no gate counts as just moved under the cursor.
+    ticks = itertools.count(0, 100)
+    return AiopsApp(cfg, remote=RemoteEngine(serve.url, token), server=False, clock=lambda: float(next(ticks)))
+
+
+async def approve_oldest(pilot: Any) -> None:
+    await pilot.press("ctrl+g")
+    await wait_for(pilot, lambda: isinstance(pilot.app.focused, GatesInbox), "the inbox focused")
+    await pilot.press("a")
+
+
+def proxy_chat_in_thread(serve: ServeProcess, text: str) -> tuple[threading.Thread, list[Any]]:
+    """A chat UI's request through the OpenAI proxy, in a thread (it waits for the gate's answer)."""
+    out: list[Any] = []
+
+    def run() -> None:
+        client = openai.OpenAI(base_url=serve.url + "/v1", api_key="x", timeout=60)
+        r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": text}])
+        out.append(r.choices[0].message.content)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_serve_writes_a_run_file_and_removes_it_on_exit(aiops_serve: ServeProcess) -> None:
+    info = runfile.running(aiops_serve.data_dir)
+    assert info is not None and info["url"] == aiops_serve.url
+    assert info["pid"] == aiops_serve.proc.pid and info["port"] == int(aiops_serve.url.rsplit(":", 1)[1])
+    assert aiops_serve.stop() == 0
+    assert not runfile.run_path(aiops_serve.data_dir).exists()
+
+
+def test_a_stale_run_file_is_not_a_running_aiops(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    runfile.write(data, "http://127.0.0.1:1", pid=999_999)  # nobody holds the lock
+    assert runfile.running(data) is None
+
+
+async def test_a_proxy_clients_gate_is_approved_from_the_attached_console(
+        aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("Changed it."))
+    app = attached_app(aiops_serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        assert f"attached {aiops_serve.url} as loopback:" in region_text(app, "StatusBar")
+        thread, out = proxy_chat_in_thread(aiops_serve, "make it brief")
+        await wait_for(pilot, lambda: app.inbox.gates, "the proxy's gate in the inbox", 20)
+        gate = next(iter(app.inbox.gates.values()))
+        assert gate.client_kind == "proxy" and gate.tool == "update_system_prompt"
+        await approve_oldest(pilot)
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to clear", 20)
+        await asyncio.to_thread(thread.join, 30)
+        assert out == ["Changed it."]
+
+
+async def test_two_attached_consoles_one_approves_the_others_inbox_clears_saying_who(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    from tests.support.server import Tokens
+
+    tokens = Tokens.make(alice="operator", bob="operator")
+    serve = aiops_serve_factory(tokens=tokens)
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("Changed it."))
+    one, two = attached_app(serve, tokens.secrets["alice"]), attached_app(serve, tokens.secrets["bob"])
+    async with one.run_test(size=(160, 48)) as p1, two.run_test(size=(160, 48), notifications=True) as p2:
+        await ready(p1)
+        await ready(p2)
+        assert "as alice" in region_text(one, "StatusBar") and "as bob" in region_text(two, "StatusBar")
+        thread, out = proxy_chat_in_thread_token(serve, tokens.secrets["alice"], "make it brief")
+        await wait_for(p1, lambda: one.inbox.gates, "the gate in console one", 20)
+        await wait_for(p2, lambda: two.inbox.gates, "the gate in console two", 20)
+        await approve_oldest(p1)
+        await wait_for(p2, lambda: not two.inbox.gates, "console two's inbox to clear", 20)
+        await wait_for(p2, lambda: any("approved by alice" in n.message for n in two._notifications),
+                       "who answered, said in console two", 20)
+        await asyncio.to_thread(thread.join, 30)
+        assert out == ["Changed it."]
+
+
+def proxy_chat_in_thread_token(serve: ServeProcess, token: str, text: str) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        client = openai.OpenAI(base_url=serve.url + "/v1", api_key=token, timeout=60)
+        r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": text}])
+        out.append(r.choices[0].message.content)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+async def test_the_server_restarts_under_an_attached_console_which_reconnects_without_duplicates(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    serve = aiops_serve_factory(args=["--port", "0"])
+    fake_openai.script(Reply.text("first answer"))
+    app = attached_app(serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello there")
+        await wait_chat(pilot, "first answer", 20)
+        port = int(serve.url.rsplit(":", 1)[1])
+        assert serve.stop() == 0
+        await wait_for(pilot, lambda: "DISCONNECTED" in region_text(app, "StatusBar"), "the disconnection shown", 20)
+        again = aiops_serve_factory(config_dir=serve.config_dir, data_dir=serve.data_dir, args=["--port", str(port)])
+        assert again.url == serve.url
+        await wait_for(pilot, lambda: "DISCONNECTED" not in region_text(app, "StatusBar"), "the reconnection", 30)
+        await wait_for(pilot, lambda: chat_text(app).count("first answer") == 1 and "hello there" in chat_text(app),
+                       "the history once", 20)
+        fake_openai.script(Reply.text("second answer"))
+        await send(pilot, "and again")
+        await wait_chat(pilot, "second answer", 20)
+        text = chat_text(app)
+        assert text.count("first answer") == 1 and text.count("you hello there") == 1
+        assert text.count("second answer") == 1
