@@ -22,7 +22,15 @@ from textual.message import Message
 
 from aiops.engine import events as ev
 from aiops.integrations.remote import RemoteEngine, RemoteError
-from aiops.tui.adapter import _ANSWERS, EngineAdapter, HistoryLoaded, ModelProbe, ModelsChecked, ServicesStarted, to_message
+from aiops.tui.adapter import (
+    _ANSWERS,
+    EngineAdapter,
+    HistoryLoaded,
+    ModelProbe,
+    ModelsChecked,
+    ServicesStarted,
+    to_message,
+)
 
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump

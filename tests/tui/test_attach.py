@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 
 from aiops.config import load_config, resolve_paths
 from aiops.engine import runfile
@@ -23,7 +22,7 @@ from aiops.tui.app import AiopsApp
 from aiops.tui.widgets.gates import GatesInbox
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.server import ServeFactory, ServeProcess
-from tests.tui.conftest import chat_text, ready, region_text, screen_text, send, wait_chat, wait_for
+from tests.tui.conftest import chat_text, ready, region_text, send, wait_chat, wait_for
 
 EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
 
