@@ -73,7 +73,8 @@ def holder_report(path: Path, info: dict[str, Any], *, probe_timeout: float = PR
         lines.append(f"It is suspended (ctrl+z, or SIGSTOP): `kill -CONT {pid}` resumes it; `kill {pid}` "
                      f"then ends it.")
     elif url and _answers(url, probe_timeout):
-        lines.append(f"It serves at {url}: watch a session with `aiops attach SESSION --url {url}`, or "
+        lines.append(f"It serves at {url}: attach a console to it with `aiops attach {url}` (what `aiops` "
+                     f"does on a terminal), watch a session with `aiops watch SESSION --url {url}`, or "
                      f"end it (ctrl+q in its terminal, or `kill {pid}`).")
     elif url:
         lines.append(f"Its server at {url} does not answer (within {probe_timeout:g} s): it may be stuck. "
@@ -260,3 +261,20 @@ def holder(path: Path) -> dict[str, Any] | None:
         return None
     finally:
         os.close(fd)
+
+
+def running(data_dir: Path, lock_path: Path | None = None) -> dict[str, Any] | None:
+    """The live aiops serving this data dir (the run file's content), or None: no run file, or a
+    stale one (nobody holds the lock, or the holder is another process than the file names)."""
+    info = runfile.read(data_dir)
+    if info is None or not isinstance(info.get("url"), str):
+        return None
+    held = holder(lock_path or Path(data_dir) / "aiops.lock")
+    if held is None or (held.get("pid") is not None and held.get("pid") != info.get("pid")):
+        return None
+    return info
+
+
+def holder_url(data_dir: Path, lock_path: Path | None = None) -> str | None:
+    info = running(data_dir, lock_path)
+    return str(info["url"]) if info else None

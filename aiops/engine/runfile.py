@@ -4,7 +4,8 @@
 data-dir lock (`aiops serve`, the console) once its server listens, and removed when it exits. The
 lock (engine/lock.py) is the truth about liveness: a run file found while nobody holds the lock, or
 whose pid is not the holder's, is stale (a SIGKILL, a power cut) and is ignored, then replaced by the
-next holder. Readers (`aiops`, `aiops chat`, `aiops attach`) use `running()`.
+next holder. Readers (`aiops`, `aiops chat`, `aiops attach`) use `lock.running()`, which asks the
+lock too.
 """
 
 from __future__ import annotations
@@ -56,22 +57,3 @@ def read(data_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None
-
-
-def running(data_dir: Path, lock_path: Path | None = None) -> dict[str, Any] | None:
-    """The live aiops serving this data dir (the run file's content), or None: no run file, or a
-    stale one (nobody holds the lock, or the holder is another process than the file names)."""
-    from aiops.engine.lock import holder
-
-    info = read(data_dir)
-    if info is None or not isinstance(info.get("url"), str):
-        return None
-    held = holder(lock_path or Path(data_dir) / "aiops.lock")
-    if held is None or (held.get("pid") is not None and held.get("pid") != info.get("pid")):
-        return None
-    return info
-
-
-def holder_url(data_dir: Path, lock_path: Path | None = None) -> str | None:
-    info = running(data_dir, lock_path)
-    return str(info["url"]) if info else None

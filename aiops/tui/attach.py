@@ -20,16 +20,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def _check(url: str, token: str | None) -> str:
+async def _check(url: str, token: str | None, timeout: float = 10.0) -> str:
     """Reach the server once before the screen is taken: a wrong URL or token is a plain error."""
     from aiops.integrations.remote import RemoteEngine
 
-    remote = RemoteEngine(url, token)
+    remote = RemoteEngine(url, token, timeout=timeout)
     await remote.start(follow=False)
     try:
         return f"{remote.principal} ({remote.info.get('role')})"
     finally:
         await remote.close()
+
+
+def attach_to_holder(cfg: Config, url: str) -> int | None:
+    """`aiops` on a data dir whose aiops serves at `url`: the console attached to it (with the token
+    in AIOPS_TOKEN, if any). None when it does not answer at all: the caller says who holds the data
+    dir (a stuck process, how to end it) instead."""
+    import os
+
+    from aiops.integrations.remote import RemoteError
+    from aiops.integrations.remote.find import client_url
+
+    url, token = client_url(url), os.environ.get("AIOPS_TOKEN") or None
+    try:
+        asyncio.run(_check(url, token, timeout=2.0))
+    except RemoteError as e:
+        if e.status == 0:
+            return None
+    return run_attached(cfg, url, token)
 
 
 def run_attached(cfg: Config, url: str, token: str | None) -> int:

@@ -17,6 +17,7 @@ import openai
 
 from aiops.config import load_config, resolve_paths
 from aiops.engine import runfile
+from aiops.engine.lock import running
 from aiops.integrations.remote import RemoteEngine
 from aiops.tui.app import AiopsApp
 from aiops.tui.widgets.gates import GatesInbox
@@ -55,7 +56,7 @@ def proxy_chat_in_thread(serve: ServeProcess, text: str) -> tuple[threading.Thre
 
 
 def test_serve_writes_a_run_file_and_removes_it_on_exit(aiops_serve: ServeProcess) -> None:
-    info = runfile.running(aiops_serve.data_dir)
+    info = running(aiops_serve.data_dir)
     assert info is not None and info["url"] == aiops_serve.url
     assert info["pid"] == aiops_serve.proc.pid and info["port"] == int(aiops_serve.url.rsplit(":", 1)[1])
     assert aiops_serve.stop() == 0
@@ -65,7 +66,7 @@ def test_serve_writes_a_run_file_and_removes_it_on_exit(aiops_serve: ServeProces
 def test_a_stale_run_file_is_not_a_running_aiops(tmp_path: Path) -> None:
     data = tmp_path / "data"
     runfile.write(data, "http://127.0.0.1:1", pid=999_999)  # nobody holds the lock
-    assert runfile.running(data) is None
+    assert running(data) is None
 
 
 async def test_a_proxy_clients_gate_is_approved_from_the_attached_console(

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from aiops.engine import runfile
+from aiops.engine import lock
 
 
 def running_url(data_dir: Path, lock_path: Path | None = None) -> str | None:
     """The URL of the aiops that holds `data_dir` and serves, or None (none runs, or it has no server)."""
-    return runfile.holder_url(data_dir, lock_path)
+    return lock.holder_url(data_dir, lock_path)
 
 
 def client_url(url: str) -> str:
