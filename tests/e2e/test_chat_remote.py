@@ -117,3 +117,19 @@ def test_a_gate_asked_on_the_terminal_is_answered_first_in_a_console(aiops_serve
     assert proc.returncode == 0, "".join(err)
     assert f"[gate {gate['id']}: approved by loopback:127.0.0.1]" in out.decode()
     assert out.decode().rstrip().endswith("Changed it.")
+
+
+def test_the_remote_path_imports_no_model_sdk_and_no_engine(aiops_serve: ServeProcess,
+                                                            fake_openai: FakeOpenAI) -> None:
+    # Issue 27 wants `aiops chat` fast: beside a running aiops it needs the API client only.
+    fake_openai.script(Reply.text("ok"))
+    probe = ("import sys\n"
+             "from aiops.cli import main\n"
+             "rc = main(sys.argv[1:])\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('openai', 'google', 'textual', 'sqlglot')\n"
+             "               or m in ('aiops.engine.engine', 'aiops.engine.store'))\n"
+             "print('HEAVY', heavy, 'RC', rc, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe, *_cmd(aiops_serve, "hi")[3:]], capture_output=True, text=True,
+                       timeout=60, env=_env(), stdin=subprocess.DEVNULL)
+    assert "HEAVY [] RC 0" in r.stderr, r.stderr
+    assert r.stdout.strip() == "ok"

@@ -76,6 +76,9 @@ async def test_a_proxy_clients_gate_is_approved_from_the_attached_console(
     async with app.run_test(size=(160, 48)) as pilot:
         await ready(pilot)
         assert f"attached {aiops_serve.url} as loopback:" in region_text(app, "StatusBar")
+        await send(pilot, "!limits")  # a !command runs on the attached aiops; its output shows here
+        await wait_for(pilot, lambda: "max_tool_iterations = 10" in chat_text(app),
+                       "the command's output", 20)
         thread, out = proxy_chat_in_thread(aiops_serve, "make it brief")
         await wait_for(pilot, lambda: app.inbox.gates, "the proxy's gate in the inbox", 20)
         gate = next(iter(app.inbox.gates.values()))
