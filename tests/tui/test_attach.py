@@ -148,3 +148,28 @@ async def test_the_server_restarts_under_an_attached_console_which_reconnects_wi
         text = chat_text(app)
         assert text.count("first answer") == 1 and text.count("you hello there") == 1
         assert text.count("second answer") == 1
+
+
+def test_attach_refusals_are_one_line_before_the_screen_is_taken(aiops_serve_factory: ServeFactory,
+                                                                 tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.server import Tokens
+
+    tokens = Tokens.make(ops="operator")
+    serve = aiops_serve_factory(tokens=tokens)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    base = [sys.executable, "-m", "aiops.cli", "--config-dir", str(serve.config_dir), "--data-dir",
+            str(tmp_path / "elsewhere"), "attach"]
+    r = subprocess.run([*base, serve.url], capture_output=True, text=True, timeout=60, env=env,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"aiops: cannot attach to {serve.url}: missing bearer token: send 'Authorization: Bearer <token>' "
+        f"(give an operator token: --token-env NAME, or AIOPS_TOKEN)"], r.stderr
+    r = subprocess.run([*base, serve.url, "--token-env", "NOT_SET_ANYWHERE"], capture_output=True, text=True,
+                       timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and r.stderr.strip() == ("aiops: --token-env NOT_SET_ANYWHERE: the variable "
+                                                      "NOT_SET_ANYWHERE is not set"), r.stderr
