@@ -76,6 +76,11 @@ async def test_a_proxy_clients_gate_is_approved_from_the_attached_console(
     async with app.run_test(size=(160, 48)) as pilot:
         await ready(pilot)
         assert f"attached {aiops_serve.url} as loopback:" in region_text(app, "StatusBar")
+        # The prompt tree is the attached aiops's (its config dir), read over the API.
+        app.main.show_pane("prompt")
+        await wait_for(pilot, lambda: str(aiops_serve.config_dir) in "".join(region_text(app, "#prompt-folder").split())
+                       and "1. role" in region_text(app, "#prompt-sections"), "the server's prompt tree", 20)
+        app.main.show_pane("input")
         await send(pilot, "!limits")  # a !command runs on the attached aiops; its output shows here
         await wait_for(pilot, lambda: "max_tool_iterations = 10" in chat_text(app),
                        "the command's output", 20)
