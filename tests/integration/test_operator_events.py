@@ -70,6 +70,7 @@ async def test_every_sessions_events_with_ids_resumed_after_the_last_one_read(ap
         resp, reader = await open_events(http, srv)
         _, name, hello = await reader.frame()
         assert name == "hello" and hello["reset"] is False and hello["role"] == "operator"
+        assert srv.handle.connected_clients() == 1  # the header's client count includes attached consoles
         await submit(http, srv, "first", "api-a")
         await submit(http, srv, "second", "api-b")
         frames = await reader.until("done", "api-a") + await reader.until("done", "api-b")

@@ -56,6 +56,11 @@ class EventFeed:
         self.closed = False
         self._waiters: set[asyncio.Event] = set()
 
+    @property
+    def readers(self) -> int:
+        """Operator streams open right now (attached consoles)."""
+        return len(self._waiters)
+
     def event_id(self, seq: int) -> str:
         return f"{self.epoch}-{seq}"
 
