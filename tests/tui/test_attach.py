@@ -63,10 +63,23 @@ def test_serve_writes_a_run_file_and_removes_it_on_exit(aiops_serve: ServeProces
     assert not runfile.run_path(aiops_serve.data_dir).exists()
 
 
-def test_a_stale_run_file_is_not_a_running_aiops(tmp_path: Path) -> None:
+def test_a_stale_run_file_is_not_a_running_aiops_and_the_next_holder_replaces_it(tmp_path: Path) -> None:
+    import os
+
+    from aiops.engine.lock import DataDirLock
+
     data = tmp_path / "data"
-    runfile.write(data, "http://127.0.0.1:1", pid=999_999)  # nobody holds the lock
+    runfile.write(data, "http://127.0.0.1:1", pid=999_999)  # left by a killed aiops: nobody holds the lock
     assert running(data) is None
+    lock = DataDirLock(data / "aiops.lock")
+    lock.acquire()
+    assert not runfile.run_path(data).exists()  # no server yet: no run file, not the stale one
+    lock.update(url="http://127.0.0.1:2345")
+    info = running(data)
+    assert info is not None and info["pid"] == os.getpid() and info["port"] == 2345
+    assert info["address"] == "127.0.0.1"
+    lock.release()
+    assert not runfile.run_path(data).exists()
 
 
 async def test_a_proxy_clients_gate_is_approved_from_the_attached_console(
