@@ -144,3 +144,18 @@ async def test_the_side_panes_state_for_operators(api_server: ApiServer) -> None
             assert (await r.json()) == {"usage": []}
         async with http.get(srv.url + "/api/v1/prompt", params={"model": "nosuch"}) as r:
             assert r.status == 400 and "nosuch" in (await r.json())["error"]["message"]
+
+
+def test_the_ring_is_bounded_by_count_and_by_size_and_says_when_a_reader_is_beyond_it() -> None:
+    from aiops.engine import events as ev
+    from aiops.integrations.server.operator_api import EventFeed
+
+    feed = EventFeed(size=3, max_bytes=10_000)
+    toks = [feed.publish(e) or e for e in (ev.Tok(session_id="s", text="x") for _ in range(5))]
+    assert [e.seq for e in feed.ring] == [t.seq for t in toks[2:]]
+    assert feed.resume_point(feed.event_id(toks[2].seq)) == (toks[2].seq, False)
+    assert feed.resume_point(feed.event_id(toks[0].seq))[1] is True  # beyond the ring: reload
+    big = ev.ToolReturned(session_id="s", call_id="c", tool="t", content="y" * 6000, truncated=False,
+                          is_error=False, duration_ms=1.0)
+    feed.publish(big)
+    assert list(feed.ring) == [big] and feed.bytes <= 20_000

@@ -42,15 +42,29 @@ log = logging.getLogger(__name__)
 
 PREFIX = "/api/v1"
 RING_SIZE = 20_000  # events kept for readers that come back (a few minutes of a busy server)
+RING_BYTES = 64 * 1024 * 1024  # and at most about this much of their text
 EVENT_ID_HEADER = "X-Aiops-Event-Id"
+
+
+def _weight(event: ev.Event) -> int:
+    """Roughly what an event holds in memory (the text it carries), cheaply."""
+    match event:
+        case ev.ToolReturned(content=content):
+            return 200 + len(content) * 2  # (its `data` may hold as much again)
+        case ev.Tok(text=text) | ev.Thinking(text=text) | ev.Notice(text=text) | ev.Done(text=text):
+            return 200 + len(text)
+    return 400
 
 
 class EventFeed:
     """Every engine event, numbered and kept in a bounded ring, with wake-ups for readers."""
 
-    def __init__(self, size: int = RING_SIZE) -> None:
+    def __init__(self, size: int = RING_SIZE, max_bytes: int = RING_BYTES) -> None:
         self.epoch = secrets.token_hex(6)
         self.ring: deque[ev.Event] = deque(maxlen=size)
+        self._sizes: deque[int] = deque()
+        self.bytes = 0
+        self.max_bytes = max_bytes
         self.last_seq = 0
         self.dropped_upto = 0  # the seq of the newest event the ring no longer holds
         self.closed = False
@@ -71,11 +85,20 @@ class EventFeed:
     def publish(self, event: ev.Event) -> None:
         # A bus listener: synchronous, cheap, never raises.
         if len(self.ring) == self.ring.maxlen:
-            self.dropped_upto = self.ring[0].seq
+            self._evict()
+        size = _weight(event)
         self.ring.append(event)
+        self._sizes.append(size)
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self.ring) > 1:
+            self._evict()  # a few huge tool results must not keep the ring's memory up
         self.last_seq = event.seq
         for w in self._waiters:
             w.set()
+
+    def _evict(self) -> None:
+        self.dropped_upto = self.ring.popleft().seq
+        self.bytes -= self._sizes.popleft()
 
     def close(self) -> None:
         self.closed = True
