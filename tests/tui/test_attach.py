@@ -191,3 +191,75 @@ def test_attach_refusals_are_one_line_before_the_screen_is_taken(aiops_serve_fac
                        timeout=60, env=env, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.strip() == ("aiops: --token-env NOT_SET_ANYWHERE: the variable "
                                                       "NOT_SET_ANYWHERE is not set"), r.stderr
+
+
+class CuttableRelay:
+    """A TCP relay between the attached console and the server that the test can cut (a network
+    drop: every connection closed, new ones refused) and restore."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server: asyncio.Server | None = None
+        self.conns: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def start(self, port: int = 0) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.conns.update((writer, up_writer))
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def cut(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in list(self.conns):
+            w.transport.abort()
+        self.conns.clear()
+        await self.server.wait_closed()
+
+    async def restore(self) -> None:
+        await self.start(self.port)
+
+
+async def test_a_network_drop_is_shown_and_the_missed_events_are_caught_up_once(
+        aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    import aiohttp
+
+    relay = CuttableRelay(int(aiops_serve.url.rsplit(":", 1)[1]))
+    await relay.start()
+    cfg = load_config(resolve_paths(aiops_serve.config_dir, aiops_serve.data_dir.parent / "attached-data"),
+                      load_dotenv=False)
+    app = AiopsApp(cfg, remote=RemoteEngine(f"http://127.0.0.1:{relay.port}"), server=False)
+    fake_openai.script(Reply.text("before the drop"), Reply.text("during the drop"))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await wait_chat(pilot, "before the drop", 20)
+        sid = app.selected
+        await relay.cut()
+        await wait_for(pilot, lambda: "DISCONNECTED" in region_text(app, "StatusBar"), "the drop shown", 20)
+        # Meanwhile a script talks in the same session, straight to the server.
+        async with aiohttp.ClientSession() as http, http.post(
+                aiops_serve.url + "/api/v1/submit",
+                json={"text": "asked while you were away", "client_id": sid, "wait": True}) as r:
+            assert (await r.json())["text"] == "during the drop"
+        await relay.restore()
+        await wait_for(pilot, lambda: "DISCONNECTED" not in region_text(app, "StatusBar"), "the reconnection", 30)
+        await wait_chat(pilot, "during the drop", 20)
+        text = chat_text(app)
+        assert text.count("asked while you were away") == 1 and text.count("during the drop") == 1
+        assert text.count("before the drop") == 1 and text.count("you first question") == 1
