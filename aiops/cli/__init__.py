@@ -5,7 +5,8 @@ and `aiops config paths` stay instant and `aiops serve` never imports Textual.
 
 The sub-commands live in the modules of this package, by concern: args (the parser), common (what
 they share), config (config paths/check/init, mcp import), reports (models, plugins, audit), chat,
-server (console, serve, attach).
+server (console, serve, watch), attach (the attached console), remote_chat (`aiops chat`
+through a running aiops).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import sys
 from collections.abc import Sequence
 
 from aiops.cli.args import parse_args
+from aiops.cli.attach import cmd_attach_any, cmd_watch
 from aiops.cli.chat import _rule_hint, cmd_chat
 from aiops.cli.common import CliError, parse_since
 from aiops.cli.config import cmd_config_check, cmd_config_init, cmd_config_paths, cmd_mcp_import
 from aiops.cli.reports import cmd_audit, cmd_models, cmd_plugins
-from aiops.cli.server import cmd_attach, cmd_console, cmd_serve
+from aiops.cli.server import cmd_console, cmd_serve
 
 __all__ = ["CliError", "_rule_hint", "main", "parse_args", "parse_since"]
 
@@ -29,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     handlers = {
         None: cmd_console, "console": cmd_console, "serve": cmd_serve, "chat": cmd_chat,
-        "models": cmd_models, "audit": cmd_audit, "plugins": cmd_plugins, "attach": cmd_attach,
+        "models": cmd_models, "audit": cmd_audit, "plugins": cmd_plugins, "attach": cmd_attach_any,
+        "watch": cmd_watch,
     }
     try:
         if args.command == "config":

@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     ch.add_argument("--session", help="session id (full or shorthand); default: a new one")
     ch.add_argument("--model", help="model key for this turn")
     ch.add_argument("--json", action="store_true", help="print events as JSON lines")
+    ch.add_argument("--url", default=None,
+                    help="send it to the aiops at URL (default: the one running on this data dir, if any)")
+    ch.add_argument("--token-env", default=None, metavar="NAME",
+                    help="with a running aiops: the variable holding the token (default: AIOPS_TOKEN)")
 
     m = sub.add_parser("models", help="list the model registry")
     m.add_argument("--json", action="store_true")
@@ -76,9 +80,20 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("file", help="e.g. claude_desktop_config.json")
     imp.add_argument("--replace", action="store_true", help="overwrite servers of the same name")
 
-    at = sub.add_parser("attach", help="watch a running aiops's session stream (read-only)")
-    at.add_argument("session", help="session id")
-    at.add_argument("--url", default=None, help="server URL (default: from aiops.toml)")
+    at = sub.add_parser("attach", help="the console, attached to a running aiops (URL, or this data dir's)",
+                        description="The full console on a running aiops: every session, the gates inbox, "
+                                    "the prompt tree and rate limits. Without URL: the aiops running on this "
+                                    "data dir (its run file), else the server of aiops.toml. `aiops attach "
+                                    "SESSION` (not a URL) still watches one session, as `aiops watch` does.")
+    at.add_argument("session", nargs="?", default=None, metavar="URL",
+                    help="e.g. http://127.0.0.1:8765 (an ssh -L tunnel's local end works too)")
+    at.add_argument("--url", default=None, help="server URL (for `aiops attach SESSION`)")
+    at.add_argument("--token-env", default=None, metavar="NAME",
+                    help="environment variable holding the token to present (default: AIOPS_TOKEN)")
+
+    w = sub.add_parser("watch", help="print one session's events of a running aiops as JSON lines (read-only)")
+    w.add_argument("session", help="session id")
+    w.add_argument("--url", default=None, help="server URL (default: the running aiops, else aiops.toml)")
     return p
 
 

@@ -40,6 +40,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             raise CliError("aiops chat -: nothing to send (stdin was empty)")
     cfg = load(args)
     setup_file_logging(cfg, args.verbose)
+    # An aiops running on this data dir (or --url): the message goes to it (aiops/cli/remote_chat.py).
+    from aiops.cli.remote_chat import chat_remote, remote_url
+
+    if (url := remote_url(cfg, args)) is not None:
+        return chat_remote(args, url)
     from aiops.engine.lock import AlreadyRunning, DataDirLock
 
     # Another aiops on this data dir owns its sessions and gates: talk to it, don't share its files.

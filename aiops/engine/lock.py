@@ -11,17 +11,23 @@ that dies, or stops, before that passes it on.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+from aiops.engine import runfile
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, no protection
     fcntl = None  # type: ignore[assignment]
 
+
+log = logging.getLogger(__name__)
 
 # Data dirs this process holds: only their holder may rotate aiops.log (see aiops.logs).
 _held: set[Path] = set()
@@ -67,7 +73,8 @@ def holder_report(path: Path, info: dict[str, Any], *, probe_timeout: float = PR
         lines.append(f"It is suspended (ctrl+z, or SIGSTOP): `kill -CONT {pid}` resumes it; `kill {pid}` "
                      f"then ends it.")
     elif url and _answers(url, probe_timeout):
-        lines.append(f"It serves at {url}: watch a session with `aiops attach SESSION --url {url}`, or "
+        lines.append(f"It serves at {url}: attach a console to it with `aiops attach {url}` (what `aiops` "
+                     f"does on a terminal), watch a session with `aiops watch SESSION --url {url}`, or "
                      f"end it (ctrl+q in its terminal, or `kill {pid}`).")
     elif url:
         lines.append(f"Its server at {url} does not answer (within {probe_timeout:g} s): it may be stuck. "
@@ -145,6 +152,11 @@ class DataDirLock:
         # Without flock a live holder's file would read as a dead one's: no guess is made then.
         self.died_since = float(since) if isinstance(since, int | float) and fcntl is not None else None
         self.info = {"pid": os.getpid(), "url": url, "started_at": time.time()}
+        # A run file left by a holder that died is stale from the moment this one holds the lock.
+        with contextlib.suppress(OSError):
+            runfile.run_path(self.path.parent).unlink(missing_ok=True)
+        if url:
+            self._write_run_file(url)
         if self.died_since is not None:
             self.info["recover_since"] = self.died_since
         self._write()
@@ -156,6 +168,15 @@ class DataDirLock:
             return
         self.info.update(info)
         self._write()
+        if info.get("url"):
+            self._write_run_file(str(info["url"]))
+
+    def _write_run_file(self, url: str) -> None:
+        """Where this holder serves, for `aiops`, `aiops chat` and `aiops attach` to find it."""
+        try:
+            runfile.write(self.path.parent, url)
+        except OSError as e:  # a read-only data dir: the lock still protects it
+            log.warning("cannot write the run file in %s: %s", self.path.parent, e)
 
     def recovered(self) -> None:
         """What the last holder left open is recorded: a later holder need not look again."""
@@ -180,6 +201,8 @@ class DataDirLock:
         if fd is None:
             return
         _held.discard(self.path.parent.resolve())
+        with contextlib.suppress(OSError):
+            runfile.remove(self.path.parent)
         # A holder that never got to record what a dead one left open (a start refused or
         # interrupted before that) leaves the file as it is: it still says since when to look.
         if "recover_since" not in self.info:
@@ -238,3 +261,20 @@ def holder(path: Path) -> dict[str, Any] | None:
         return None
     finally:
         os.close(fd)
+
+
+def running(data_dir: Path, lock_path: Path | None = None) -> dict[str, Any] | None:
+    """The live aiops serving this data dir (the run file's content), or None: no run file, or a
+    stale one (nobody holds the lock, or the holder is another process than the file names)."""
+    info = runfile.read(data_dir)
+    if info is None or not isinstance(info.get("url"), str):
+        return None
+    held = holder(lock_path or Path(data_dir) / "aiops.lock")
+    if held is None or (held.get("pid") is not None and held.get("pid") != info.get("pid")):
+        return None
+    return info
+
+
+def holder_url(data_dir: Path, lock_path: Path | None = None) -> str | None:
+    info = running(data_dir, lock_path)
+    return str(info["url"]) if info else None

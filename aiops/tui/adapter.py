@@ -410,6 +410,11 @@ class EngineAdapter:
     def pending_gates(self) -> list[ev.GateInfo]:
         return self.engine.pending_gates()
 
+    def answered_elsewhere(self, gate: ev.GateInfo) -> bool:
+        """Whether another operator answered `gate` (said when it leaves the inbox). In-process the
+        inbox has always cleared silently; an attached console says it (remote_adapter.py)."""
+        return False
+
     def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> str | None:
         """Answer a gate as the console (`decision`: approve or deny; `scope`: once or session);
         the reason it could not be answered, or None."""

@@ -74,6 +74,8 @@ if TYPE_CHECKING:
     from aiops.engine.engine import Engine
     from aiops.engine.lock import DataDirLock
     from aiops.engine.plugins import Plugin
+    from aiops.integrations.remote import RemoteEngine
+    from aiops.tui.remote_adapter import AttachState
 
 # Imported from here by the CLI and the tests.
 __all__ = ["GATE_TOAST_SECONDS", "AiopsApp", "_terminal_quiet", "console_driver", "run_console"]
@@ -117,17 +119,24 @@ class AiopsApp(App[int]):
     def __init__(self, cfg: Config, *, engine: Engine | None = None, plugins: list[Plugin] | None = None,
                  discover_plugins: bool = True, host: str | None = None, port: int | None = None,
                  server: bool = True, lock: DataDirLock | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, remote: RemoteEngine | None = None) -> None:
         """`clock` (seconds, monotonic) times the console's own pauses (a gate that just moved under
-        the cursor ignores the answer keys for a moment); tests pass one they advance by hand."""
+        the cursor ignores the answer keys for a moment); tests pass one they advance by hand.
+        `remote`: attach to that running aiops (aiops/tui/remote_adapter.py) instead of owning an engine."""
         super().__init__(driver_class=console_driver())
         self.cfg = cfg
         self.clock = clock
-        if engine is None:
-            from aiops.engine.engine import Engine
+        self.adapter: EngineAdapter
+        if remote is not None:
+            from aiops.tui.remote_adapter import RemoteAdapter
 
-            engine = Engine(cfg, plugins=plugins, discover_plugins=discover_plugins)
-        self.adapter = EngineAdapter(engine, self)
+            self.adapter = RemoteAdapter(remote, self, cfg)
+        else:
+            if engine is None:
+                from aiops.engine.engine import Engine
+
+                engine = Engine(cfg, plugins=plugins, discover_plugins=discover_plugins)
+            self.adapter = EngineAdapter(engine, self)
         self.host = host
         self.port = port
         self.want_server = server
@@ -287,6 +296,10 @@ class AiopsApp(App[int]):
     @on(ServicesStarted)
     async def _services_started(self, msg: ServicesStarted) -> None:
         await self.services.started(msg)
+
+    async def on_attach_state(self, msg: AttachState) -> None:
+        """Attached (remote_adapter.py): the link dropped, came back, or the state was read again."""
+        await self.services.attach_state(msg)
 
     # ---- sessions (session_events.py) ------------------------------------------------------------------
 

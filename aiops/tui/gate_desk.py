@@ -53,6 +53,10 @@ class GateDesk:
 
     def resolved(self, gate: ev.GateInfo) -> None:
         app = self.app
+        if gate.id in app.inbox.gates and app.adapter.answered_elsewhere(gate):
+            # Several operators attached: the row leaves this inbox saying who took it.
+            who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
+            app.notify(f"gate {gate.tool} ({who}) {gate_outcome(gate)}", timeout=6, markup=False)
         app.inbox.drop(gate.id)
         app.main.set_gate_count(len(app.inbox.gates))
         if not app.inbox.gates and app.main.focused is app.inbox:

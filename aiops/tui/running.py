@@ -86,7 +86,8 @@ def terminal_quiet(cfg: Config) -> Iterator[None]:
 
 
 def run_console(cfg: Config, host: str | None = None, port: int | None = None, server: bool = True) -> int:
-    """Run the console until quit. Exit status 2 when another aiops holds the data dir."""
+    """Run the console until quit. Another aiops holding the data dir: attached to it when it serves
+    and this is a terminal (aiops/tui/attach.py); otherwise exit status 2, saying who holds it."""
     from aiops.engine.lock import AlreadyRunning, DataDirLock
     from aiops.tui.app import AiopsApp  # the App imports this module for its driver
 
@@ -94,6 +95,17 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     try:
         lock.acquire()
     except AlreadyRunning as e:
+        # Another aiops holds this data dir: attach to it when it serves (its run file says where).
+        from aiops.engine.lock import holder_url
+
+        url = holder_url(cfg.paths.data_dir, cfg.paths.lock_path)
+        if url is not None and sys.stdin.isatty() and sys.stdout.isatty():
+            from aiops.tui.attach import attach_to_holder
+
+            code = attach_to_holder(cfg, url)
+            if code is not None:
+                return code
+        # No server, no terminal to draw on, or a server that does not answer: say who holds it.
         print(f"aiops: {e}", file=sys.stderr)
         return 2
     from aiops.integrations.runtime import exit_if_left, run_to_exit

@@ -21,6 +21,7 @@ from aiops.tui.format import one_line, server_label
 if TYPE_CHECKING:
     from aiops.tui.adapter import ServicesStarted
     from aiops.tui.app import AiopsApp
+    from aiops.tui.remote_adapter import AttachState
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,8 @@ class Services:
         if app.settle_gc:
             gc_policy.settle()  # start-up is over: see gc_policy
         app.server_urls = msg.server_urls
-        app.status.server = server_label(msg.server_urls, app.want_server)
+        # Attached to another aiops: where, and as whom (remote_adapter.py).
+        app.status.server = getattr(app.adapter, "label", None) or server_label(msg.server_urls, app.want_server)
         if msg.server_error:
             app.notify(f"server: {msg.server_error}", severity="error", timeout=15)
         if app.lock is not None:
@@ -70,6 +72,34 @@ class Services:
         app.side.refresh_limits()
         await app.sessions.select_latest_console(sessions)
         app.probe_models()
+
+    async def attach_state(self, msg: AttachState) -> None:
+        """The link to the attached aiops: said in the header while it is down, and everything read
+        again when the events missed cannot be replayed (it restarted, or the console was away long)."""
+        app = self.app
+        if not app.services_ready or not app._drawing:
+            return
+        label = str(getattr(app.adapter, "label", ""))
+        if msg.state == "disconnected":
+            first = not app.status.server.startswith("DISCONNECTED")
+            app.status.server = "DISCONNECTED · " + label.removeprefix("attached ")
+            app.status.warning = one_line(msg.reason, 60)
+            if first:
+                app.notify(f"lost the attached aiops: {msg.reason}", severity="error", timeout=8)
+        elif msg.state == "connected":
+            if app.status.server.startswith("DISCONNECTED"):
+                app.notify("reconnected", timeout=4)
+            app.status.server = label
+            app.status.warning = ""
+        elif msg.state == "reset":
+            sessions = await app.adapter.sessions()
+            if not app._drawing:
+                return
+            app.sessions_list.set_sessions(sessions)
+            app.gate_desk.set_gates(app.adapter.pending_gates())
+            app.side.refresh_limits()
+            if app.selected is not None:
+                await app.sessions.select(app.selected)
 
     def refresh_clients(self) -> None:
         """The header's count of connected clients (an app timer, every 2 s)."""

@@ -27,7 +27,7 @@ from aiops.integrations.server.api import openapi_spec
 from tests.fakes.openai_server import FakeOpenAI
 from tests.support.server import ServeProcess, Tokens, server_config_dir, start_serve
 
-schema = schemathesis.openapi.from_dict(openapi_spec()).exclude(path_regex=r"^/api/v1/stream/")
+schema = schemathesis.openapi.from_dict(openapi_spec()).exclude(path_regex=r"^/api/v1/(stream/|events$)")
 TOKENS = Tokens.make(ops="operator")
 
 

@@ -151,7 +151,10 @@ def test_a_holder_that_serves_is_offered_for_attach(tmp_path, fake_openai):
         assert proc.returncode == 2, proc.stderr
         err = proc.stderr
         assert f"pid {serve.proc.pid}, server {serve.url}), since 20" in err, err
-        assert f"It serves at {serve.url}: watch a session with `aiops attach SESSION --url {serve.url}`" in err
+        # Without a terminal (stdin and stdout are not one here) there is nothing to attach a console to:
+        # the second start says where the first serves and how to attach.
+        assert f"It serves at {serve.url}: attach a console to it with `aiops attach {serve.url}`" in err
+        assert f"watch a session with `aiops watch SESSION --url {serve.url}`" in err
         assert f"`kill {serve.proc.pid}`" in err
         # Suspended (ctrl+z, SIGSTOP), it holds the lock and answers nothing: the operator is told
         # why, and how to resume or end it.

@@ -26,6 +26,7 @@ from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
 from aiops.engine.types import is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound, waiting_notice
+from aiops.integrations.server import operator_api
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.bodies import parse_body, validate
 from aiops.integrations.server.context import (
@@ -680,6 +681,10 @@ ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("GET", f"{PREFIX}/openapi.json", openapi_document, "openapi", "This OpenAPI document",
              "server", content_description="An OpenAPI 3.1 document"),
 )
+
+
+# The operator stream and the side panes' state (operator_api.py), documented and routed alike.
+ROUTES = (*ROUTES, *operator_api.ROUTES)
 
 
 def _guarded(route: ApiRoute) -> Any:

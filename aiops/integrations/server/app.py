@@ -16,7 +16,7 @@ from aiohttp.typedefs import Middleware
 
 from aiops.config import Config
 from aiops.engine.engine import Engine
-from aiops.integrations.server import api, cors, ollama_proxy, openai_proxy, proxy
+from aiops.integrations.server import api, cors, ollama_proxy, openai_proxy, operator_api, proxy
 from aiops.integrations.server.auth import Authenticator, FailedAuthThrottle, Token, load_tokens
 from aiops.integrations.server.context import AUTH_KEY, CONFIG_KEY, ENGINE_KEY, STATE_KEY, ServerState
 from aiops.integrations.server.middlewares import auth_middleware, error_middleware
@@ -42,6 +42,7 @@ def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, s
     app[AUTH_KEY] = Authenticator(tokens, FailedAuthThrottle(cfg.app.auth.failed_auth_limit,
                                                              cfg.app.auth.failed_auth_window_seconds))
     app[STATE_KEY] = ServerState(public={("GET", "/"), ("HEAD", "/")})
+    operator_api.setup_feed(app, engine)  # before any route: every event is numbered from the start
     proxy.setup(app)
     api.setup(app)
     openai_proxy.setup(app)

@@ -167,8 +167,11 @@ class ServerHandle:
         return len(self.app[AUTH_KEY].tokens)
 
     def connected_clients(self) -> int:
-        """Event streams open right now (API streams, and proxy streams that track theirs)."""
-        return len(self.app[STATE_KEY].streams)
+        """Event streams open right now (API streams, proxy streams that track theirs, and attached
+        consoles' operator streams)."""
+        from aiops.integrations.server.operator_api import FEED_KEY
+
+        return len(self.app[STATE_KEY].streams) + self.app[FEED_KEY].readers
 
     async def close_listeners(self) -> None:
         """Stop accepting connections; requests on open connections get 503 from now on."""

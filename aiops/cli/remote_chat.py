@@ -1,0 +1,151 @@
+"""`aiops chat` through a running aiops (its run file, or `--url`): the message goes to its API, the
+turn's events come back on the session's stream, so scripts and cron jobs work beside the console.
+
+A gate of the turn is asked on this terminal (when there is one) and shows in every console's inbox
+at the same time: the first answer wins; a later one is told who answered. Without a terminal the
+gate waits for a console (or its timeout). Only aiohttp and the API client are imported here: no
+engine, no model SDK (the in-process path, aiops/cli/chat.py, is for when no aiops runs).
+Exit status as in-process: 0 done, 1 the turn or a `!command` reported an error, 2 usage errors
+(an unknown session, the server unreachable or refusing the token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from aiops.cli.common import CliError
+
+if TYPE_CHECKING:
+    from aiops.engine.events import GateInfo
+
+
+def remote_url(cfg: Any, args: argparse.Namespace) -> str | None:
+    """Where `aiops chat` sends its message: `--url`, else the aiops running on the data dir."""
+    from aiops.integrations.remote.find import client_url, running_url
+
+    url = getattr(args, "url", None)
+    if url:
+        return client_url(url if "://" in url else f"http://{url}")
+    found = running_url(cfg.paths.data_dir, cfg.paths.lock_path)
+    return client_url(found) if found else None
+
+
+def chat_remote(args: argparse.Namespace, url: str) -> int:
+    from aiops.cli.attach import resolve_token
+
+    return asyncio.run(_chat(args, url, resolve_token(getattr(args, "token_env", None))))
+
+
+async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
+    from aiops.cli.chat import _shown, _TerminalAsker
+    from aiops.client import AgentClient, AgentError
+    from aiops.engine.events import GateInfo
+
+    out = sys.stdout
+    say = sys.stderr if args.json else out
+    status = 0
+    asker = _TerminalAsker() if sys.stdin.isatty() else None
+    asking: dict[str, asyncio.Task[None]] = {}
+
+    async def answer(client: AgentClient, gate: GateInfo) -> None:
+        assert asker is not None
+        decision, scope = await asker.ask(gate)
+        try:
+            await client.resolve_gate(gate.id, "approve" if decision == "approved" else "deny", scope)
+        except AgentError as e:
+            say.write(f"[gate {gate.id}: {e.message}]\n")  # answered first in a console
+        else:
+            say.write(f"[{decision}{' for this session' if scope == 'session' else ''}]\n")
+        say.flush()
+
+    def show(name: str, data: dict[str, Any]) -> None:
+        match name:
+            case "tok":
+                out.write(_shown(str(data.get("text", ""))))
+            case "tool_call":
+                out.write(f"\n→ {_shown(str(data.get('name')))}({json.dumps(data.get('arguments'))[:200]})\n")
+            case "tool_result":
+                first = (str(data.get("content", "")).strip().splitlines() or [""])[0][:200]
+                mark = "✗" if data.get("is_error") else "←"
+                out.write(f"{mark} {_shown(str(data.get('name')))}: {_shown(first)} "
+                          f"({float(data.get('duration_ms') or 0):.0f} ms)\n")
+            case "notice" if data.get("gate_id"):
+                pass  # the waiting notice: asked (or said) below instead
+            case "notice" if data.get("command"):
+                out.write(f"{_shown(str(data.get('text', '')))}\n")
+            case "notice":
+                out.write(f"\n[{_shown(str(data.get('text', '')))}]\n")
+            case "gate":
+                out.write(f"\n[gate {data.get('id')}: {_shown(str(data.get('summary', '')))}]\n")
+            case "error":
+                out.write(f"\nerror: {_shown(str(data.get('message', '')))}\n")
+
+    try:
+        async with AgentClient(url, token) as client:
+            session = args.session
+            if session:
+                try:
+                    session = (await client.session(session, limit=1))["session"]["client_id"]
+                except AgentError as e:
+                    if e.status == 404:
+                        raise CliError(f"no session {args.session!r} on {url}") from None
+                    raise
+            else:
+                session = f"chat-{uuid.uuid4().hex[:8]}"
+            async with client.stream(session) as stream:
+                reply = await client.submit(args.text, session, args.model)
+                if reply.get("status") != "accepted":
+                    # Only !commands: answered at once (their output is the reply's text).
+                    if args.json:
+                        out.write(json.dumps({"event": "done", **reply}, default=str) + "\n")
+                    elif reply.get("text"):
+                        out.write(_shown(str(reply["text"])) + "\n")
+                    return 1 if reply.get("status") == "error" else 0
+                turn_id = reply.get("turn_id")
+                if not args.json:
+                    print(f"[session {session} · {url}]", file=sys.stderr)
+                async for item in stream:
+                    name, data = item["event"], item["data"]
+                    if data.get("turn_id") not in (None, turn_id):
+                        continue
+                    if args.json:
+                        out.write(json.dumps({"event": name, **data}, default=str) + "\n")
+                    else:
+                        show(name, data)
+                    if name == "gate":
+                        gate = GateInfo.from_dict(data)
+                        if asker is not None:
+                            asking[gate.id] = asyncio.create_task(answer(client, gate))
+                        else:
+                            say.write(f"[waiting for an operator to answer gate {gate.id} in a console "
+                                      f"of {url}]\n")
+                    elif name == "gate_resolved":
+                        task = asking.pop(str(data.get("id")), None)
+                        if task is not None and not task.done():  # answered in a console first
+                            task.cancel()
+                            say.write(f"\n[gate {data.get('id')}: {data.get('decision')} by {data.get('by')}]\n")
+                    elif name == "notice" and data.get("command") and data.get("ok") is False:
+                        status = 1
+                    elif name == "error":
+                        status = 1
+                    elif name == "done":
+                        if data.get("status") == "error":
+                            status = 1
+                        out.write("\n")
+                        break
+                    out.flush()
+    except AgentError as e:
+        if e.code == "connection_error":
+            raise CliError(f"cannot reach the aiops at {url}: {e.message}") from None
+        hint = " (give a token: --token-env NAME, or AIOPS_TOKEN)" if e.status == 401 else ""
+        raise CliError(f"{url}: {e.message}{hint}") from None
+    finally:
+        for task in asking.values():
+            task.cancel()
+        out.flush()
+    return status

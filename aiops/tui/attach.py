@@ -1,0 +1,82 @@
+"""Running the console attached to an aiops that runs elsewhere (another terminal, a service, a
+host reached through `ssh -L`): `run_attached`, which `aiops attach URL` and `aiops` on a data dir
+whose engine already runs both use. The App is the same; its adapter is `RemoteAdapter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from aiops.watchdog import ExitWatchdog
+
+if TYPE_CHECKING:
+    from aiops.config import Config
+
+log = logging.getLogger(__name__)
+
+
+async def _check(url: str, token: str | None, timeout: float = 10.0) -> str:
+    """Reach the server once before the screen is taken: a wrong URL or token is a plain error."""
+    from aiops.integrations.remote import RemoteEngine
+
+    remote = RemoteEngine(url, token, timeout=timeout)
+    await remote.start(follow=False)
+    try:
+        return f"{remote.principal} ({remote.info.get('role')})"
+    finally:
+        await remote.close()
+
+
+def attach_to_holder(cfg: Config, url: str) -> int | None:
+    """`aiops` on a data dir whose aiops serves at `url`: the console attached to it (with the token
+    in AIOPS_TOKEN, if any). None when it does not answer at all: the caller says who holds the data
+    dir (a stuck process, how to end it) instead."""
+    import os
+
+    from aiops.integrations.remote import RemoteError
+    from aiops.integrations.remote.find import client_url
+
+    url, token = client_url(url), os.environ.get("AIOPS_TOKEN") or None
+    try:
+        asyncio.run(_check(url, token, timeout=2.0))
+    except RemoteError as e:
+        if e.status == 0:
+            return None
+    return run_attached(cfg, url, token)
+
+
+def run_attached(cfg: Config, url: str, token: str | None) -> int:
+    """The console on the aiops at `url` until quit. Exit status 2 when it cannot be reached or
+    refuses the token (said on stderr, before the screen is taken)."""
+    from aiops.integrations.remote import RemoteEngine, RemoteError
+    from aiops.integrations.runtime import exit_if_left, run_to_exit
+    from aiops.tui.app import AiopsApp
+    from aiops.tui.running import terminal_quiet
+
+    try:
+        who = asyncio.run(_check(url, token))
+    except RemoteError as e:
+        hint = (" (give an operator token: --token-env NAME, or AIOPS_TOKEN)" if e.status in (401, 403) else "")
+        print(f"aiops: cannot attach to {url}: {e.message}{hint}", file=sys.stderr)
+        return 2
+    log.info("attaching to %s as %s", url, who)
+    started = time.monotonic()
+    code, left = 0, [0]
+    try:
+        with terminal_quiet(cfg):
+            app = AiopsApp(cfg, remote=RemoteEngine(url, token), server=False)
+            app.quit_on_signals = True
+            app.watchdog = ExitWatchdog()
+            code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0
+        log.info("attached console closed after %.0f s", time.monotonic() - started)
+        return code
+    finally:
+        for name in ("SIGTERM", "SIGHUP"):
+            if (sig := getattr(signal, name, None)) is not None:
+                signal.signal(sig, signal.SIG_IGN)
+        exit_if_left(left[0], code)

@@ -1,0 +1,135 @@
+"""`aiops chat` beside a running aiops (issue 22): found through the data dir's run file (or --url),
+the message goes through its API; a gate is asked on the terminal and shows in the consoles'
+inboxes (`GET /api/v1/gates`) at once, and the first answer wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.server import ServeProcess
+
+AIOPS = [sys.executable, "-m", "aiops.cli"]
+EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+
+
+def _cmd(serve: ServeProcess, *args: str) -> list[str]:
+    return [*AIOPS, "chat", *args, "--config-dir", str(serve.config_dir), "--data-dir", str(serve.data_dir)]
+
+
+def _get(serve: ServeProcess, path: str) -> Any:
+    with urllib.request.urlopen(serve.url + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _approve(serve: ServeProcess, gate_id: str) -> None:
+    req = urllib.request.Request(serve.url + f"/api/v1/gates/{gate_id}", method="POST",
+                                 data=json.dumps({"decision": "approve"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+
+
+def _wait_gate(serve: ServeProcess, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gates = _get(serve, "/api/v1/gates")["gates"]
+        if gates:
+            return gates[0]  # type: ignore[no-any-return]
+        time.sleep(0.05)
+    raise AssertionError("no gate reached the server's inbox")
+
+
+def test_chat_on_a_data_dir_whose_aiops_runs_goes_through_it(aiops_serve: ServeProcess,
+                                                             fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.text("hello from the server"))
+    r = subprocess.run(_cmd(aiops_serve, "hi there"), capture_output=True, text=True, timeout=60, env=_env(),
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "hello from the server"
+    assert aiops_serve.url in r.stderr  # says where it went
+    sessions = _get(aiops_serve, "/api/v1/sessions")["sessions"]
+    assert [s["title"] for s in sessions if s["client_id"].startswith("chat-")] == ["hi there"]
+    assert aiops_serve.proc.poll() is None  # and the server runs on
+
+
+def test_a_gate_without_a_terminal_waits_for_a_console_to_answer(aiops_serve: ServeProcess,
+                                                                 fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("Changed it."))
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        gate = _wait_gate(aiops_serve)
+        assert gate["tool"] == "update_system_prompt"
+        _approve(aiops_serve, gate["id"])
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err.decode()
+    assert "waiting for an operator to answer gate" in out.decode()
+    assert out.decode().rstrip().endswith("Changed it.")
+
+
+def test_a_gate_asked_on_the_terminal_is_answered_first_in_a_console(aiops_serve: ServeProcess,
+                                                                     fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("Changed it."))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief", "--url", aiops_serve.url), stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    os.close(slave)
+    asked = threading.Event()
+    err: list[str] = []
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
+            err.append(chunk)
+            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
+                asked.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert asked.wait(30), "".join(err)
+        gate = _wait_gate(aiops_serve)  # asked here, and in the consoles' inbox at the same time
+        _approve(aiops_serve, gate["id"])  # a console answers first
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(master)
+    reader.join(10)
+    assert proc.returncode == 0, "".join(err)
+    assert f"[gate {gate['id']}: approved by loopback:127.0.0.1]" in out.decode()
+    assert out.decode().rstrip().endswith("Changed it.")
+
+
+def test_the_remote_path_imports_no_model_sdk_and_no_engine(aiops_serve: ServeProcess,
+                                                            fake_openai: FakeOpenAI) -> None:
+    # Issue 27 wants `aiops chat` fast: beside a running aiops it needs the API client only.
+    fake_openai.script(Reply.text("ok"))
+    probe = ("import sys\n"
+             "from aiops.cli import main\n"
+             "rc = main(sys.argv[1:])\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('openai', 'google', 'textual', 'sqlglot')\n"
+             "               or m in ('aiops.engine.engine', 'aiops.engine.store'))\n"
+             "print('HEAVY', heavy, 'RC', rc, file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe, *_cmd(aiops_serve, "hi")[3:]], capture_output=True, text=True,
+                       timeout=60, env=_env(), stdin=subprocess.DEVNULL)
+    assert "HEAVY [] RC 0" in r.stderr, r.stderr
+    assert r.stdout.strip() == "ok"
