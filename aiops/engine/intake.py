@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
+from aiops.engine.client_tools import ClientTool, open_client_calls, returned, unanswered
 from aiops.engine.commands import CommandContext, CommandHost, ParsedInput, not_the_senders
 from aiops.engine.errors import EngineError
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
@@ -83,6 +84,7 @@ class _Message:
     tools: bool
     meta: dict[str, Any] | None
     owner: str | None  # with `owner_only`: the owner its session must have
+    client_tools: tuple[ClientTool, ...] = ()  # the chat client's tools, as offered to the model
     turn_id: str = field(default_factory=lambda: new_id("turn_"))
     live: LiveSession | None = None
     session_id: str = ""  # the session's full id once found; else the client's id
@@ -120,7 +122,8 @@ class Intake:
 
     async def take(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
                    model: str | None, is_operator: bool, depth: int, tools: bool,
-                   meta: dict[str, Any] | None, owner_only: bool) -> Outcome:
+                   meta: dict[str, Any] | None, owner_only: bool,
+                   client_tools: tuple[ClientTool, ...] = ()) -> Outcome:
         """The steps, in order. The session is pinned (on `pins`) from the moment it is known
         until its turn is queued: the commands and the writes in between must not see it dropped
         from memory."""
@@ -128,7 +131,7 @@ class Intake:
         if why := too_many_commands(parsed):
             return Refused(why)
         msg = _Message(client_id or f"{kind}-{new_id()[:8]}", parsed, kind, model, is_operator, depth,
-                       tools, meta, (meta or {}).get(OWNER_KEY) if owner_only else None)
+                       tools, meta, (meta or {}).get(OWNER_KEY) if owner_only else None, client_tools)
         if (refused := await self._find_session(msg, pins)) is not None:
             return refused
         if parsed.commands and (finished := await self._run_commands(msg, pins)) is not None:
@@ -241,6 +244,12 @@ class Intake:
         live, parsed, turn_id = msg.live, msg.parsed, msg.turn_id
         assert live is not None
         turn_model = self._turn_model(msg)
+        if not self._gone(msg) and live.current is None and not live.queue:
+            # The client of the last turn sent a new message instead of its client tools' results.
+            if (waiting := open_client_calls(await live.history(self._host))) is not None:
+                for result in unanswered(waiting):
+                    await self._host.record(live.id, result)
+                    self._bus.publish(returned(live.id, result))
         if not self._gone(msg):
             await self._host.record(live.id, Message("user", parsed.text, turn_id=turn_id,
                                                      meta={"model": turn_model} if turn_model else {}))
@@ -250,7 +259,7 @@ class Intake:
                                          command=bool(parsed.commands)))
         self._bus.publish(ev.UserPosted(session_id=live.id, turn_id=turn_id, text=parsed.text, model=turn_model))
         turn = Turn(turn_id, live.id, parsed.text, msg.kind, model=turn_model, is_operator=msg.is_operator,
-                    depth=msg.depth, prefix=msg.answer(), tools_enabled=msg.tools)
+                    depth=msg.depth, prefix=msg.answer(), tools_enabled=msg.tools, client_tools=msg.client_tools)
         if self._turns.enqueue(live, turn):
             self._host.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
                               turn_id, persist=False)
