@@ -232,7 +232,33 @@ async def test_client_tools_ignore_and_refuse(api_server_factory: ApiServerFacto
         with pytest.raises(openai.BadRequestError) as e:
             await client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "x"}],
                                                  tools=[GET_TIME])
-    assert e.value.code == "tools_not_supported" and e.value.param == "tools"
+        assert e.value.code == "tools_not_supported" and e.value.param == "tools"
+        # A history with a tool exchange in it is refused too.
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(model="aiops", messages=[
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                {"role": "user", "content": "and?"}])
+        assert e.value.code == "tools_not_supported"
+
+    def get_weather(city: str) -> str:
+        """Weather for a city.
+
+        Args:
+          city: the city
+        """
+        return "sunny"
+
+    with pytest.raises(ollama.ResponseError) as oe:
+        await ollama.AsyncClient(host=refusing.url).chat(
+            model="aiops", messages=[{"role": "user", "content": "weather?"}], tools=[get_weather])
+    assert oe.value.status_code == 400 and "tools" in oe.value.error
+    # The ollama client's `"tools": []` with every chat is no tool at all.
+    r = await ollama.AsyncClient(host=refusing.url).chat(model="aiops", messages=[{"role": "user", "content": "hi"}])
+    assert r.message.content == "echo: hi"
+    assert len(fake_openai.requests) == 3  # the two answers while ignoring, and that one
 
 
 # ---- the ollama client ----------------------------------------------------------------------------------
