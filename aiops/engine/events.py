@@ -121,7 +121,7 @@ class ToolCalled(_EventBase):
     client: bool = False
 
     def body(self) -> dict[str, Any]:
-        d = {"id": self.call_id, "name": self.tool, "arguments": self.arguments}
+        d: dict[str, Any] = {"id": self.call_id, "name": self.tool, "arguments": self.arguments}
         if self.client:
             d["client"] = True
         return d
