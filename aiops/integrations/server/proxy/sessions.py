@@ -108,6 +108,10 @@ class ProxySessions:
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # Sessions whose last turn handed client tool calls back (session -> the calls' ids),
+        # newest last: where a request carrying results looks first, rather than reading every
+        # session of its root (all of one `user`'s chats, every "hi" chat of one caller).
+        self._awaiting: OrderedDict[str, frozenset[str]] = OrderedDict()
         # A deleted session leaves the index at once: a long-running server would otherwise keep
         # every conversation it ever saw.
         self._unlisten = engine.bus.add_listener(self._on_event)
@@ -117,11 +121,20 @@ class ProxySessions:
         self._unlisten()
 
     def _on_event(self, event: ev.Event) -> None:
-        if isinstance(event, ev.SessionChanged) and event.change == "deleted" and event.session_id:
-            self._forget(event.session_id)
+        match event:
+            case ev.SessionChanged(change="deleted", session_id=str(sid)) if sid:
+                self._forget(sid)
+            case ev.Done(client_calls=calls, session_id=str(sid)) if calls:
+                self._awaiting[sid] = frozenset(c.id for c in calls)
+                self._awaiting.move_to_end(sid)
+                while len(self._awaiting) > _SEEN_MAX:
+                    self._awaiting.popitem(last=False)
+            case ev.TurnStarted(session_id=str(sid)) | ev.UserPosted(session_id=str(sid)):
+                self._awaiting.pop(sid, None)
 
     def _forget(self, sid: str) -> None:
         self._seen.pop(sid, None)
+        self._awaiting.pop(sid, None)
         for root in {sid, root_of(sid), first_root(sid)}:
             known = self._forks.get(root)
             if known is not None and sid in known:
@@ -263,8 +276,21 @@ class ProxySessions:
         known = list(self._forks.get(conv.root, ()))
         if conv.explicit and conv.root not in known:
             known.append(conv.root)
+        # The sessions known to wait first (the results' ids first among them); every session of
+        # the root only when none of them fits (after a restart, which forgets who waits).
+        ids = {r.tool_call_id for r in results}
+        waiting = sorted((sid for sid in known if sid in self._awaiting),
+                         key=lambda sid: (bool(ids & self._awaiting[sid]), known.index(sid)))
+        found = await self._waiting_among(waiting, conv, view, asked, results, who)
+        if found is None and waiting != known:
+            found = await self._waiting_among(known, conv, view, asked, results, who)
+        return found
+
+    async def _waiting_among(self, candidates: list[str], conv: ConversationId, view: list[Entry],
+                             asked: Sequence[ClientToolCall], results: Sequence[ClientMessage],
+                             who: Caller) -> tuple[str, list[tuple[str, str]]] | None:
         fallback: tuple[str, list[tuple[str, str]]] | None = None
-        for sid in reversed(known):
+        for sid in reversed(candidates):
             live = await self.engine.session(sid)
             if live is None or live.row.kind != "proxy" or not who.may_use(owner_of(live)):
                 continue
