@@ -162,6 +162,38 @@ async def test_agent_tool_and_client_tool_in_one_model_response(api_server: ApiS
     assert exchange(hist)[-1] == ("assistant", "Prompt read; it is 10:42 CET.", ())
 
 
+async def test_parallel_client_calls_then_another_round_in_the_same_turn(api_server: ApiServer,
+                                                                         fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.tool_calls(Call("get_time", {"tz": "UTC"}, "call_p1"), Call("get_time", {"tz": "CET"}, "call_p2")),
+                       Reply.tool_calls(Call("get_time", {"tz": "PST"}, "call_p3"), text="One more."),
+                       Reply.text("UTC, CET and PST all say 10:42."))
+    messages: list[Any] = [{"role": "user", "content": "time in UTC, CET and PST?"}]
+    async with openai_client(api_server, "rounds") as client:
+        for expected in (["call_p1", "call_p2"], ["call_p3"]):
+            r = await client.chat.completions.create(model="aiops", messages=messages, tools=[GET_TIME])
+            msg = r.choices[0].message
+            assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls is not None
+            assert [c.id for c in msg.tool_calls] == expected
+            messages.append({"role": "assistant", "content": msg.content,
+                             "tool_calls": [c.model_dump() for c in msg.tool_calls]})
+            # Answered in the other order: paired by id.
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": run_get_time(json.loads(c.function.arguments))}
+                         for c in reversed(msg.tool_calls)]
+        raw = await client.chat.completions.with_raw_response.create(model="aiops", messages=messages,
+                                                                     tools=[GET_TIME])
+        assert raw.parse().choices[0].message.content == "UTC, CET and PST all say 10:42."
+        # The same results again (a client retrying): nothing waits for them any more.
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(model="aiops", messages=messages, tools=[GET_TIME])
+        assert e.value.param == "messages"
+    hist = await history(api_server, raw.headers["x-aiops-session"])
+    assert [(m["role"], m.get("tool_call_id")) for m in hist] == [
+        ("user", None), ("assistant", None), ("tool", "call_p2"), ("tool", "call_p1"), ("assistant", None),
+        ("tool", "call_p3"), ("assistant", None)]
+    assert json.loads(hist[2]["content"])["tz"] == "CET" and len({m["turn_id"] for m in hist}) == 1
+    assert len(fake_openai.requests) == 3
+
+
 async def test_a_client_tool_named_like_an_agent_tool_is_renamed_for_the_model(api_server: ApiServer,
                                                                                 fake_openai: FakeOpenAI) -> None:
     mine = {"type": "function", "function": {"name": "read_system_prompt", "parameters": {"type": "object"}}}
