@@ -39,7 +39,7 @@ from aiops.engine.recovery import INTERRUPTED_NOTICE, close_left_open
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
 from aiops.engine.store import Store
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolRegistry
-from aiops.engine.turn import Turn, TurnResult
+from aiops.engine.turn import MAX_RESULT_CHARS, Turn, TurnResult
 from aiops.engine.turn_queue import TurnQueue
 from aiops.engine.types import Completion, Message, ToolSpec, new_id, valid_text
 
@@ -431,9 +431,13 @@ class Engine:
             calls = {c.id: c for c in waiting.calls}
             if unknown := [cid for cid, _ in results if cid not in calls]:
                 raise EngineError(f"session {session_id!r} is waiting for no tool call {unknown[0]!r}")
+            if len({cid for cid, _ in results}) < len(results):
+                raise EngineError("two results for one tool call")
             for call_id, text in results:
                 call = calls.pop(call_id)
                 text = valid_text(text)
+                if len(text) > MAX_RESULT_CHARS:  # as the agent's own results are cut
+                    text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS} more characters]"
                 msg = Message("tool", text, tool_call_id=call_id, name=call.name, turn_id=waiting.turn_id,
                               meta={"client": True, "is_error": False})
                 await self.record(live.id, msg)
@@ -444,7 +448,7 @@ class Engine:
                     await self.record(live.id, result)
                     self.bus.publish(returned(live.id, result))
             turn = Turn(waiting.turn_id, live.id, "", kind, is_operator=is_operator,
-                        client_tools=offer(client_tools, self.tools.names()), resumed=True)
+                        client_tools=offer(client_tools, self.tools.names()))
             self.turns.enqueue(live, turn)
             return turn
 

@@ -127,8 +127,6 @@ class Turn:
     tools_enabled: bool = True
     # The chat client's own tools, offered to the model beside the agent's (see client_tools).
     client_tools: tuple[ClientTool, ...] = ()
-    # A turn going on after its client sent the results of its client calls: no new user message.
-    resumed: bool = False
     cancelled_gates: int = 0  # gates of this turn cancelled by a stop
     stop_requested: bool = False  # a stop has cancelled it: later stops report nothing to stop
     # The runner has begun. A task cancelled before its first step never runs a line of it (no
