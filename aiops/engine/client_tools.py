@@ -74,16 +74,17 @@ class OpenClientCalls:
         return ToolCall(call.id, self.client_names.get(call.id, call.name), call.arguments)
 
 
-def open_client_calls(history: Sequence[Message]) -> OpenClientCalls | None:
-    """The client calls of the last turn that have no result yet, or None. Read from the end: a
-    turn that waits for a client ends with the assistant message holding them (and the results of
-    the agent's own calls, or some of the client's)."""
-    answered: set[str] = set()
-    for m in reversed(history):
-        if m.role == "tool":
-            if m.tool_call_id:
-                answered.add(m.tool_call_id)
-            continue
+def open_client_calls(history: Sequence[Message], before: str | None = None) -> OpenClientCalls | None:
+    """The client calls of the last turn (the last before turn `before`, when given) that have no
+    result yet, or None. A turn that waits for a client ends with the assistant message holding
+    them (then the results of the agent's own calls, or some of the client's)."""
+    end = len(history)
+    if before is not None:
+        end = next((i for i, m in enumerate(history) if m.turn_id == before), end)
+    answered = {m.tool_call_id for m in history if m.role == "tool" and m.tool_call_id}
+    for m in reversed(history[:end]):
+        if m.role in ("tool", "notice", "gate"):
+            continue  # results, and status records between a call and its results
         if m.role == "assistant" and m.tool_calls:
             names = m.meta.get(CLIENT_CALLS)
             if not isinstance(names, dict) or not names or m.turn_id is None:
@@ -92,8 +93,6 @@ def open_client_calls(history: Sequence[Message]) -> OpenClientCalls | None:
             if not open_:
                 return None
             return OpenClientCalls(m.turn_id, open_, {str(k): str(v) for k, v in names.items()})
-        if m.role in ("notice", "gate"):
-            continue  # status records between a call and its results
         return None
     return None
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
-from aiops.engine.client_tools import ClientTool, open_client_calls, returned, unanswered
+from aiops.engine.client_tools import ClientTool
 from aiops.engine.commands import CommandContext, CommandHost, ParsedInput, not_the_senders
 from aiops.engine.errors import EngineError
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
@@ -244,12 +244,6 @@ class Intake:
         live, parsed, turn_id = msg.live, msg.parsed, msg.turn_id
         assert live is not None
         turn_model = self._turn_model(msg)
-        if not self._gone(msg) and live.current is None and not live.queue:
-            # The client of the last turn sent a new message instead of its client tools' results.
-            if (waiting := open_client_calls(await live.history(self._host))) is not None:
-                for result in unanswered(waiting):
-                    await self._host.record(live.id, result)
-                    self._bus.publish(returned(live.id, result))
         if not self._gone(msg):
             await self._host.record(live.id, Message("user", parsed.text, turn_id=turn_id,
                                                      meta={"model": turn_model} if turn_model else {}))

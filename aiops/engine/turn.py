@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
-from aiops.engine.client_tools import CLIENT_CALLS, ClientTool
+from aiops.engine.client_tools import CLIENT_CALLS, ClientTool, open_client_calls, returned, unanswered
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
 from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call, format_validation_error
@@ -406,6 +406,7 @@ class TurnRunner:
         max_iter = engine.limits.max_tool_iterations
         seen: Counter[str] = Counter()
         iterations = 0
+        await self._close_unanswered()
         while True:
             history = await self.live.history(engine)
             context = trim(conversation(by_turn(history, t.id)), model.max_context)
@@ -465,6 +466,17 @@ class TurnRunner:
             if theirs:
                 self._hand_back(theirs, client)
                 return
+
+    async def _close_unanswered(self) -> None:
+        """The client of an earlier turn sent this turn's message instead of the results of the
+        client calls it was given: they are recorded as unanswered, and this turn goes on from
+        the new message."""
+        waiting = open_client_calls(await self.live.history(self.engine), before=self.turn.id)
+        if waiting is None or waiting.turn_id == self.turn.id:
+            return
+        for result in unanswered(waiting):
+            await self._commit(result)
+            self._pub(returned(self.turn.session_id, result))
 
     def _hand_back(self, calls: list[ToolCall], client: dict[str, ClientTool]) -> None:
         """End the turn's model loop with calls the client runs: shown to every view as client

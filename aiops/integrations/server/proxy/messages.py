@@ -31,9 +31,14 @@ class ClientMessage:
 
 
 def tools_refused(field_name: str = "tools") -> HttpError:
-    return HttpError(400, "tools_not_supported",
-                     f"client-supplied {field_name!r} is not supported: the aiops agent runs its own tools "
-                     f"server-side (behind operator gates) and answers with text; send the request "
+    """A tool field this server does not take: every one with `client_tools = "refuse"`, the
+    deprecated `functions` / `function_call` always (`tools` replaced them)."""
+    if field_name in ("functions", "function_call"):
+        why = "the deprecated functions API is not supported: send the functions as `tools`"
+    else:
+        why = ("this server does not take client tools (client_tools = \"refuse\" in [server] of "
+               "aiops.toml): the aiops agent runs its own tools server-side, behind operator gates")
+    return HttpError(400, "tools_not_supported", f"client-supplied {field_name!r}: {why}; send the request "
                      f"without {field_name!r}", param=field_name)
 
 
