@@ -359,7 +359,7 @@ def _open_webui_backend(ids: list[str]) -> Any:
 
 
 def _recorded(dialect: str) -> list[dict[str, Any]]:
-    files = sorted(FIXTURES.glob(f"{dialect}-*.json"))
+    files = sorted(FIXTURES.glob(f"{dialect}-[0-9]*.json"))
     assert len(files) == 14
     return [json.loads(f.read_text()) for f in files]
 
@@ -420,3 +420,23 @@ async def test_open_webui_recorded_chat_replays_with_its_native_tools(api_server
     assert [m["role"] for m in hist if m["role"] in ("user", "assistant", "tool")][-6:] == [
         "user", "assistant", "tool", "assistant", "user", "assistant"]
     assert hist[-1]["content"] == "ECHO: thanks, and now?"
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_open_webui_with_forwarded_user_headers_gets_its_chat_session(api_server: ApiServer,
+                                                                           fake_openai: FakeOpenAI,
+                                                                           dialect: str) -> None:
+    """ENABLE_FORWARD_USER_INFO_HEADERS: the title task and the first message, its tools and
+    headers as sent; the message is answered in the chat's own session."""
+    fake_openai.responder = _open_webui_backend([])
+    async with httpx.AsyncClient(timeout=30) as h:
+        for f in sorted(FIXTURES.glob(f"fwd-headers-{dialect}-*.json")):
+            rec = json.loads(f.read_text())
+            headers = {k: v for k, v in rec["headers"].items()
+                       if k.lower().startswith("x-openwebui-") or k.lower() == "content-type"}
+            body = {**rec["body"], "model": "aiops:latest" if dialect == "ollama" else "aiops"}
+            r = await h.post(api_server.url + rec["path"], json=body, headers=headers)
+            assert r.status_code == 200, (f.name, r.text)
+            if rec["body"].get("stream"):
+                assert _answer(dialect, r) == ("ECHO: hello", [])
+                assert r.headers["x-aiops-session"] == "owui-" + headers["X-OpenWebUI-Chat-Id"]
