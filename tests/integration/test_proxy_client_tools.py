@@ -5,6 +5,7 @@ it; and the request bodies a real Open WebUI 0.12.4 sent (tests/fixtures/open-we
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -192,6 +193,45 @@ async def test_parallel_client_calls_then_another_round_in_the_same_turn(api_ser
         ("tool", "call_p3"), ("assistant", None)]
     assert json.loads(hist[2]["content"])["tz"] == "CET" and len({m["turn_id"] for m in hist}) == 1
     assert len(fake_openai.requests) == 3
+
+
+async def test_a_gated_agent_call_holds_the_client_call_until_the_operator_answers(
+        api_server: ApiServer, fake_openai: FakeOpenAI) -> None:
+    """Streamed: the agent's call waits at its gate (the chat sees the status line), the client's
+    call of the same reply goes out only once the operator has answered."""
+    remember = Call("update_system_prompt", {"section": "memory", "operation": "append", "content": "tea"}, "call_g")
+    fake_openai.script(Reply.tool_calls(remember, Call("get_time", {"tz": "UTC"}, "call_c")),
+                       Reply.text("Not remembered; it is 10:42."))
+    engine = api_server.engine
+    content: list[str] = []
+    calls: list[Any] = []
+    finish: list[str] = []
+    waiting = asyncio.Event()
+
+    async def chat() -> None:
+        async with openai_client(api_server, "gated") as client:
+            async for chunk in await client.chat.completions.create(
+                    model="aiops", stream=True, tools=[GET_TIME],
+                    messages=[{"role": "user", "content": "remember tea, and the time?"}]):
+                choice = chunk.choices[0]
+                content.append(choice.delta.content or "")
+                if "waiting for operator approval" in "".join(content):
+                    waiting.set()
+                calls.extend(choice.delta.tool_calls or ())
+                if choice.finish_reason:
+                    finish.append(choice.finish_reason)
+
+    task = asyncio.create_task(chat())
+    await asyncio.wait_for(waiting.wait(), 15)  # the chat's status line: the gate is open
+    assert not calls and not finish  # the client's call waits behind the gate
+    (gate,) = engine.pending_gates()
+    engine.resolve_gate(gate.id, "denied", by="test")
+    await asyncio.wait_for(task, 15)
+    assert "*⛔ denied by the operator*" in "".join(content)
+    assert [c.function.name for c in calls] == ["get_time"] and finish == ["tool_calls"]
+    sid = next(s["client_id"] for s in await _proxy_sessions(api_server))
+    tools = [m for m in await history(api_server, sid) if m["role"] == "tool"]
+    assert [(m["name"], m["meta"].get("gate")) for m in tools] == [("update_system_prompt", "denied")]
 
 
 async def test_a_client_tool_named_like_an_agent_tool_is_renamed_for_the_model(api_server: ApiServer,
