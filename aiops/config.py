@@ -191,6 +191,9 @@ class ServerConfig(_Strict):
     # took 11 s and added 74 MB to the store.
     proxy_max_messages: int = Field(1000, gt=0)
     proxy_max_imported: int = Field(1000, gt=0)
+    # A chat client's own tools (`tools` in its request): offered to the model beside the agent's
+    # (calls go back to the client, see engine/client_tools.py), dropped, or refused with a 400.
+    client_tools: Literal["offer", "ignore", "refuse"] = "offer"
     # Browser origins allowed to call the server (CORS), `*` matching anything: e.g.
     # ["http://localhost:*", "chrome-extension://*"]. None by default (see server/cors.py).
     cors_origins: list[str] = Field(default_factory=list)

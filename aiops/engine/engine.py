@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from aiops.engine.admission import Admissions
 from aiops.engine.backends import Backend
 from aiops.engine.builtin_commands import register_builtin_commands
 from aiops.engine.bus import EventBus, Subscription
+from aiops.engine.client_tools import OpenClientCalls, offer, open_client_calls, returned, unanswered
 from aiops.engine.commands import CommandRegistry, ParsedInput
 from aiops.engine.errors import STOPPING, EngineError, EngineStopping
 from aiops.engine.gate_commands import register_gate_commands
@@ -38,9 +39,9 @@ from aiops.engine.recovery import INTERRUPTED_NOTICE, close_left_open
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
 from aiops.engine.store import Store
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolRegistry
-from aiops.engine.turn import Turn, TurnResult
+from aiops.engine.turn import MAX_RESULT_CHARS, Turn, TurnResult
 from aiops.engine.turn_queue import TurnQueue
-from aiops.engine.types import Completion, Message, ToolSpec, new_id
+from aiops.engine.types import Completion, Message, ToolSpec, new_id, valid_text
 
 if TYPE_CHECKING:
     from aiops.engine.commands import CommandHost
@@ -402,7 +403,8 @@ class Engine:
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
-                     owner_only: bool = False, hops: tuple[str, ...] = ()) -> Turn:
+                     owner_only: bool = False, hops: tuple[str, ...] = (),
+                     client_tools: Sequence[ToolSpec] = ()) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn (see intake.py).
 
         The user message is committed before this returns, so acknowledging the returned turn to a
@@ -412,17 +414,58 @@ class Engine:
         of the message acts on a session whose owner is not `meta`'s: one another caller started
         after the caller's surface found no session of that id. `depth` and `hops` are a call's
         from another aiops (a swarm session): its tools run at that depth, and a call they make
-        carries the hop list on.
+        carries the hop list on. `client_tools`: the chat client's
+        own tools, offered to the model for this turn (see client_tools.py).
         """
         outcome: Outcome | None = self.intake.precheck(text, model)
         if outcome is None:
             with self.admission(), ExitStack() as pins:
                 outcome = await self.intake.take(pins, client_id, text, kind=kind, model=model,
                                                  is_operator=is_operator, depth=depth, tools=tools, meta=meta,
-                                                 owner_only=owner_only, hops=hops)
+                                                 owner_only=owner_only, hops=hops,
+                                                 client_tools=offer(client_tools, self.tools.names()))
         if isinstance(outcome, Refused):
             raise EngineError(outcome.reason)
         return outcome.turn
+
+    async def resume(self, session_id: str, results: Sequence[tuple[str, str]], *, kind: str,
+                     client_tools: Sequence[ToolSpec] = (), is_operator: bool = False) -> Turn:
+        """Go on with a turn that handed client tool calls back to its client: `results` are the
+        client's (call id, result text), recorded as the calls' results (a call left without
+        one is recorded as unanswered), then the same turn is queued again, without a new user
+        message, offering `client_tools` anew. EngineError when the session waits for no such
+        call."""
+        with self.admission(), ExitStack() as pins:
+            live = await self.session(session_id)
+            if live is None:
+                raise EngineError(f"no session {session_id!r}")
+            pins.enter_context(self.cache.pinned(live))
+            waiting = open_client_calls(await live.history(self))
+            if waiting is None or live.current is not None or live.queue:
+                raise EngineError(f"session {session_id!r} is not waiting for client tool results")
+            calls = {c.id: c for c in waiting.calls}
+            if unknown := [cid for cid, _ in results if cid not in calls]:
+                raise EngineError(f"session {session_id!r} is waiting for no tool call {unknown[0]!r}")
+            if len({cid for cid, _ in results}) < len(results):
+                raise EngineError("two results for one tool call")
+            for call_id, text in results:
+                call = calls.pop(call_id)
+                text = valid_text(text)
+                if len(text) > MAX_RESULT_CHARS:  # as the agent's own results are cut
+                    text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS} more characters]"
+                msg = Message("tool", text, tool_call_id=call_id, name=call.name, turn_id=waiting.turn_id,
+                              meta={"client": True, "is_error": False})
+                await self.record(live.id, msg)
+                self.bus.publish(returned(live.id, msg))
+            if calls:
+                for result in unanswered(OpenClientCalls(waiting.turn_id, tuple(calls.values()),
+                                                         waiting.client_names)):
+                    await self.record(live.id, result)
+                    self.bus.publish(returned(live.id, result))
+            turn = Turn(waiting.turn_id, live.id, "", kind, is_operator=is_operator,
+                        client_tools=offer(client_tools, self.tools.names()))
+            self.turns.enqueue(live, turn)
+            return turn
 
     async def run(self, client_id: str | None, text: str, *, timeout: float | None = None,
                   **kw: Any) -> TurnResult:

@@ -97,6 +97,18 @@ class Thinking(_EventBase):
         return {"text": self.text}
 
 
+@dataclass(frozen=True, slots=True)
+class ClientCall:
+    """A call of a client tool, named as the client knows it."""
+
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCalled(_EventBase):
     """The model's call of one tool is about to be checked and run."""
@@ -105,9 +117,14 @@ class ToolCalled(_EventBase):
     call_id: str
     tool: str
     arguments: Mapping[str, Any]
+    # A client tool's call (see engine.client_tools): it runs in the chat client, not gated here.
+    client: bool = False
 
     def body(self) -> dict[str, Any]:
-        return {"id": self.call_id, "name": self.tool, "arguments": self.arguments}
+        d: dict[str, Any] = {"id": self.call_id, "name": self.tool, "arguments": self.arguments}
+        if self.client:
+            d["client"] = True
+        return d
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -303,9 +320,14 @@ class Done(_EventBase):
     # Why the engine ended the turn before the model was done: the text is not a whole answer.
     ended: str | None = None
     usage: TokenCounts | None = None
+    # Client tool calls the turn hands back to its client (finish_reason "tool_calls"): the turn
+    # goes on when their results come.
+    client_calls: tuple[ClientCall, ...] = ()
 
     def body(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text, "status": self.status, "model": self.model}
+        if self.client_calls:
+            d["client_calls"] = [c.to_dict() for c in self.client_calls]
         if self.command:
             d["command"] = True
         if self.error is not None:
@@ -421,7 +443,7 @@ def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None)
             return Thinking(text=str(p.get("text", "")), **ids)
         case "tool_call":
             return ToolCalled(call_id=str(p.get("id", "")), tool=str(p.get("name", "")),
-                              arguments=dict(p.get("arguments") or {}), **ids)
+                              arguments=dict(p.get("arguments") or {}), client=bool(p.get("client")), **ids)
         case "tool_result":
             return ToolReturned(call_id=str(p.get("id", "")), tool=str(p.get("name", "")),
                                 content=str(p.get("content", "")), truncated=bool(p.get("truncated")),
@@ -443,7 +465,11 @@ def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None)
                         error=ErrorInfo.from_dict(err) if isinstance(err, Mapping) else None,
                         finish_reason=p.get("finish_reason"), ended=p.get("ended"),
                         usage=TokenCounts(int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)))
-                        if isinstance(usage, Mapping) else None, **ids)
+                        if isinstance(usage, Mapping) else None,
+                        client_calls=tuple(ClientCall(str(c.get("id", "")), str(c.get("name", "")),
+                                                      dict(c.get("arguments") or {}))
+                                           for c in p.get("client_calls") or () if isinstance(c, Mapping)),
+                        **ids)
         case "user":
             return UserPosted(text=str(p.get("text", "")), command=bool(p.get("command")),
                               model=p.get("model"), **ids)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
+from aiops.engine.client_tools import ClientTool
 from aiops.engine.commands import CommandContext, CommandHost, ParsedInput, not_the_senders
 from aiops.engine.errors import EngineError
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
@@ -84,6 +85,7 @@ class _Message:
     hops: tuple[str, ...]
     meta: dict[str, Any] | None
     owner: str | None  # with `owner_only`: the owner its session must have
+    client_tools: tuple[ClientTool, ...] = ()  # the chat client's tools, as offered to the model
     turn_id: str = field(default_factory=lambda: new_id("turn_"))
     live: LiveSession | None = None
     session_id: str = ""  # the session's full id once found; else the client's id
@@ -121,7 +123,8 @@ class Intake:
 
     async def take(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
                    model: str | None, is_operator: bool, depth: int, tools: bool,
-                   meta: dict[str, Any] | None, owner_only: bool, hops: tuple[str, ...] = ()) -> Outcome:
+                   meta: dict[str, Any] | None, owner_only: bool, hops: tuple[str, ...] = (),
+                   client_tools: tuple[ClientTool, ...] = ()) -> Outcome:
         """The steps, in order. The session is pinned (on `pins`) from the moment it is known
         until its turn is queued: the commands and the writes in between must not see it dropped
         from memory."""
@@ -129,7 +132,7 @@ class Intake:
         if why := too_many_commands(parsed):
             return Refused(why)
         msg = _Message(client_id or f"{kind}-{new_id()[:8]}", parsed, kind, model, is_operator, depth,
-                       tools, hops, meta, (meta or {}).get(OWNER_KEY) if owner_only else None)
+                       tools, hops, meta, (meta or {}).get(OWNER_KEY) if owner_only else None, client_tools)
         if (refused := await self._find_session(msg, pins)) is not None:
             return refused
         if parsed.commands and (finished := await self._run_commands(msg, pins)) is not None:
@@ -251,7 +254,8 @@ class Intake:
                                          command=bool(parsed.commands)))
         self._bus.publish(ev.UserPosted(session_id=live.id, turn_id=turn_id, text=parsed.text, model=turn_model))
         turn = Turn(turn_id, live.id, parsed.text, msg.kind, model=turn_model, is_operator=msg.is_operator,
-                    depth=msg.depth, hops=msg.hops, prefix=msg.answer(), tools_enabled=msg.tools)
+                    depth=msg.depth, hops=msg.hops, prefix=msg.answer(), tools_enabled=msg.tools,
+                    client_tools=msg.client_tools)
         if self._turns.enqueue(live, turn):
             self._host.notice(live.id, f"queued behind the running turn ({len(live.queue)} waiting)",
                               turn_id, persist=False)

@@ -178,7 +178,9 @@ def _ends_turn(row: sqlite3.Row) -> bool:
     if meta.get("imported"):
         return True
     if row["role"] == "assistant":
-        return not row["tool_calls"]
+        # Calls of the chat client's tools only: the turn waits for the client, it was not cut off.
+        client = meta.get("client_calls") or {}
+        return not row["tool_calls"] or all(c["id"] in client for c in json.loads(row["tool_calls"]))
     if row["role"] == "notice":
         return meta.get("kind") in _TURN_ENDING_NOTICES
     return row["role"] == "error"

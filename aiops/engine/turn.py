@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
 from aiops.engine.calls import run_checked
+from aiops.engine.client_tools import CLIENT_CALLS, ClientTool, open_client_calls, returned, unanswered
 from aiops.engine.context import by_turn, conversation, trim
 from aiops.engine.textcalls import StreamGuard, looks_like_tool_call, parse_text_tool_calls
 from aiops.engine.tools import ToolContext, ToolHost, ToolOutput, canonical_call
@@ -80,9 +81,14 @@ class TurnResult:
     # Why the engine ended the turn before the model was done (a tool-iteration limit, a repeated
     # call): the notice it recorded. The text is then not a whole answer.
     ended: str | None = None
+    # Calls of client tools (named as the client knows them) the turn hands back to its client:
+    # it goes on when their results come (Engine.resume). `finish_reason` is then "tool_calls".
+    client_calls: list[ToolCall] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"turn_id": self.turn_id, "status": self.status, "text": self.text}
+        if self.client_calls:
+            d["client_calls"] = [c.to_dict() for c in self.client_calls]
         if self.error:
             d["error"] = self.error
         if self.finish_reason:
@@ -103,7 +109,8 @@ class TurnResult:
             model=model, command=command,
             error=ev.ErrorInfo.from_dict(self.error) if self.error else None,
             finish_reason=self.finish_reason, ended=self.ended,
-            usage=ev.TokenCounts(**counts) if counts is not None else None)
+            usage=ev.TokenCounts(**counts) if counts is not None else None,
+            client_calls=tuple(ev.ClientCall(c.id, c.name, c.arguments) for c in self.client_calls))
 
 
 @dataclass(slots=True)
@@ -119,6 +126,8 @@ class Turn:
     hops: tuple[str, ...] = ()
     prefix: str = ""  # output of commands that came in the same message
     tools_enabled: bool = True
+    # The chat client's own tools, offered to the model beside the agent's (see client_tools).
+    client_tools: tuple[ClientTool, ...] = ()
     cancelled_gates: int = 0  # gates of this turn cancelled by a stop
     stop_requested: bool = False  # a stop has cancelled it: later stops report nothing to stop
     # The runner has begun. A task cancelled before its first step never runs a line of it (no
@@ -217,6 +226,7 @@ class TurnRunner:
         self._executing: set[str] = set()  # calls whose tool is running
         self._finish = "stop"  # the last model call's finish reason
         self._ended: str | None = None  # the limit notice that ended the turn, if one did
+        self._client_calls: list[ToolCall] = []  # handed back to the client (see client_tools)
 
     @property
     def partial(self) -> str:
@@ -266,9 +276,9 @@ class TurnRunner:
                 raise asyncio.CancelledError  # stopped before it began: ends as any stopped turn
             await self._loop_within_time_limit()
             # A reply cut at the model's output limit says so: chat clients show it as cut off.
+            finish = "tool_calls" if self._client_calls else "length" if self._finish == "length" else None
             result = TurnResult(t.id, "complete", self._final_text(), usage=self.usage,
-                                finish_reason="length" if self._finish == "length" else None,
-                                ended=self._ended)
+                                finish_reason=finish, ended=self._ended, client_calls=self._client_calls)
         except asyncio.CancelledError:
             cur = asyncio.current_task()
             if cur is not None:
@@ -389,13 +399,15 @@ class TurnRunner:
         backend = engine.backend(self.model_key)
         text_mode = model.tool_calling == "text"
         tools = engine.tools.all() if t.tools_enabled else []
-        specs = [x.spec() for x in tools]
-        known = {x.name for x in tools}
+        client = {ct.model_name: ct for ct in t.client_tools}
+        specs = [x.spec() for x in tools] + [ct.spec for ct in t.client_tools]
+        known = {x.name for x in tools} | set(client)
         system = engine.system_prompt(self.model_key, specs if text_mode else [],
                                       session_id=t.session_id, turn_id=t.id)
         max_iter = engine.limits.max_tool_iterations
         seen: Counter[str] = Counter()
         iterations = 0
+        await self._close_unanswered()
         while True:
             history = await self.live.history(engine)
             context = trim(conversation(by_turn(history, t.id)), model.max_context)
@@ -421,11 +433,16 @@ class TurnRunner:
             self._tok(self._guard.finish(visible))
             self.segments.append(visible)
             self._text_parts, self._thinking_parts = [], []
-            # Open before the commit: from here on a stop must answer these calls.
+            # Open before the commit: from here on a stop must answer these calls (the client's
+            # too, until they are handed back to it).
             self._open_calls = {c.id: c for c in calls}
+            theirs = [c for c in calls if c.name in client and not c.parse_error]
+            meta: dict[str, Any] = {"model": self.model_key}
+            if theirs:
+                meta[CLIENT_CALLS] = {c.id: client[c.name].name for c in theirs}
             await self._commit(Message(
                 "assistant", visible, tool_calls=calls, thinking=completion.thinking, turn_id=t.id,
-                meta={"model": self.model_key}))
+                meta=meta))
             if not calls:
                 return
             keys = [canonical_call(c.name, c.arguments) for c in calls]
@@ -443,28 +460,59 @@ class TurnRunner:
                                       f"(max_tool_iterations in limits.toml)")
                 return
             iterations += 1
-            running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
-            try:
-                # Not gather: cancelled, gather waits for every child to finish, so one tool that
-                # ignores its cancellation would hold the stop; the cleanup below is bounded.
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
-                errors = [t.exception() for t in done if not t.cancelled()]  # every one retrieved
-                if any(t.cancelled() for t in done):
-                    # A call cancelled from inside (a library raising CancelledError in a tool)
-                    # ends the turn as a stop would, and is recorded as one.
-                    raise asyncio.CancelledError
-                failed = next((e for e in errors if e is not None), None)
-                if failed is not None:
-                    raise failed
-            finally:
-                # A call that failed (or a stop) must not leave its siblings running on after the
-                # turn ends. Cancelled, they still clean up (a result being written, a tool rolling
-                # back): the turn waits for that, boundedly, so nothing of theirs lands after the
-                # turn's own record and its `done`.
-                if unfinished := [task for task in running if not task.done()]:
-                    for task in unfinished:
-                        task.cancel()
-                    await _wait_cancelled(unfinished)
+            # The agent's own calls run first, gated as always; then the client's go back to it.
+            mine = [c for c in calls if c.id not in meta.get(CLIENT_CALLS, {})]
+            if mine:
+                await self._run_calls(mine)
+            if theirs:
+                self._hand_back(theirs, client)
+                return
+
+    async def _close_unanswered(self) -> None:
+        """The client of an earlier turn sent this turn's message instead of the results of the
+        client calls it was given: they are recorded as unanswered, and this turn goes on from
+        the new message."""
+        waiting = open_client_calls(await self.live.history(self.engine), before=self.turn.id)
+        if waiting is None or waiting.turn_id == self.turn.id:
+            return
+        for result in unanswered(waiting):
+            await self._commit(result)
+            self._pub(returned(self.turn.session_id, result))
+
+    def _hand_back(self, calls: list[ToolCall], client: dict[str, ClientTool]) -> None:
+        """End the turn's model loop with calls the client runs: shown to every view as client
+        calls (aiops does not gate them), answered when the client sends their results."""
+        t = self.turn
+        for c in calls:
+            self._open_calls.pop(c.id, None)
+            self._pub(ev.ToolCalled(session_id=t.session_id, turn_id=t.id, call_id=c.id, tool=c.name,
+                                    arguments=c.arguments, client=True))
+        self._client_calls = [ToolCall(c.id, client[c.name].name, c.arguments) for c in calls]
+
+    async def _run_calls(self, calls: list[ToolCall]) -> None:
+        """Run the agent's calls of one reply concurrently."""
+        running = [asyncio.ensure_future(self._run_call(c)) for c in calls]
+        try:
+            # Not gather: cancelled, gather waits for every child to finish, so one tool that
+            # ignores its cancellation would hold the stop; the cleanup below is bounded.
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
+            errors = [t.exception() for t in done if not t.cancelled()]  # every one retrieved
+            if any(t.cancelled() for t in done):
+                # A call cancelled from inside (a library raising CancelledError in a tool)
+                # ends the turn as a stop would, and is recorded as one.
+                raise asyncio.CancelledError
+            failed = next((e for e in errors if e is not None), None)
+            if failed is not None:
+                raise failed
+        finally:
+            # A call that failed (or a stop) must not leave its siblings running on after the
+            # turn ends. Cancelled, they still clean up (a result being written, a tool rolling
+            # back): the turn waits for that, boundedly, so nothing of theirs lands after the
+            # turn's own record and its `done`.
+            if unfinished := [task for task in running if not task.done()]:
+                for task in unfinished:
+                    task.cancel()
+                await _wait_cancelled(unfinished)
 
     async def _stream(self, backend: Any, context: list[Message], specs: list[Any],
                       system: str | None) -> Completion:

@@ -117,24 +117,6 @@ def test_unknown_model_is_an_ollama_404(client: ollama.Client, fake: FakeOpenAI)
     assert len(fake.requests) == before
 
 
-def test_client_tools_are_refused_with_a_400(client: ollama.Client, fake: FakeOpenAI) -> None:
-    before = len(fake.requests)
-
-    def get_weather(city: str) -> str:
-        """Weather for a city.
-
-        Args:
-          city: the city
-        """
-        return "sunny"
-
-    with pytest.raises(ollama.ResponseError) as e:
-        client.chat(model="aiops", messages=[{"role": "user", "content": "weather?"}], tools=[get_weather])
-    assert e.value.status_code == 400
-    assert "tools" in e.value.error
-    assert len(fake.requests) == before
-
-
 def test_errors_have_ollama_shape(served: ServeProcess) -> None:
     for path, body in [("/api/chat", b"{oops"), ("/api/chat", b'{"messages": []}'),
                        ("/api/generate", b'{"model": 3}'), ("/api/show", b"{}")]:

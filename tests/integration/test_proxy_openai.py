@@ -79,22 +79,22 @@ def test_unknown_and_disabled_models_are_openai_404s(client: openai.OpenAI, fake
     assert len(fake.requests) == before  # nothing reached the model
 
 
-def test_client_tools_are_refused_with_a_clear_400(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+def test_legacy_functions_are_refused_with_a_clear_400(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    """`functions` / `function_call` (replaced by `tools`, which are offered: see
+    test_proxy_client_tools) are refused naming the field, as is a `function` message."""
     before = len(fake.requests)
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    fn = {"name": "get_weather", "parameters": {"type": "object"}}
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "weather?"}],
-                                       tools=[tool])
+                                       functions=[fn])
     assert e.value.status_code == 400
-    assert e.value.code == "tools_not_supported"
-    assert "tools" in e.value.message and "server-side" in e.value.message
-    with pytest.raises(openai.BadRequestError):
+    assert e.value.code == "tools_not_supported" and e.value.param == "functions"
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="aiops", messages=[
             {"role": "user", "content": "x"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+            {"role": "function", "name": "f", "content": "42"},
             {"role": "user", "content": "and?"}])
+    assert e.value.param == "messages.1"
     assert len(fake.requests) == before
 
 
@@ -371,8 +371,8 @@ def test_openai_style_validation_refuses_what_openai_refuses(served: ServeProces
          "invalid_request"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
         ({"stream": False, "stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
-        ({"tools": []}, "tools", "tools_not_supported"),
-        ({"tool_choice": "none"}, "tool_choice", "tools_not_supported"),
+        ({"tools": "get_time"}, "tools", "invalid_type"),
+        ({"tool_choice": "required"}, "tool_choice", "unsupported_value"),
         ({"functions": []}, "functions", "tools_not_supported"),
         ({"function_call": "none"}, "function_call", "tools_not_supported"),
         ({"user": 42}, "user", "invalid_request"),

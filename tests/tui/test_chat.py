@@ -430,3 +430,29 @@ async def test_f6_reaches_the_transcript_so_its_keys_work_from_the_keyboard(make
         await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "back to the input")
         await pilot.press("shift+f6")  # the input -> the sessions pane, as before
         await wait_for(pilot, lambda: not isinstance(app.focused, (ChatInput, ChatView)), "the sessions pane")
+
+
+async def test_a_client_tool_call_shows_as_one_until_its_client_answers(make_app, fake_openai):
+    """A chat client's own tool (offered through the proxy): the console shows the call as the
+    client's, not as running here and not as waiting at a gate; its result, once the client sends
+    it, closes it like any other."""
+    from aiops.engine.types import ToolSpec
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_text(pilot, "echo: hi")
+        fake_openai.script(Reply.tool_calls(("get_time", {"tz": "UTC"}, "call_ct")), Reply.text("It is 10:42."))
+        engine = app.adapter.engine
+        spec = ToolSpec("get_time", "The time.", {"type": "object", "properties": {"tz": {"type": "string"}}})
+        turn = await engine.submit(app.selected, "what time is it?", kind="proxy", client_tools=[spec])
+        await turn.wait(10)
+        await wait_chat(pilot, "⏳ client tool call: runs in the chat client")
+        assert "get_time" in chat_text(app)
+        assert "running…" not in chat_text(app)
+        resumed = await engine.resume(app.selected, [("call_ct", '{"time": "10:42"}')], kind="proxy",
+                                      client_tools=[spec])
+        await resumed.wait(10)
+        await wait_chat(pilot, "It is 10:42.")
+        assert "client tool call: runs in the chat client" not in chat_text(app)

@@ -171,6 +171,7 @@ def test_config_paths_prints_the_lock_file_and_the_users_prompt_tree(tmp_path, c
     # A client token's sessions are named `<token>:…`: token `team` would own `team:web`'s.
     *[(f'[auth.tokens.{name}]\ntoken_env = "T"\nrole = "client"\n', "auth.tokens", "without ':'")
       for name in ('"team:web"', '" "')],
+    ('[server]\nclient_tools = "maybe"\n', "server.client_tools", "'offer', 'ignore' or 'refuse'"),
 ])
 def test_a_bad_server_setting_is_refused_naming_file_and_key(tmp_path, toml, key, says):
     (tmp_path / "cfg").mkdir()

@@ -17,6 +17,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -25,16 +26,19 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from pydantic_core import PydanticCustomError
 
 from aiops import __version__ as aiops_version
+from aiops.engine import events as ev
+from aiops.engine.types import ToolSpec
 from aiops.integrations.server.bodies import parse_body, read_json, validate
 from aiops.integrations.server.context import get_engine
 from aiops.integrations.server.errors import HttpError
+from aiops.integrations.server.proxy.client_tools import offered_tools
 from aiops.integrations.server.proxy.driver import answer_task, answer_turn
 from aiops.integrations.server.proxy.identity import conversation_id
 from aiops.integrations.server.proxy.messages import (
     ClientMessage,
+    ClientToolCall,
     check_message_count,
     omitted,
-    tools_refused,
 )
 from aiops.integrations.server.proxy.models import PublishedModel, find_model, published_models
 from aiops.integrations.server.proxy.openwebui import is_background_task
@@ -107,12 +111,26 @@ def _valid_keep_alive(value: int | float | str | None) -> int | float | str | No
 KeepAlive = Annotated[int | float | str | None, AfterValidator(_valid_keep_alive)]
 
 
+class _Function(BaseModel):
+    model_config = _STRICT
+    name: str
+    arguments: dict[str, Any] | None = None
+
+
+class _ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str | None = None  # Ollama's own calls have none; Open WebUI adds one
+    function: _Function
+
+
 class _Message(BaseModel):
     model_config = _STRICT
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[Any] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_name: str | None = None  # a tool result's tool (newer ollama clients)
+    tool_call_id: str | None = None  # a tool result's call (Open WebUI)
 
 
 class ChatRequest(BaseModel):
@@ -157,24 +175,26 @@ def _refuse_json_format(fmt: Any) -> None:
                         f"the agent answers in prose")
 
 
-def _chat_messages(req: ChatRequest) -> list[ClientMessage]:
-    # Non-empty only: the ollama client sends `"tools": []` with every chat.
-    if req.tools:
-        raise tools_refused("tools")
+def _chat_messages(req: ChatRequest, tools_mode: str = "offer") -> list[ClientMessage]:
+    """The request's messages; `tools_mode` is `[server] client_tools` (tool calls and results in
+    the history are refused only when it is "refuse")."""
     out: list[ClientMessage] = []
     messages = req.messages or []
     for i, m in enumerate(messages):
-        if m.role == "tool" or m.tool_calls:
+        if tools_mode == "refuse" and (m.role == "tool" or m.tool_calls):
             raise HttpError(400, "tools_not_supported",
-                            f"messages.{i}: tool calls and tool results are not supported; the agent runs "
-                            f"its tools server-side")
+                            f"messages.{i}: tool calls and tool results are not supported (client_tools = "
+                            f"\"refuse\"); the agent runs its tools server-side")
         text = m.content or ""
         if m.images and i == len(messages) - 1:
             raise HttpError(400, "unsupported_content", f"messages.{i}.images: images are not supported")
         if m.images:
             # Earlier in the chat (answered by a vision model, say): a placeholder, as on /v1.
             text = "\n".join([text, *(omitted("image") for _ in m.images)]).strip()
-        out.append(ClientMessage(m.role, text))
+        calls = tuple(ClientToolCall(c.id, c.function.name, c.function.arguments or {}) for c in m.tool_calls or ())
+        out.append(ClientMessage(m.role, text, tool_calls=calls,
+                                 tool_call_id=m.tool_call_id if m.role == "tool" else None,
+                                 tool_name=m.tool_name if m.role == "tool" else None))
     return out
 
 
@@ -291,11 +311,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     check_message_count(body, proxy_state(request).settings.max_messages)
     req = validate(ChatRequest, body)
     model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
-    messages = _chat_messages(req)
+    messages = _chat_messages(req, proxy_state(request).settings.client_tools)
+    # Non-empty only: the ollama client sends `"tools": []` with every chat.
+    offered = offered_tools(request, req.tools or None)
     framer = OllamaFramer("chat", req.model)
     if not messages:
         return _load_reply(framer, req.keep_alive)
-    return await _answer(request, framer, model, messages, req.stream is not False, req.format)
+    return await _answer(request, framer, model, messages, req.stream is not False, req.format, offered)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -320,11 +342,13 @@ def _load_reply(framer: OllamaFramer, keep_alive: int | float | str | None) -> w
 
 
 async def _answer(request: web.Request, framer: OllamaFramer, model: PublishedModel,
-                  messages: list[ClientMessage], stream: bool, fmt: Any) -> web.StreamResponse:
+                  messages: list[ClientMessage], stream: bool, fmt: Any,
+                  client_tools: Sequence[ToolSpec] = ()) -> web.StreamResponse:
     if is_background_task(messages):
         return await answer_task(request, model, messages, framer, stream=stream)
     _refuse_json_format(fmt)
-    return await answer_turn(request, conversation_id(request, messages), messages, model, framer, stream=stream)
+    return await answer_turn(request, conversation_id(request, messages), messages, model, framer, stream=stream,
+                             client_tools=client_tools)
 
 
 class OllamaFramer:
@@ -383,7 +407,13 @@ class OllamaFramer:
             self.first = time.monotonic_ns()
 
     def end(self, end: TurnEnd) -> bytes:
-        return _ndjson(self.final("", end.usage, end.finish_reason))
+        calls = b""
+        if end.client_calls:
+            # As Ollama streams a call: a `done: false` line whose message holds the calls.
+            line = self.body("", False)
+            line["message"]["tool_calls"] = _tool_calls(end.client_calls)
+            calls = _ndjson(line)
+        return calls + _ndjson(self.final("", end.usage, _reason(end)))
 
     def error(self, code: str, message: str) -> bytes:
         return _ndjson({"error": message})
@@ -400,7 +430,22 @@ class OllamaFramer:
         return (_ndjson(self.body(end.text, False)) if end.text else b"") + self.end(end)
 
     def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
-        return self.final(text, end.usage, end.finish_reason)
+        obj = self.final(text, end.usage, _reason(end))
+        if end.client_calls and self.kind == "chat":
+            obj["message"]["tool_calls"] = _tool_calls(end.client_calls)
+        return obj
+
+
+def _reason(end: TurnEnd) -> str:
+    # Ollama ends an answer that calls tools with "stop", as any other.
+    return "stop" if end.finish_reason == "tool_calls" else end.finish_reason
+
+
+def _tool_calls(calls: Sequence[ev.ClientCall]) -> list[dict[str, Any]]:
+    """Client tool calls in Ollama's shape (`arguments` an object), with our call id, which the
+    result may name as `tool_call_id` (it is matched by place and name otherwise)."""
+    return [{"id": c.id, "function": {"index": k, "name": c.name, "arguments": dict(c.arguments)}}
+            for k, c in enumerate(calls)]
 
 
 def _ndjson(obj: Any) -> bytes:

@@ -3,8 +3,10 @@
 Responses are shaped as OpenAI's own (`chat.completion`, `chat.completion.chunk` with the role in
 the first delta, one `finish_reason`, `data: [DONE]`, `usage` when the model reported counts, and a
 usage chunk when `stream_options.include_usage` asks and the model reported counts). The agent's
-tools stay server-side: a request carrying `tools`, `tool_choice`, `functions` or `function_call`
-is refused. Input is validated as strictly as OpenAI does (`"stream": "yes"` is a 400, not a
+tools stay server-side; a client's own `tools` are offered to the model beside them (by `[server]
+client_tools`), a call of one answered as OpenAI answers it (`message.tool_calls`,
+`finish_reason: "tool_calls"`), and its `role: "tool"` result continues the turn (see
+proxy/client_tools.py). Input is validated as strictly as OpenAI does (`"stream": "yes"` is a 400, not a
 stream). Sessions, forks, gates and keep-alives: see the proxy core (`proxy/`), which drives the
 turn; `OpenAIFramer` writes its frames.
 """
@@ -13,18 +15,22 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from aiops.engine import events as ev
 from aiops.integrations.server.bodies import read_json, validate
 from aiops.integrations.server.context import get_engine
 from aiops.integrations.server.errors import HttpError
+from aiops.integrations.server.proxy.client_tools import offered_tools
 from aiops.integrations.server.proxy.driver import answer_task, answer_turn
 from aiops.integrations.server.proxy.identity import conversation_id
 from aiops.integrations.server.proxy.messages import (
     ClientMessage,
+    ClientToolCall,
     check_message_count,
     omitted,
     tools_refused,
@@ -57,12 +63,26 @@ class _Part(BaseModel):
     text: str | None = None
 
 
+class _Function(BaseModel):
+    model_config = _STRICT
+    name: str
+    arguments: str | dict[str, Any] | None = None  # JSON, as a string (an object from lax clients)
+
+
+class _ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str | None = None
+    type: str | None = "function"
+    function: _Function
+
+
 class _Message(BaseModel):
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[_Part] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[_ToolCall] | None = None
     function_call: Any = None
+    tool_call_id: str | None = None
 
 
 class _StreamOptions(BaseModel):
@@ -79,9 +99,10 @@ class ChatRequest(BaseModel):
     user: str | None = None
     n: int | None = None  # one answer per request: anything but 1 is refused, not silently cut
     response_format: Any = None  # JSON modes are refused for agent turns (see refuse_json_modes)
-    # Any type: whatever their value, these are refused as unsupported (see client_messages).
+    # The client's tools (checked in proxy/client_tools.py; the legacy `functions` refused).
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
     # Asked-for outputs aiops cannot give: refused (see refuse_unservable), not silently ignored.
@@ -144,11 +165,24 @@ def refuse_unservable(req: ChatRequest) -> None:
         raise HttpError(400, "unsupported_value", "audio: aiops answers in text only", param="audio")
 
 
-def client_messages(req: ChatRequest) -> list[ClientMessage]:
-    # Any value, even `[]` or "none", is refused: the client would otherwise believe its tools
-    # were offered. Only null counts as absent (OpenAI's own reading of null).
-    for name in ("tools", "functions", "tool_choice", "function_call"):
-        if getattr(req, name) is not None:
+def _arguments(raw: str | dict[str, Any] | None) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def client_messages(req: ChatRequest, tools_mode: str = "offer") -> list[ClientMessage]:
+    """The request's messages; `tools_mode` is `[server] client_tools`. Refusing, any value of the
+    tool fields, even `[]` or "none", is refused: the client would otherwise believe its tools
+    were offered. Only null counts as absent (OpenAI's own reading of null). The deprecated
+    `functions` / `function_call` are refused unless ignored: `tools` replaced them."""
+    names = ("tools", "tool_choice", "parallel_tool_calls") if tools_mode == "refuse" else ()
+    for name in (*names, "functions", "function_call"):
+        if getattr(req, name) is not None and tools_mode != "ignore":
             raise tools_refused(name)
     refuse_unservable(req)
     if req.n is not None and req.n != 1:
@@ -159,13 +193,21 @@ def client_messages(req: ChatRequest) -> list[ClientMessage]:
                         param="stream_options")
     out: list[ClientMessage] = []
     for i, m in enumerate(req.messages):
-        if m.role in ("tool", "function") or m.tool_calls or m.function_call:
+        if (m.role == "function" or m.function_call
+                or (tools_mode == "refuse" and (m.role == "tool" or m.tool_calls))):
             raise HttpError(400, "tools_not_supported",
-                            f"messages.{i}: tool calls and tool results are not supported; the agent runs "
-                            f"its tools server-side", param=f"messages.{i}")
+                            f"messages.{i}: tool calls and tool results are not supported here"
+                            + ("" if tools_mode != "refuse" else " (client_tools = \"refuse\")")
+                            + "; the agent runs its tools server-side", param=f"messages.{i}")
+        if m.role == "tool" and not m.tool_call_id:
+            raise HttpError(400, "invalid_request", f"messages.{i}: a tool message needs its tool_call_id",
+                            param=f"messages.{i}.tool_call_id")
         role = "system" if m.role == "developer" else m.role
+        calls = tuple(ClientToolCall(c.id, c.function.name, _arguments(c.function.arguments))
+                      for c in m.tool_calls or ())
         out.append(ClientMessage(role, _text(i, m, new=i == len(req.messages) - 1),
-                                 sent_as=m.role if m.role != role else None))
+                                 sent_as=m.role if m.role != role else None, tool_calls=calls,
+                                 tool_call_id=m.tool_call_id if m.role == "tool" else None))
     return out
 
 
@@ -184,13 +226,25 @@ def _usage(counts: dict[str, int] | None) -> dict[str, int] | None:
     return {**counts, "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"]}
 
 
+def tool_calls(calls: Sequence[ev.ClientCall]) -> list[dict[str, Any]]:
+    """Client tool calls in OpenAI's shape (`arguments` a JSON string; `index` for stream deltas)."""
+    return [{"index": k, "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)}}
+            for k, c in enumerate(calls)]
+
+
 def completion_object(cid: str, created: int, model: str, text: str,
-                      usage: dict[str, int] | None, finish_reason: str = "stop") -> dict[str, Any]:
+                      usage: dict[str, int] | None, finish_reason: str = "stop",
+                      calls: Sequence[ev.ClientCall] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        # As OpenAI answers a call: no `index` in a whole message, content null when it has none.
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in tool_calls(calls)]
+        message["content"] = text or None
     body: dict[str, Any] = {
         "id": cid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
     }
     if (u := _usage(usage)) is not None:
         body["usage"] = u
@@ -254,9 +308,12 @@ async def get_model(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
-    check_message_count(body, proxy_state(request).settings.max_messages)
+    settings = proxy_state(request).settings
+    check_message_count(body, settings.max_messages)
     req = validate(ChatRequest, body)
-    messages = client_messages(req)
+    messages = client_messages(req, settings.client_tools)
+    offered = offered_tools(request, req.tools, tool_choice=req.tool_choice,
+                            parallel_tool_calls=req.parallel_tool_calls)
     model = find_model(get_engine(request), req.model)
     if model is None:
         raise model_not_found(req.model)
@@ -265,7 +322,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await answer_task(request, model, messages, framer, stream=bool(req.stream))
     refuse_json_modes(req)
     return await answer_turn(request, conversation_id(request, messages, req.user), messages, model, framer,
-                             stream=bool(req.stream))
+                             stream=bool(req.stream), client_tools=offered)
 
 
 class OpenAIFramer:
@@ -300,7 +357,8 @@ class OpenAIFramer:
         return self.chunks.delta({"content": text})
 
     def end(self, end: TurnEnd) -> bytes:
-        frames = self.chunks.delta({}, end.finish_reason)
+        frames = self.chunks.delta({"tool_calls": tool_calls(end.client_calls)}) if end.client_calls else b""
+        frames += self.chunks.delta({}, end.finish_reason)
         if self.include_usage:
             frames += self.chunks.usage(end.usage)
         return frames + DONE_FRAME
@@ -318,7 +376,8 @@ class OpenAIFramer:
         return self.head() + (self.text(end.text) if end.text else b"") + self.end(end)
 
     def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
-        return completion_object(self.cid, self.created, self.model, text, end.usage, end.finish_reason)
+        return completion_object(self.cid, self.created, self.model, text, end.usage, end.finish_reason,
+                                 end.client_calls)
 
 
 def setup(app: web.Application) -> None:

@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Button, Collapsible, Markdown, Static
 
 from aiops.engine import events as ev
+from aiops.engine.client_tools import CLIENT_CALLS
 from aiops.gates.broker import waiting_notice
 from aiops.tui.format import args_preview, duration, gate_outcome, one_line, pretty_json, sql_of
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from aiops.engine.types import Message as HistoryMessage
 
 PREVIEW_LINES = 30
+# A client tool's call (see engine.client_tools) until its result comes: it runs in the chat
+# client, which sends the result with its next request; aiops does not gate it.
+CLIENT_CALL = "client tool call: runs in the chat client"
 
 
 def _esc(text: str) -> Content:
@@ -246,8 +250,11 @@ def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
         elif m.role == "assistant":
             if m.content.strip() or m.thinking:
                 out.append(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model")))
+            client_calls = m.meta.get(CLIENT_CALLS) or {}
             for tc in m.tool_calls:
                 block = ToolCallBlock(tc.id, tc.name, tc.arguments)
+                if tc.id in client_calls:
+                    block.set_waiting(CLIENT_CALL)
                 tools[tc.id] = block
                 out.append(block)
         elif m.role == "tool":
@@ -408,6 +415,8 @@ the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
             case ev.ToolCalled():
                 await self._finish_current()
                 block = ToolCallBlock(event.call_id, event.tool, event.arguments)
+                if event.client:
+                    block.set_waiting(CLIENT_CALL)
                 if self._details_open:
                     block.collapsed = False
                 self._tools[block.call_id] = block

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from aiops.engine import events as ev
 from aiops.engine.backends import ModelError
-from aiops.engine.types import Message
+from aiops.engine.types import Message, ToolSpec
 from aiops.integrations.server.addresses import configured_hosts, shown_to
 from aiops.integrations.server.context import get_engine, prepare_stream, server_state
 from aiops.integrations.server.errors import HttpError
@@ -30,6 +30,7 @@ from aiops.integrations.server.proxy.output import TURN_OUTPUT_EVENTS, TurnEnd, 
 from aiops.integrations.server.proxy.sessions import StartedTurn, cancel_turn
 from aiops.integrations.server.proxy.state import ProxySettings, proxy_state
 from aiops.integrations.server.proxy.status import REFUSED, STOPPED, status_line
+from aiops.integrations.server.proxy.tool_results import is_continuation
 
 STREAM_CLOSED = "the stream ended before the answer: the server is shutting down"
 
@@ -135,11 +136,24 @@ async def answer_task(request: web.Request, model: PublishedModel, messages: Seq
 
 
 async def answer_turn(request: web.Request, conv: ConversationId, messages: Sequence[ClientMessage],
-                      model: PublishedModel, framer: Framer, *, stream: bool) -> web.StreamResponse:
-    """Start the turn in the conversation's session (see sessions), then stream it or wait for it."""
+                      model: PublishedModel, framer: Framer, *, stream: bool,
+                      client_tools: Sequence[ToolSpec] = ()) -> web.StreamResponse:
+    """Start the turn in the conversation's session (see sessions), offering the model the
+    client's tools, then stream it or wait for it. A request that ends with the results of client
+    tool calls continues the turn that made them instead (see client_tools)."""
     proxy = proxy_state(request)
     events = TURN_OUTPUT_EVENTS if stream else (ev.TOK, ev.DONE) if framer.times_text else (ev.DONE,)
-    started = await proxy.sessions.start(conv, messages, model, caller(request), events=events)
+    if is_continuation(messages):
+        if proxy.settings.client_tools != "offer":
+            raise HttpError(400, "tools_not_supported",
+                            f"the request ends with tool results, but this server does not offer client tools "
+                            f"(client_tools = {proxy.settings.client_tools!r} in [server] of aiops.toml)",
+                            param="messages")
+        started = await proxy.sessions.resume(conv, messages, caller(request), events=events,
+                                              client_tools=client_tools)
+    else:
+        started = await proxy.sessions.start(conv, messages, model, caller(request), events=events,
+                                             client_tools=client_tools)
     framer.begin(started.turn.id)
     if stream:
         return await _stream(request, started, framer, proxy.settings)

@@ -10,18 +10,35 @@ from aiops.integrations.server.errors import HttpError
 
 
 @dataclass(frozen=True, slots=True)
+class ClientToolCall:
+    """A tool call as a client sends it back in an assistant message (see client_tools)."""
+
+    id: str | None  # Ollama's calls have none (Open WebUI makes one up)
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class ClientMessage:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     text: str
     # The role as the client wrote it, when the proxy reads it as another (OpenAI's "developer"
     # is a system message here): errors name what the client sent.
     sent_as: str | None = None
+    tool_calls: tuple[ClientToolCall, ...] = ()  # an assistant message's calls of client tools
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    tool_name: str | None = None  # a tool result: the tool's name (Ollama's `tool_name`), if sent
 
 
 def tools_refused(field_name: str = "tools") -> HttpError:
-    return HttpError(400, "tools_not_supported",
-                     f"client-supplied {field_name!r} is not supported: the aiops agent runs its own tools "
-                     f"server-side (behind operator gates) and answers with text; send the request "
+    """A tool field this server does not take: every one with `client_tools = "refuse"`, the
+    deprecated `functions` / `function_call` always (`tools` replaced them)."""
+    if field_name in ("functions", "function_call"):
+        why = "the deprecated functions API is not supported: send the functions as `tools`"
+    else:
+        why = ("this server does not take client tools (client_tools = \"refuse\" in [server] of "
+               "aiops.toml): the aiops agent runs its own tools server-side, behind operator gates")
+    return HttpError(400, "tools_not_supported", f"client-supplied {field_name!r}: {why}; send the request "
                      f"without {field_name!r}", param=field_name)
 
 
@@ -29,6 +46,25 @@ def omitted(kind: str) -> str:
     """What stands in the history for a part aiops cannot pass on (an image the chat once had)."""
     kind = "image" if kind in ("image", "image_url") else kind
     return f"[{kind} omitted: aiops passes on text only]"
+
+
+def folded(messages: Sequence[ClientMessage]) -> list[ClientMessage]:
+    """The conversation as matched and imported: tool results left out, and the assistant messages
+    of one answer (its text before a tool call, its text after the result) joined as one, as a
+    session records one turn's answer and as a streamed answer shows it."""
+    out: list[ClientMessage] = []
+    joined = False  # out[-1] is an assistant message whose last part called tools
+    for m in messages:
+        if m.role == "tool":
+            continue
+        if m.role == "assistant" and joined and out and out[-1].role == "assistant":
+            prev = out[-1]
+            text = "\n\n".join(t for t in (prev.text, m.text) if t)
+            out[-1] = ClientMessage("assistant", text, tool_calls=prev.tool_calls + m.tool_calls)
+        else:
+            out.append(m)
+        joined = m.role == "assistant" and bool(m.tool_calls)
+    return out
 
 
 def check_conversation(messages: Sequence[ClientMessage]) -> None:

@@ -35,19 +35,22 @@ class TurnEnd:
     error: ev.ErrorInfo | None
     finish_reason: str = "stop"  # or "length": cut at the model's output limit
     ended: str | None = None  # why the engine ended the turn early (a limit), if it did
+    # Calls of the client's tools the answer hands to the client (finish_reason "tool_calls").
+    client_calls: tuple[ev.ClientCall, ...] = ()
 
     @classmethod
     def of(cls, done: ev.Done, error: ev.ErrorInfo | None = None) -> TurnEnd:
         """From the turn's `done` (`error`: the turn's `error` event, if `done` names none)."""
         return cls(done.status, done.text, _counts(done.usage), done.error or error,
-                   done.finish_reason or "stop", done.ended)
+                   done.finish_reason or "stop", done.ended, done.client_calls)
 
     @classmethod
     def of_result(cls, result: TurnResult) -> TurnEnd:
         err = result.error
         return cls(result.status, result.text, result.usage.counts() if result.usage else None,
                    err if isinstance(err, ev.ErrorInfo) or err is None else ev.ErrorInfo.from_dict(err),
-                   result.finish_reason or "stop", result.ended)
+                   result.finish_reason or "stop", result.ended,
+                   tuple(ev.ClientCall(c.id, c.name, c.arguments) for c in result.client_calls))
 
 
 def _counts(usage: ev.TokenCounts | None) -> dict[str, int] | None:
@@ -95,7 +98,7 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
                 out.append(status(gate_status(gate)))
             case ev.GateResolved(gate=gate) if settings.status_lines:
                 out.append(status(resolution_status(gate)))
-            case ev.ToolCalled(tool=tool) if settings.tool_progress:
+            case ev.ToolCalled(tool=tool, client=False) if settings.tool_progress:
                 out.append(status(status_line(TOOL, f"running {tool or 'a tool'}")))
             case ev.ErrorEvent():
                 error = e.error

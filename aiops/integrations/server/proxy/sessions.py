@@ -24,9 +24,10 @@ from typing import Any
 
 from aiops.engine import events as ev
 from aiops.engine.bus import Subscription
+from aiops.engine.client_tools import open_client_calls
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.turn import Turn
-from aiops.engine.types import Message, new_id
+from aiops.engine.types import Message, ToolSpec, new_id
 from aiops.integrations.server.context import check_model
 from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import Caller, claim, forbidden, owner_meta, owner_of
@@ -35,6 +36,7 @@ from aiops.integrations.server.proxy.matching import (
     Entry,
     Seen,
     client_entries,
+    client_view,
     is_prefix,
     is_prefix_sig,
     maybe_unseen,
@@ -42,10 +44,11 @@ from aiops.integrations.server.proxy.matching import (
     signatures,
     since_reset,
 )
-from aiops.integrations.server.proxy.messages import ClientMessage, check_conversation
+from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall, check_conversation, folded
 from aiops.integrations.server.proxy.models import PublishedModel, turn_model
 from aiops.integrations.server.proxy.openwebui import with_system_context
 from aiops.integrations.server.proxy.status import without_status_lines
+from aiops.integrations.server.proxy.tool_results import exchange, pair
 
 
 @dataclass
@@ -105,6 +108,10 @@ class ProxySessions:
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # Sessions whose last turn handed client tool calls back (session -> the calls' ids),
+        # newest last: where a request carrying results looks first, rather than reading every
+        # session of its root (all of one `user`'s chats, every "hi" chat of one caller).
+        self._awaiting: OrderedDict[str, frozenset[str]] = OrderedDict()
         # A deleted session leaves the index at once: a long-running server would otherwise keep
         # every conversation it ever saw.
         self._unlisten = engine.bus.add_listener(self._on_event)
@@ -114,11 +121,20 @@ class ProxySessions:
         self._unlisten()
 
     def _on_event(self, event: ev.Event) -> None:
-        if isinstance(event, ev.SessionChanged) and event.change == "deleted" and event.session_id:
-            self._forget(event.session_id)
+        match event:
+            case ev.SessionChanged(change="deleted", session_id=str(sid)) if sid:
+                self._forget(sid)
+            case ev.Done(client_calls=calls, session_id=str(sid)) if calls:
+                self._awaiting[sid] = frozenset(c.id for c in calls)
+                self._awaiting.move_to_end(sid)
+                while len(self._awaiting) > _SEEN_MAX:
+                    self._awaiting.popitem(last=False)
+            case ev.TurnStarted(session_id=str(sid)) | ev.UserPosted(session_id=str(sid)):
+                self._awaiting.pop(sid, None)
 
     def _forget(self, sid: str) -> None:
         self._seen.pop(sid, None)
+        self._awaiting.pop(sid, None)
         for root in {sid, root_of(sid), first_root(sid)}:
             known = self._forks.get(root)
             if known is not None and sid in known:
@@ -151,10 +167,12 @@ class ProxySessions:
             self._locks[root] = (lock, n - 1)
 
     async def start(self, conv: ConversationId, messages: Sequence[ClientMessage],
-                    model: PublishedModel, who: Caller, *, events: Iterable[str] | None = None) -> StartedTurn:
+                    model: PublishedModel, who: Caller, *, events: Iterable[str] | None = None,
+                    client_tools: Sequence[ToolSpec] = ()) -> StartedTurn:
         """Pick (or fork) the session, import what it lacks, subscribe (to `events`, default all),
-        submit the new message. Sessions `who` may not use are never continued; new ones are
-        owned by `who`."""
+        submit the new message (offering the model `client_tools`). Sessions `who` may not use
+        are never continued; new ones are owned by `who`."""
+        messages = folded(messages)  # a tool exchange is part of its answer (see client_tools)
         check_conversation(messages)
         messages = with_system_context(messages, self.engine)
         _check_turn_model(self.engine, messages[-1].text)
@@ -166,14 +184,15 @@ class ProxySessions:
             lock = await self._lock(conv.root)
             try:
                 async with lock:
-                    return await self._start_locked(conv, messages, model, who, events)
+                    return await self._start_locked(conv, messages, model, who, events, client_tools)
             finally:
                 self._unlock(conv.root)
                 if self._forks.get(conv.root) == []:
                     del self._forks[conv.root]  # refused, or every session of it gone
 
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
-                            model: PublishedModel, who: Caller, events: Iterable[str] | None) -> StartedTurn:
+                            model: PublishedModel, who: Caller, events: Iterable[str] | None,
+                            client_tools: Sequence[ToolSpec]) -> StartedTurn:
         engine = self.engine
         entries = client_entries(since_reset(engine, messages[:-1]))
         client = [entry for entry, _ in entries]
@@ -200,7 +219,13 @@ class ProxySessions:
         # afresh is still the caller's, not an unowned one only operators may use.
         submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
                                                      model=turn_model(model), is_operator=False,
-                                                     meta=owner_meta(who), owner_only=not who.operator))
+                                                     meta=owner_meta(who), owner_only=not who.operator,
+                                                     client_tools=client_tools))
+        return await self._started(session_id, submit, sub, forked, imported)
+
+    async def _started(self, session_id: str, submit: asyncio.Future[Turn], sub: Subscription,
+                       forked: bool = False, imported: int = 0) -> StartedTurn:
+        engine = self.engine
         try:
             # Shielded: a client hanging up (its handler cancelled) while the engine records the
             # message would leave a question that no turn answers, and the retry would fork.
@@ -217,6 +242,72 @@ class ProxySessions:
                 raise HttpError(400, "invalid_request", str(e)) from None
             raise
         return StartedTurn(session_id, turn, sub, forked, imported)
+
+    async def resume(self, conv: ConversationId, messages: Sequence[ClientMessage], who: Caller, *,
+                     events: Iterable[str] | None = None, client_tools: Sequence[ToolSpec] = ()) -> StartedTurn:
+        """A request carrying the results of client tool calls: the session of the conversation
+        whose turn waits for them records them and goes on (see client_tools)."""
+        asked, results = exchange(messages)
+        view = client_view(since_reset(self.engine, folded(messages)))
+        with self.engine.admission():
+            await self._load_index()
+            lock = await self._lock(conv.root)
+            try:
+                async with lock:
+                    found = await self._waiting_for(conv, view, asked, results, who)
+                    if found is None:
+                        raise HttpError(400, "invalid_request",
+                                        "the tool results answer no tool call this conversation's session "
+                                        "waits for (answered already, or the chat was changed since): send "
+                                        "a new user message instead", param="messages")
+                    session_id, pairs = found
+                    sub = self.engine.bus.subscribe(session_id, names=events)
+                    job = asyncio.ensure_future(self.engine.resume(session_id, pairs, kind="proxy",
+                                                                   client_tools=client_tools))
+                    return await self._started(session_id, job, sub)
+            finally:
+                self._unlock(conv.root)
+
+    async def _waiting_for(self, conv: ConversationId, view: list[Entry], asked: Sequence[ClientToolCall],
+                           results: Sequence[ClientMessage], who: Caller) -> tuple[str, list[tuple[str, str]]] | None:
+        """The session of the conversation whose last turn waits for these results, with each
+        result's call id: one whose conversation is the client's, newest first, preferring one
+        whose calls the results name by id (a regenerated answer forks a second such session)."""
+        known = list(self._forks.get(conv.root, ()))
+        if conv.explicit and conv.root not in known:
+            known.append(conv.root)
+        # The sessions known to wait first (the results' ids first among them); every session of
+        # the root only when none of them fits (after a restart, which forgets who waits).
+        ids = {r.tool_call_id for r in results}
+        waiting = sorted((sid for sid in known if sid in self._awaiting),
+                         key=lambda sid: (bool(ids & self._awaiting[sid]), known.index(sid)))
+        found = await self._waiting_among(waiting, conv, view, asked, results, who)
+        if found is None and waiting != known:
+            found = await self._waiting_among(known, conv, view, asked, results, who)
+        return found
+
+    async def _waiting_among(self, candidates: list[str], conv: ConversationId, view: list[Entry],
+                             asked: Sequence[ClientToolCall], results: Sequence[ClientMessage],
+                             who: Caller) -> tuple[str, list[tuple[str, str]]] | None:
+        fallback: tuple[str, list[tuple[str, str]]] | None = None
+        for sid in reversed(candidates):
+            live = await self.engine.session(sid)
+            if live is None or live.row.kind != "proxy" or not who.may_use(owner_of(live)):
+                continue
+            history = await live.history(self.engine)
+            ours = session_view(history)
+            if not (conv.explicit and sid == conv.root and not view) and not (
+                    len(ours) == len(view) and is_prefix(ours, view)):
+                continue
+            waiting = open_client_calls(history)
+            paired = pair(waiting, asked, results) if waiting is not None else None
+            if paired is None:
+                continue
+            pairs, exact = paired
+            if exact:
+                return sid, pairs
+            fallback = fallback or (sid, pairs)
+        return fallback
 
     def _check_import(self, session_id: str, missing: int, already: int) -> None:
         """400 when taking in `missing` earlier messages would give the session more than

@@ -4,7 +4,7 @@ cleanup context, as aiohttp's own demos build theirs) and let go of as it cleans
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -20,19 +20,22 @@ class ProxySettings:
     tool_progress: bool = False
     max_messages: int = 1000  # in one request
     max_imported: int = 1000  # into one session, in all
+    client_tools: str = "offer"  # offer | ignore | refuse (see client_tools.py)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ProxySettings:
         s = cfg.app.server
         return cls(keepalive_seconds=s.keepalive_seconds, status_lines=s.proxy_status_lines,
                    tool_progress=s.proxy_tool_progress, max_messages=s.proxy_max_messages,
-                   max_imported=s.proxy_max_imported)
+                   max_imported=s.proxy_max_imported, client_tools=s.client_tools)
 
 
 @dataclass(frozen=True, slots=True)
 class ProxyState:
     sessions: ProxySessions
     settings: ProxySettings
+    # Callers whose client tools were ignored (`client_tools = "ignore"`): logged once each.
+    ignored_clients: set[str] = field(default_factory=set)
 
 
 PROXY_KEY = web.AppKey("aiops_proxy", ProxyState)
