@@ -902,14 +902,14 @@ async def test_deleted_conversations_leave_the_proxys_index(api_server_factory: 
         assert r.status_code == 409  # an API session: refused, and not remembered
         assert "'taken' is an api session" in r.json()["error"]["message"]
         index = srv.handle.app[PROXY_KEY].sessions
-        assert sum(len(v) for v in index._forks.values()) == 40
+        assert sum(len(v) for v in index.roots_indexed().values()) == 40
         for sid in ids:
             assert (await chat.delete(f"/api/v1/sessions/{sid}")).status_code == 200
-        assert index._forks == {} and len(index._seen) == 0
+        assert index.roots_indexed() == {}
         # A name used again starts afresh.
         r = await chat.post("/v1/chat/completions", json={
             "model": "aiops", "user": "chat-0", "messages": [{"role": "user", "content": "new"}]})
-        assert r.headers["X-Aiops-Session"] == "chat:user-chat-0" and list(index._forks) == ["chat:user-chat-0"]
+        assert r.headers["X-Aiops-Session"] == "chat:user-chat-0" and list(index.roots_indexed()) == ["chat:user-chat-0"]
 
 
 async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_unanswered(

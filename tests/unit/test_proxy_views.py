@@ -1,21 +1,25 @@
-"""How the proxy compares a chat UI's history with a session's (proxy.matching.session_view and
-the compact signatures kept between requests): what counts as the same conversation."""
+"""How the proxy compares a chat UI's history with a session's (proxy.matching.session_view, and
+the index of views kept between requests, proxy.index): what counts as the same conversation."""
 
 from __future__ import annotations
 
 import pytest
 
 from aiops.engine.types import Message
-from aiops.integrations.server.proxy.matching import (
-    client_view,
-    is_prefix,
-    is_prefix_sig,
-    session_view,
-    signatures,
-)
+from aiops.integrations.server.proxy.index import RootIndex
+from aiops.integrations.server.proxy.matching import Entry, client_view, is_prefix, session_view
 from aiops.integrations.server.proxy.messages import ClientMessage
 from aiops.integrations.server.proxy.openwebui import as_typed, system_rag
 from aiops.integrations.server.proxy.status import normalize
+
+def indexed(view: list[Entry], client: list[Entry]) -> bool:
+    """The index finds a session of `view` for `client` (holding all of it, or a prefix)."""
+    index = RootIndex("r")
+    index.add("r")
+    index.put("r", 0, None, 0, view, None)
+    found = index.find(client, [()] * len(client), lambda sid, rec: True)
+    return "r" in (found.exact, found.in_part) or (found.best is not None and found.best[0] == "r")
+
 
 LONG = "The disk on web-1 is 91% full: /var/log holds 40 GB of rotated logs. " * 5
 
@@ -35,18 +39,18 @@ def test_an_answer_that_was_cut_matches_any_start_of_it_the_client_kept(status: 
     view = session_view(_history(status, cancelled_notice=notice))
     for kept in (LONG[:37], LONG[:100] + "  \n", LONG):
         client = client_view([ClientMessage("user", "why is web-1 slow?"), ClientMessage("assistant", kept)])
-        assert is_prefix(view, client) and is_prefix_sig(signatures(view), client), kept
+        assert is_prefix(view, client) and indexed(view, client), kept
     other = client_view([ClientMessage("user", "why is web-1 slow?"), ClientMessage("assistant", "Another answer")])
-    assert not is_prefix(view, other) and not is_prefix_sig(signatures(view), other)
+    assert not is_prefix(view, other) and not indexed(view, other)
 
 
 def test_a_whole_answer_must_match_whole() -> None:
     """Only a cut answer may be held in part: a shorter copy of a whole one is an edit."""
     view = session_view(_history("complete", cancelled_notice=False))
     client = client_view([ClientMessage("user", "why is web-1 slow?"), ClientMessage("assistant", LONG[:100])])
-    assert not is_prefix(view, client) and not is_prefix_sig(signatures(view), client)
+    assert not is_prefix(view, client) and not indexed(view, client)
     whole = client_view([ClientMessage("user", "why is web-1 slow?"), ClientMessage("assistant", LONG)])
-    assert is_prefix(view, whole) and is_prefix_sig(signatures(view), whole)
+    assert is_prefix(view, whole) and indexed(view, whole)
 
 
 OLD_TEMPLATE = ("### Task:\nRespond to the user query using the provided context.\n\n"
