@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +85,9 @@ def _check_turn_model(engine: Engine, text: str) -> None:
         raise HttpError(400, "invalid_request", f"@{parsed.model} needs a prompt after it",
                         param="messages")
     check_model(engine, parsed.model, "messages")
+
+
+_BATCH = 500  # sessions read from the store in one go when a root is read after a start
 
 
 @dataclass
@@ -347,9 +351,23 @@ class ProxySessions:
 
     async def _refresh(self, index: RootIndex) -> None:
         """Read the sessions of `index` whose history changed since they were filed (or that were
-        never read): each change is read once, by the next request of its root."""
+        never read): each change is read once, by the next request of its root. Many at once (every
+        one of the root, after a start) are read from the store in batches; one, through the engine
+        (whose copy of a busy session's history is in memory)."""
         engine = self.engine
         while index.dirty:
+            if len(index.dirty) > 1:
+                cold = list(itertools.islice(index.dirty, _BATCH))
+                index.dirty.difference_update(cold)
+                stamps = {sid: engine.history_stamp(sid) for sid in cold}  # before reading (as below)
+                found = await engine.store.histories(cold)
+                self.stats.histories_read += len(found)
+                for row, history in found:
+                    if row.kind == "proxy":
+                        self._put(index, row.id, stamps[row.id], row.owner, history)
+                for sid in set(cold) - {row.id for row, _ in found if row.kind == "proxy"}:
+                    self._forget(sid, index.root)
+                continue
             sid = index.dirty.pop()
             stamp = engine.history_stamp(sid)  # before reading: a write meanwhile makes it dirty again
             live = await engine.session(sid)
@@ -358,9 +376,13 @@ class ProxySessions:
                 continue
             history = await live.history(engine)
             self.stats.histories_read += 1
-            stopped = any(maybe_unseen(m) for m in history)
-            index.put(sid, stamp, owner_of(live), sum(1 for m in history if m.meta.get("imported")),
-                      session_view(history), session_view(history, without_stopped=True) if stopped else None)
+            self._put(index, sid, stamp, owner_of(live), history)
+
+    @staticmethod
+    def _put(index: RootIndex, sid: str, stamp: int, owner: str | None, history: list[Message]) -> None:
+        stopped = any(maybe_unseen(m) for m in history)
+        index.put(sid, stamp, owner, sum(1 for m in history if m.meta.get("imported")),
+                  session_view(history), session_view(history, without_stopped=True) if stopped else None)
 
     async def _confirmed(self, sid: str, held: int, client: list[Entry]) -> bool:
         """The chosen session's real conversation is what its index entry said."""
