@@ -8,8 +8,9 @@ timing each, then times, beside the upstream alone (`direct`, the harness's base
 - `new chat`: more chats opening with "hi" (a first message: it continues nothing);
 - `continue`: the second message of chats spread over all of them (each must land in its own
   session: the response's `X-Aiops-Session` is checked);
-- after a restart of aiops on the same data (`benchmarks.run` does it), the first continuation
-  (the proxy reads the root's sessions from the store once) and further ones.
+- after a restart of aiops on the same data (`benchmarks.run` does it) and one request of another
+  conversation (the process's own first-request cost), the first continuation (the proxy reads
+  the root's sessions from the store once) and further ones.
 
 The upstream (benchmarks.upstream) answers each "hi" with a greeting of its own, as a model does,
 so each chat is a branch of its own. Latency per request from sending to the last byte; CPU per
@@ -91,6 +92,14 @@ class ChatClient:
     async def close(self) -> None:
         await self.http.close()
 
+    async def warm_up(self) -> None:
+        """One untimed request in a conversation of its own: a fresh process's first request
+        (imports, the model client's first connection) is not counted against what follows."""
+        async with self.http.post(self.endpoint, headers={"X-Aiops-Session": "bench-warm-up"},
+                                  json={"model": self.model, "messages": [{"role": "user", "content": "warm up"}]}
+                                  ) as resp:
+            await resp.read()
+
     async def send(self, phase: Phase, messages: list[dict[str, str]]) -> tuple[str, str] | None:
         """(session id, answer), timed into `phase`; None on an error (counted)."""
         t0 = time.perf_counter()
@@ -144,6 +153,7 @@ async def open_chats(client: ChatClient, n: int, buckets: int = 10) -> tuple[lis
     """Open `n` "hi" chats, timed in `buckets` consecutive groups (how the cost moves as they grow)."""
     chats: list[Chat] = []
     phases = []
+    await client.warm_up()
     size = max(1, -(-n // buckets))
     for start in range(0, n, size):
         phase = Phase(f"open chats {start + 1}-{min(n, start + size)}", start)
@@ -167,8 +177,8 @@ async def after_many(client: ChatClient, chats: list[Chat], sample: int, seed: i
 
 async def after_restart(client: ChatClient, chats: list[Chat], sample: int, seed: int = 22) -> list[Phase]:
     """The first continuation after a restart (the root's sessions read from the store), then more."""
-    rng = random.Random(seed)
-    picked = rng.sample(chats, min(sample + 1, len(chats)))
+    picked = random.Random(seed).sample(chats, min(sample + 1, len(chats)))
+    await client.warm_up()
     first = Phase("restart: first continuation", len(chats))
     await continue_chats(client, first, picked[:1], "after the restart")
     more = Phase("restart: continue", len(chats))

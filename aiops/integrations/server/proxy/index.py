@@ -84,7 +84,7 @@ class RootIndex:
     """The sessions of one root, filed by their views."""
     root: str
     nodes: dict[Key, _Node] = field(default_factory=dict)
-    members: dict[str, Indexed | None] = field(default_factory=dict)  # None: not read yet
+    members: dict[str, Indexed] = field(default_factory=dict)  # (its `view` None: not read yet)
     dirty: set[str] = field(default_factory=set)  # members to read (again) before the next lookup
     _first: int = 0
     _next: int = 0
@@ -108,6 +108,10 @@ class RootIndex:
         n = _fork_number(sid) if sid != self.root else None
         if n is not None and n > self.top_fork:
             self.top_fork = n
+
+    def ordered(self) -> list[str]:
+        """The members, oldest first."""
+        return sorted(self.members, key=lambda sid: self.members[sid].order)
 
     def remove(self, sid: str) -> None:
         rec = self.members.pop(sid, None)

@@ -157,8 +157,7 @@ class ProxySessions:
 
     def roots_indexed(self) -> dict[str, list[str]]:
         """Each root the index holds, with its sessions (oldest first)."""
-        return {root: sorted(index.members, key=lambda sid: index.members[sid].order)  # type: ignore[union-attr]
-                for root, index in self._roots.items()}
+        return {root: index.ordered() for root, index in self._roots.items()}
 
     async def _load_index(self) -> None:
         if self._loaded:
