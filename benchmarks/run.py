@@ -242,6 +242,10 @@ def _chats_case(upstream: Child, root: Path, env: dict[str, str], *, label: str,
     return phases
 
 
+def _cpu(ms: float | None) -> str:
+    return "" if ms is None else f"{ms:.2f}"
+
+
 def _run_chats(upstream: Child, root: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict[str, Any]]:
     print("\nmany chats opening alike (one caller, no chat id):\n" + "\n".join(many.HEADER), flush=True)
     base = asyncio.run(many.direct(upstream.url, UPSTREAM_MODEL, args.chats_sample))
@@ -305,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if chats:
         print("\n" + "\n".join(many.HEADER))
         print("\n".join(f"| {c['tree']:<10} | {c['phase']:<28} | {c['after_chats']:>6} | {c['requests']:>5} | "
-                        f"{c['p50_ms']:8.2f} | {c['p99_ms']:8.2f} | {c['cpu_ms_per_request'] or '':>10} | "
+                        f"{c['p50_ms']:8.2f} | {c['p99_ms']:8.2f} | {_cpu(c['cpu_ms_per_request']):>10} | "
                         f"{c['errors']:>3} |" for c in chats))
         ok = ok and all(c["errors"] == 0 for c in chats)
         for c in chats:
