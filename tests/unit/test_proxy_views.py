@@ -17,7 +17,7 @@ def indexed(view: list[Entry], client: list[Entry]) -> bool:
     """The index finds a session of `view` for `client` (holding all of it, or a prefix)."""
     index = RootIndex("r")
     index.add("r")
-    index.put("r", 0, None, 0, view, None)
+    index.put("r", None, 0, view, None)
     found = index.find(client, [()] * len(client), lambda sid, rec: True)
     return "r" in (found.exact, found.in_part) or (found.best is not None and found.best[0] == "r")
 
@@ -94,7 +94,7 @@ def _index(**views: list[Entry]) -> RootIndex:
     index = RootIndex("r")
     for sid, view in views.items():
         index.add(sid)
-        index.put(sid, 0, None, 0, view, None)
+        index.put(sid, None, 0, view, None)
     return index
 
 
@@ -128,7 +128,7 @@ def test_two_stopped_branches_that_begin_alike_go_on_in_the_newest() -> None:
 
 def test_the_index_lets_go_of_what_its_sessions_no_longer_hold() -> None:
     index = _index(a=[("user", "hi"), ("assistant", "a1")], b=[("user", "hi"), (HELD_IN_PART, "b1")])
-    index.put("a", 1, None, 0, [("user", "hi"), ("assistant", "a1"), ("user", "q"), ("assistant", "a2")], None)
+    index.put("a", None, 0, [("user", "hi"), ("assistant", "a1"), ("user", "q"), ("assistant", "a2")], None)
     assert _find(index, [("user", "hi"), ("assistant", "a1")]).exact is None  # not where it was
     assert len(index.nodes) == 6  # the empty view, "hi", a1, q, a2, b1
     index.remove("a")

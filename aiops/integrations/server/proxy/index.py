@@ -53,7 +53,6 @@ Path = list[tuple[Key, str | None]]
 class Indexed:
     """What the proxy keeps of one session between requests."""
     order: int  # its place among the root's sessions, oldest first (tie-breaks, as the old scan had)
-    stamp: int  # the engine's history stamp it was read under
     owner: str | None
     imported: int  # messages taken in from clients' histories (see ProxySessions.max_imported)
     view: Path | None = None
@@ -103,7 +102,7 @@ class RootIndex:
         else:
             order = self._next
             self._next += 1
-        self.members[sid] = Indexed(order, -1, None, 0)
+        self.members[sid] = Indexed(order, None, 0)
         self.dirty.add(sid)
         n = _fork_number(sid) if sid != self.root else None
         if n is not None and n > self.top_fork:
@@ -123,14 +122,14 @@ class RootIndex:
             self.top_fork = max((n for m in self.members if m != self.root and (n := _fork_number(m)) is not None),
                                 default=1)
 
-    def put(self, sid: str, stamp: int, owner: str | None, imported: int,
+    def put(self, sid: str, owner: str | None, imported: int,
             view: Sequence[Entry], unstopped: Sequence[Entry] | None) -> None:
         """File a member's views as just read."""
         rec = self.members.get(sid)
         if rec is None:
             return  # removed meanwhile
         self._unfile(rec, sid)
-        rec.stamp, rec.owner, rec.imported = stamp, owner, imported
+        rec.owner, rec.imported = owner, imported
         rec.view = path_of(view)
         rec.unstopped = path_of(unstopped) if unstopped is not None else None
         self._file(rec.view, rec.order, sid, unstopped=False)

@@ -358,29 +358,29 @@ class ProxySessions:
             if len(index.dirty) > 1:
                 cold = list(itertools.islice(index.dirty, _BATCH))
                 index.dirty.difference_update(cold)
-                stamps = {sid: engine.history_stamp(sid) for sid in cold}  # before reading (as below)
                 found = await engine.store.histories(cold)
                 self.stats.histories_read += len(found)
                 for row, history in found:
                     if row.kind == "proxy":
-                        self._put(index, row.id, stamps[row.id], row.owner, history)
+                        self._put(index, row.id, row.owner, history)
                 for sid in set(cold) - {row.id for row, _ in found if row.kind == "proxy"}:
                     self._forget(sid, index.root)
                 continue
+            # (Out of `dirty` before reading: a write meanwhile, which the watcher reports, puts it
+            # back, to be read again by the next request.)
             sid = index.dirty.pop()
-            stamp = engine.history_stamp(sid)  # before reading: a write meanwhile makes it dirty again
             live = await engine.session(sid)
             if live is None or live.row.kind != "proxy":
                 self._forget(sid, index.root)
                 continue
             history = await live.history(engine)
             self.stats.histories_read += 1
-            self._put(index, sid, stamp, owner_of(live), history)
+            self._put(index, sid, owner_of(live), history)
 
     @staticmethod
-    def _put(index: RootIndex, sid: str, stamp: int, owner: str | None, history: list[Message]) -> None:
+    def _put(index: RootIndex, sid: str, owner: str | None, history: list[Message]) -> None:
         stopped = any(maybe_unseen(m) for m in history)
-        index.put(sid, stamp, owner, sum(1 for m in history if m.meta.get("imported")),
+        index.put(sid, owner, sum(1 for m in history if m.meta.get("imported")),
                   session_view(history), session_view(history, without_stopped=True) if stopped else None)
 
     async def _confirmed(self, sid: str, held: int, client: list[Entry]) -> bool:
