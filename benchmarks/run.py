@@ -14,6 +14,11 @@ Output: a table of p50/p99 latency and throughput per scenario, then the overhea
 to direct (added p50/p99, throughput ratio) checked against the targets: at most 2 ms added p50 at
 concurrency 1, and at least 25 % of direct throughput at concurrency 32 with streaming. Exit status 1
 if a target is missed or any request failed; `--json FILE` also writes the numbers.
+
+Then the many-chats case (benchmarks.chats): `--chats N` (default 10,000; 0 skips it) chats that
+open with the same words from one caller, then new chats and continuations, in an aiops of its own
+(and again after restarting it). `--compare-ref REF` runs the same case, with `--compare-chats`
+chats, on another commit's code (exported with `git archive`, run from this venv) in the same run.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks import chats as many
 from benchmarks.load import Result, run_load
 
 TARGET_ADDED_P50_MS = 2.0  # at concurrency 1
@@ -182,6 +188,78 @@ async def _scenarios(upstream: Child, relay: Child | None, aiops: Child,
     return results
 
 
+# ---- the many-chats case ---------------------------------------------------------------------------------
+
+
+def _export(ref: str, into: Path) -> Path:
+    """The tree of commit `ref` of this repository, written under `into` (run from there: the
+    editable install of this tree comes after PYTHONPATH)."""
+    into.mkdir(parents=True)
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", ref], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def _chats_case(upstream: Child, root: Path, env: dict[str, str], *, label: str, n: int, sample: int,
+                src: Path | None) -> list[many.Phase]:
+    """`n` chats opening alike, then new chats and continuations, in an aiops of its own (the code
+    of `src`, else this tree's); then the same aiops restarted on its data, continuing some."""
+    home = root / f"chats-{label}"
+    cfg = _aiops_config(home, upstream.url)
+    cmd = [sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir", str(home / "data"), "serve"]
+    env = dict(env)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    async def before(url: str, pid: int) -> tuple[list[many.Chat], list[many.Phase]]:
+        client = many.ChatClient(url, "aiops", pid)
+        try:
+            chats, phases = await many.open_chats(client, n)
+            phases += await many.after_many(client, chats, sample)
+        finally:
+            await client.close()
+        for p in phases:
+            print(p.row(label), flush=True)
+        return chats, phases
+
+    async def after(url: str, pid: int, chats: list[many.Chat]) -> list[many.Phase]:
+        client = many.ChatClient(url, "aiops", pid)
+        try:
+            phases = await many.after_restart(client, chats, min(sample, 50))
+        finally:
+            await client.close()
+        for p in phases:
+            print(p.row(label), flush=True)
+        return phases
+
+    with child(cmd, r"aiops serving on (http://\S+)", f"aiops serve ({label})", env=env, cwd=home) as aiops:
+        chats, phases = asyncio.run(before(aiops.url, aiops.pid))
+    with child(cmd, r"aiops serving on (http://\S+)", f"aiops serve ({label}, restarted)", env=env,
+               cwd=home) as aiops:
+        phases += asyncio.run(after(aiops.url, aiops.pid, chats))
+    return phases
+
+
+def _cpu(ms: float | None) -> str:
+    return "" if ms is None else f"{ms:.2f}"
+
+
+def _run_chats(upstream: Child, root: Path, env: dict[str, str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    print("\nmany chats opening alike (one caller, no chat id):\n" + "\n".join(many.HEADER), flush=True)
+    base = asyncio.run(many.direct(upstream.url, UPSTREAM_MODEL, args.chats_sample))
+    print(base.row("direct"), flush=True)
+    out = [{"tree": "direct", **base.summary()}]
+    runs = [("this tree", args.chats, None)]
+    if args.compare_ref:
+        runs.append((args.compare_ref, args.compare_chats, _export(args.compare_ref, root / "compare-tree")))
+    for label, n, src in runs:
+        for p in _chats_case(upstream, root, env, label=label, n=n, sample=args.chats_sample, src=src):
+            out.append({"tree": label, **p.summary()})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description="aiops proxy benchmark")
     p.add_argument("--requests", type=int, default=2000, help="measured requests per scenario (default 2000)")
@@ -190,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated (default 1,32)")
     p.add_argument("--no-relay", action="store_true", help="skip the bare-relay reference rows")
     p.add_argument("--json", type=Path, help="also write the numbers to this file")
+    p.add_argument("--chats", type=int, default=10_000,
+                   help="chats opening alike for the many-chats case (default 10000; 0 skips it)")
+    p.add_argument("--chats-sample", type=int, default=200,
+                   help="new chats and continuations timed after them (default 200)")
+    p.add_argument("--chats-only", action="store_true", help="run only the many-chats case")
+    p.add_argument("--compare-ref", metavar="REF",
+                   help="also run the many-chats case on this commit's code (e.g. main), in the same run")
+    p.add_argument("--compare-chats", type=int, default=2000,
+                   help="chats for --compare-ref (default 2000: before the index, each cost more than the last)")
     args = p.parse_args(argv)
 
     root = Path(tempfile.mkdtemp(prefix="aiops-bench-"))
@@ -206,21 +293,35 @@ def main(argv: list[str] | None = None) -> int:
                     child(relay_cmd if not args.no_relay else [sys.executable, "-c", "print('relay on none')"],
                           r"relay on (\S+)", "the relay", env=env) as relay:
                 relay_child = None if args.no_relay else relay
-                print(f"upstream {upstream.url}, relay {relay_child and relay_child.url}, aiops {aiops.url}; "
-                      f"{args.requests} requests per "
-                      f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
-                results = asyncio.run(_scenarios(upstream, relay_child, aiops, args))
+                results: list[Result] = []
+                if not args.chats_only:
+                    print(f"upstream {upstream.url}, relay {relay_child and relay_child.url}, aiops {aiops.url}; "
+                          f"{args.requests} requests per "
+                          f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
+                    results = asyncio.run(_scenarios(upstream, relay_child, aiops, args))
+            chats = _run_chats(upstream, root, env, args) if args.chats > 0 else []
     finally:
         shutil.rmtree(root, ignore_errors=True)
     table, overhead, ok = report(results)
     print()
-    print(table)
+    if results:
+        print(table)
+    if chats:
+        print("\n" + "\n".join(many.HEADER))
+        print("\n".join(f"| {c['tree']:<10} | {c['phase']:<28} | {c['after_chats']:>6} | {c['requests']:>5} | "
+                        f"{c['p50_ms']:8.2f} | {c['p99_ms']:8.2f} | {_cpu(c['cpu_ms_per_request']):>10} | "
+                        f"{c['errors']:>3} |" for c in chats))
+        ok = ok and all(c["errors"] == 0 for c in chats)
+        for c in chats:
+            if c["errors"]:
+                print(f"    {c['tree']}, {c['phase']}: first error: {c['first_error']}")
     print(f"\n{'all targets met' if ok else 'TARGET MISSED or errors'}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "date": started.isoformat(timespec="seconds"), "machine": machine(),
             "command": "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "results": [r.summary() for r in results], "overhead": overhead}, indent=2) + "\n")
+            "results": [r.summary() for r in results], "overhead": overhead, "chats": chats}, indent=2) + "\n")
     return 0 if ok else 1
 
 

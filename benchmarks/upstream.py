@@ -3,7 +3,9 @@
 It answers every `POST /v1/chat/completions` with the same short completion, streamed (8 chunks,
 each its own write, plus a usage chunk when `stream_options.include_usage` asks) or not. Frames are
 built once per request from pre-encoded pieces, so the upstream costs as little as possible and
-the benchmark measures the proxy, not the fake.
+the benchmark measures the proxy, not the fake. One exception, for the many-chats case
+(benchmarks.chats): a conversation that is only the greeting `hi` gets a greeting of its own each
+time, as a real model's differ, so that each such chat is a branch of its own.
 
     python -m benchmarks.upstream --port 0      # prints "upstream on http://127.0.0.1:PORT"
 """
@@ -18,6 +20,7 @@ import time
 from aiohttp import web
 
 TEXT = "Hello! This is the benchmark upstream's short, fixed completion."
+GREETING = "hi"  # a conversation of only this: a varied answer (see the module doc)
 PIECES = 8
 USAGE = {"prompt_tokens": 12, "completion_tokens": 14, "total_tokens": 26}
 
@@ -48,17 +51,19 @@ async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     model = body.get("model", "bench")
     cid, created = _head()
+    said = [m.get("content") for m in body.get("messages", ()) if m.get("role") in ("user", "assistant")]
+    text = f"Hello! How can I help? ({_counter})" if said == [GREETING] else TEXT
     if not body.get("stream"):
         return web.json_response({
             "id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT},
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": None, "finish_reason": "stop"}],
             "usage": USAGE})
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     await resp.write(_chunk(cid, created, model, {"role": "assistant", "content": ""}, None, include_usage))
-    for piece in _pieces(TEXT, PIECES):
+    for piece in _pieces(text, PIECES):
         await resp.write(_chunk(cid, created, model, {"content": piece}, None, include_usage))
     await resp.write(_chunk(cid, created, model, {}, "stop", include_usage))
     if include_usage:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING, Any
 
@@ -271,6 +271,15 @@ class Engine:
         """Changes whenever the session's stored history does (a message added, a reset, a
         delete). Read it before reading the history: what was read is current while it holds."""
         return self.cache.history_stamp(session_id)
+
+    def watch_history(self, fn: Callable[[str], None]) -> Callable[[], None]:
+        """Call `fn(session_id)` whenever a session's stored history changes (as its stamp does),
+        synchronously: it must be cheap and never raise. Returns the function that stops it. (A
+        cache of something derived from histories learns which entries went stale without
+        comparing the stamps of all of them.)"""
+        watchers = self.cache.history_watchers
+        watchers.append(fn)
+        return lambda: watchers.remove(fn) if fn in watchers else None
 
     async def history(self, ref: str, *, limit: int | None = None,
                       before_id: int | None = None) -> list[Message]:

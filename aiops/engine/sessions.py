@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -118,6 +118,8 @@ class SessionCache:
         self._history_stamps: dict[str, int] = {}
         self._history_counter = 0
         self._history_floor = 0  # the stamp of every session not in _history_stamps
+        # Told the id of each session whose history changed (see Engine.watch_history).
+        self.history_watchers: list[Callable[[str], None]] = []
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -219,6 +221,8 @@ class SessionCache:
     def history_changed(self, session_id: str) -> None:
         self._history_counter += 1
         self._history_stamps[session_id] = self._history_counter
+        for fn in self.history_watchers:
+            fn(session_id)
         if len(self._history_stamps) > _HISTORY_STAMPS_MAX:
             # Forget the stamps of sessions not in memory: they all read as one new stamp, which
             # no cached view was made under, so each is read afresh once (the safe direction).

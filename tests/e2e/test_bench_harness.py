@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--requests", "40", "--warmup", "5",
-                           "--concurrency", "1,3", "--json", str(out)],
+                           "--concurrency", "1,3", "--chats", "30", "--chats-sample", "5", "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a target missed, as expected here
     doc = json.loads(out.read_text())
@@ -34,6 +34,13 @@ def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     assert {(o["stream"], o["concurrency"]) for o in judged} == {(False, 1), (True, 1)}  # c=32 not run
     assert proc.returncode == (0 if all(o["met"] for o in judged) else 1)
     assert "| aiops  | yes    |   3 |" in proc.stdout and "cpu ms/req" in proc.stdout
+
+    # The many-chats case: every phase ran, every chat went on in its own session.
+    chats = {c["phase"]: c for c in doc["chats"]}
+    assert {"direct (upstream alone)", "open chats 1-3", "open chats 28-30", "new chat", "continue",
+            "restart: first continuation", "restart: continue"} <= set(chats)
+    assert all(c["errors"] == 0 and c["requests"] > 0 for c in chats.values()), chats
+    assert chats["new chat"]["requests"] == chats["continue"]["requests"] == 5
 
 
 @pytest.mark.parametrize("bad", [["--concurrency", "x"], ["--requests", "many"]])

@@ -2,8 +2,8 @@
 
 Both sides become views — lists of (role, normalized text) — compared as prefixes: a request
 continues the session whose view the client's history starts with. Between requests the proxy
-keeps only each session's compact view (`signatures`: per entry its role, its text's hash and
-length), confirmed on the real view before it is used.
+keeps the views filed by their prefixes (proxy.index), so that a request finds its session
+without comparing the others; the one found is confirmed on its real view before it is used.
 """
 
 from __future__ import annotations
@@ -154,45 +154,3 @@ def _same(client: Entry, ours: Entry) -> bool:
 
 def is_prefix(ours: Sequence[Entry], client: Sequence[Entry]) -> bool:
     return len(ours) <= len(client) and all(_same(c, o) for c, o in zip(client, ours, strict=False))
-
-
-# A session's view as kept between requests: per entry its role, its text's hash and length.
-# Enough for `_same` (an exact match, or the client's text ending with ours), a few dozen bytes
-# an entry whatever the texts' length; a match is confirmed on the real view before it is used.
-# An answer the client may hold in part keeps its text too (the client's may be any start of it).
-Signature = tuple[str, int, int, str | None]
-
-
-def signatures(view: Sequence[Entry]) -> list[Signature]:
-    return [(role, hash(text), len(text), text if role == HELD_IN_PART else None) for role, text in view]
-
-
-def _same_sig(client: Entry, ours: Signature, in_part: bool = True) -> bool:
-    role, h, n, whole = ours
-    if whole is not None:
-        return client[0] == "assistant" and (whole.startswith(client[1]) if in_part else whole == client[1])
-    if client[0] != role:
-        return False
-    text = client[1]
-    if len(text) == n and hash(text) == h:
-        return True
-    return (role == "user" and text[:1] in ("@", "!") and len(text) >= n
-            and hash(text[len(text) - n:]) == h)
-
-
-def is_prefix_sig(ours: Sequence[Signature], client: Sequence[Entry], *, in_part: bool = True) -> bool:
-    """`ours` begins the client's conversation; with `in_part`, a stopped answer of ours may be
-    held by the client in part (see HELD_IN_PART)."""
-    return len(ours) <= len(client) and all(_same_sig(c, o, in_part) for c, o in zip(client, ours, strict=False))
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """What `ProxySessions` needs of a session, as of the engine's history stamp it was read under."""
-    stamp: int
-    kind: str
-    owner: str | None
-    view: list[Signature]
-    # The view without stopped answers, when there are any: a client may never have got them.
-    unstopped: list[Signature] | None = None
-    imported: int = 0  # messages taken in from clients' histories (see ProxySessions.max_imported)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections import OrderedDict
 from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 from aiops.engine import events as ev
 from aiops.engine.bus import Subscription
 from aiops.engine.client_tools import open_client_calls
+from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.turn import Turn
 from aiops.engine.types import Message, ToolSpec, new_id
@@ -32,22 +34,20 @@ from aiops.integrations.server.context import check_model
 from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import Caller, claim, forbidden, owner_meta, owner_of
 from aiops.integrations.server.proxy.identity import ConversationId, first_root, root_of
+from aiops.integrations.server.proxy.index import Indexed, RootIndex
 from aiops.integrations.server.proxy.matching import (
     Entry,
-    Seen,
     client_entries,
     client_view,
     is_prefix,
-    is_prefix_sig,
     maybe_unseen,
     session_view,
-    signatures,
     since_reset,
 )
 from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall, check_conversation, folded
 from aiops.integrations.server.proxy.models import PublishedModel, turn_model
-from aiops.integrations.server.proxy.openwebui import with_system_context
-from aiops.integrations.server.proxy.status import without_status_lines
+from aiops.integrations.server.proxy.openwebui import as_typed, with_system_context
+from aiops.integrations.server.proxy.status import normalize, without_status_lines
 from aiops.integrations.server.proxy.tool_results import exchange, pair
 
 
@@ -58,9 +58,6 @@ class StartedTurn:
     sub: Subscription | None
     forked: bool = False
     imported: int = 0
-
-
-_SEEN_MAX = 4096  # compact views kept (a few KB each, plus the text of any stopped answer)
 
 
 async def _finish(job: Coroutine[Any, Any, None]) -> None:
@@ -94,17 +91,34 @@ def _check_turn_model(engine: Engine, text: str) -> None:
     check_model(engine, parsed.model, "messages")
 
 
+_BATCH = 500  # sessions read from the store in one go when a root is read after a start
+# Sessions remembered as waiting for their client's tool results (the oldest forgotten first).
+_AWAITING_MAX = 4096
+
+
+@dataclass
+class MatchStats:
+    """The matching work done so far (tests and benchmarks read it): a request's share must not
+    grow with the number of conversations of its root."""
+    histories_read: int = 0  # session histories read to index or confirm a session
+    steps: int = 0  # client entries walked through an index
+
+
 class ProxySessions:
-    """Maps conversations to sessions; one lock per conversation root serialises resolution."""
+    """Maps conversations to sessions; one lock per conversation root serialises resolution.
+
+    The sessions of each root are filed in a `RootIndex` by their conversations, so that a request
+    finds its session in work proportional to its own history, not to the number of chats sharing
+    its root. The index is memory only, built from the store one root at a time: the first request
+    of a root after a start reads each of its sessions once; after that, a session is read again
+    only when its history changed (the engine says which, see `Engine.watch_history`)."""
 
     def __init__(self, engine: Engine, *, max_imported: int = 1000) -> None:
         self.engine = engine
         self.max_imported = max_imported  # earlier messages a session takes in from clients, in all
-        self._forks: dict[str, list[str]] = {}  # root -> known session ids of that root
-        # Compact views of recently compared sessions, least recently used first: without them
-        # every request read the history of every chat sharing its name (a `user` field names
-        # all of one person's chats), and grew slower with each chat.
-        self._seen: OrderedDict[str, Seen] = OrderedDict()
+        self.stats = MatchStats()
+        self._roots: dict[str, RootIndex] = {}
+        self._roots_of: dict[str, set[str]] = {}  # session id -> the roots filing it
         self._loaded = False
         self._load_lock = asyncio.Lock()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
@@ -115,10 +129,12 @@ class ProxySessions:
         # A deleted session leaves the index at once: a long-running server would otherwise keep
         # every conversation it ever saw.
         self._unlisten = engine.bus.add_listener(self._on_event)
+        self._unwatch = engine.watch_history(self._history_changed)
 
     def close(self) -> None:
         """Stop following the engine's events (the app's cleanup)."""
         self._unlisten()
+        self._unwatch()
 
     def _on_event(self, event: ev.Event) -> None:
         match event:
@@ -127,20 +143,40 @@ class ProxySessions:
             case ev.Done(client_calls=calls, session_id=str(sid)) if calls:
                 self._awaiting[sid] = frozenset(c.id for c in calls)
                 self._awaiting.move_to_end(sid)
-                while len(self._awaiting) > _SEEN_MAX:
+                while len(self._awaiting) > _AWAITING_MAX:
                     self._awaiting.popitem(last=False)
             case ev.TurnStarted(session_id=str(sid)) | ev.UserPosted(session_id=str(sid)):
                 self._awaiting.pop(sid, None)
 
-    def _forget(self, sid: str) -> None:
-        self._seen.pop(sid, None)
-        self._awaiting.pop(sid, None)
-        for root in {sid, root_of(sid), first_root(sid)}:
-            known = self._forks.get(root)
-            if known is not None and sid in known:
-                known.remove(sid)
-                if not known:
-                    del self._forks[root]
+    def _history_changed(self, sid: str) -> None:
+        for root in self._roots_of.get(sid, ()):
+            self._roots[root].dirty.add(sid)
+
+    def _file(self, root: str, sid: str, *, first: bool = False) -> RootIndex:
+        index = self._roots.get(root)
+        if index is None:
+            index = self._roots[root] = RootIndex(root)
+        index.add(sid, first=first)
+        self._roots_of.setdefault(sid, set()).add(root)
+        return index
+
+    def _forget(self, sid: str, root: str | None = None) -> None:
+        """`sid` out of the index (of `root` only, when given)."""
+        roots = self._roots_of.get(sid, set())
+        for r in [root] if root is not None else list(roots):
+            index = self._roots.get(r)
+            if index is not None:
+                index.remove(sid)
+                if not index.members:
+                    del self._roots[r]
+            roots.discard(r)
+        if not roots:
+            self._roots_of.pop(sid, None)
+            self._awaiting.pop(sid, None)
+
+    def roots_indexed(self) -> dict[str, list[str]]:
+        """Each root the index holds, with its sessions (oldest first)."""
+        return {root: index.ordered() for root, index in self._roots.items()}
 
     async def _load_index(self) -> None:
         if self._loaded:
@@ -148,8 +184,9 @@ class ProxySessions:
         async with self._load_lock:
             if self._loaded:
                 return
+            # Names only: each session is read when its root is first asked for.
             for sid in await self.engine.store.session_ids("proxy"):
-                self._forks.setdefault(root_of(sid), []).append(sid)
+                self._file(root_of(sid), sid)
             self._loaded = True
 
     async def _lock(self, root: str) -> asyncio.Lock:
@@ -187,32 +224,33 @@ class ProxySessions:
                     return await self._start_locked(conv, messages, model, who, events, client_tools)
             finally:
                 self._unlock(conv.root)
-                if self._forks.get(conv.root) == []:
-                    del self._forks[conv.root]  # refused, or every session of it gone
+                index = self._roots.get(conv.root)
+                if index is not None and not index.members:
+                    del self._roots[conv.root]  # refused, or every session of it gone
 
     async def _start_locked(self, conv: ConversationId, messages: Sequence[ClientMessage],
                             model: PublishedModel, who: Caller, events: Iterable[str] | None,
                             client_tools: Sequence[ToolSpec]) -> StartedTurn:
         engine = self.engine
         entries = client_entries(since_reset(engine, messages[:-1]))
-        client = [entry for entry, _ in entries]
-        if conv.root not in self._forks.get(conv.root, ()):
+        index = self._roots.get(conv.root)
+        if index is None or conv.root not in index.members:
             # A conversation new to the proxy takes in all of it (and _choose creates its session).
             self._check_import(conv.root, len(entries), 0)
-        session_id, skip, forked = await self._choose(conv, client, model, who)
+        session_id, skip, forked = await self._choose(conv, entries, model, who)
         missing = [m for _, m in entries[skip:]]
         if missing:
-            seen = self._seen.get(session_id)  # a session read while choosing (a new one: none)
-            self._check_import(session_id, len(missing), seen.imported if seen is not None else 0)
+            index = self._roots.get(conv.root)
+            rec = index.members.get(session_id) if index is not None else None  # (a new one: none)
+            self._check_import(session_id, len(missing), rec.imported if rec is not None else 0)
         # Created here (owned by the caller) when it is new; refused if it is not the caller's.
         await claim(engine, session_id, who, kind="proxy", model=turn_model(model))
         imported = 0
         if missing:
             imported = await self._import(session_id, missing)
-        # The session exists from here on (claimed, perhaps imported into): indexed whatever follows.
-        known = self._forks.setdefault(conv.root, [])
-        if session_id not in known:
-            known.append(session_id)
+        # The session exists from here on (claimed, perhaps imported into): indexed whatever
+        # follows (read when the root is next looked up: its turn is about to change it anyway).
+        self._file(conv.root, session_id)
         # Subscribed before submitting, so not even a command's instant `done` is missed.
         sub = engine.bus.subscribe(session_id, names=events)
         # The owner again: should a delete slip in before the submit runs, the session it starts
@@ -273,7 +311,8 @@ class ProxySessions:
         """The session of the conversation whose last turn waits for these results, with each
         result's call id: one whose conversation is the client's, newest first, preferring one
         whose calls the results name by id (a regenerated answer forks a second such session)."""
-        known = list(self._forks.get(conv.root, ()))
+        index = self._roots.get(conv.root)
+        known = index.ordered() if index is not None else []
         if conv.explicit and conv.root not in known:
             known.append(conv.root)
         # The sessions known to wait first (the results' ids first among them); every session of
@@ -320,13 +359,13 @@ class ProxySessions:
                             f"(proxy_max_imported in [server] of aiops.toml); start a new chat",
                             param="messages")
 
-    async def _choose(self, conv: ConversationId, client: list[Entry],
+    async def _choose(self, conv: ConversationId, entries: list[tuple[Entry, ClientMessage]],
                       model: PublishedModel, who: Caller) -> tuple[str, int, bool]:
         """(session id, how many of the client's messages it already holds (the rest are imported
         first), whether this forked)."""
         engine = self.engine
-        known = self._forks.setdefault(conv.root, [])
-        if conv.root not in known:
+        index = self._roots.get(conv.root)
+        if index is None or conv.root not in index.members:
             # Not a proxy session we know of: create it, owned by the caller (one store round
             # trip), or learn whose it is.
             try:
@@ -336,7 +375,7 @@ class ProxySessions:
                     raise  # a session named outright: say it is another's rather than fork
                 live = None  # a name shared by chance (a fingerprint): the caller forks from it
             if live is not None and live.row.kind == "proxy":
-                known.insert(0, conv.root)
+                index = self._file(conv.root, conv.root, first=True)
             elif live is not None and conv.explicit:
                 kind = live.row.kind
                 raise HttpError(409, "session_conflict",
@@ -346,93 +385,114 @@ class ProxySessions:
             live = await engine.session(conv.root)
             if live is not None and not who.may_use(owner_of(live)):
                 raise forbidden(conv.root)
-        for trusted in (True, False):
-            chosen = await self._match(known, conv, client, who, trusted)
+        if index is None:
+            index = self._roots[conv.root] = RootIndex(conv.root)
+        client = [entry for entry, _ in entries]
+        variants = [self._variants(entry, m) for entry, m in entries]
+        for _ in range(2):
+            await self._refresh(index)
+            chosen = self._match(index, conv, client, variants, who)
             if chosen is None:
                 break
             sid, held = chosen
             if (held == 0 and conv.explicit and sid == conv.root) or await self._confirmed(sid, held, client):
                 return sid, held, False
-            # A stale or colliding compact view (never seen in practice): compare the real ones.
-            self._seen.clear()
-        new_id_ = await self._free_id(conv.root, known)
+            # A stale or colliding entry (never seen in practice): read it again, look up again.
+            index.dirty.add(sid)
+        new_id_ = await self._free_id(conv.root, index)
         return new_id_, 0, new_id_ != conv.root
 
-    async def _match(self, known: list[str], conv: ConversationId, client: list[Entry], who: Caller,
-                     trusted: bool) -> tuple[str, int] | None:
+    def _variants(self, entry: Entry, m: ClientMessage) -> tuple[str, ...]:
+        """What else a user text starting with `@model` or `!commands` may have been recorded as:
+        the text the engine keeps of it (under the proxy's command rules, or anyone's), as the
+        session's view shows it. Only texts that end the client's, as matching._same allows."""
+        role, text = entry
+        if role != "user" or text[:1] not in ("@", "!"):
+            return ()
+        out: list[str] = []
+        for parsed in (self.engine.commands.parse(m.text, "proxy"), parse_input(m.text, self.engine.commands.raw_names())):
+            alt = as_typed(normalize(parsed.text))
+            if alt != text and text.endswith(alt) and alt not in out:
+                out.append(alt)
+        return tuple(out)
+
+    def _match(self, index: RootIndex, conv: ConversationId, client: list[Entry],
+               variants: list[tuple[str, ...]], who: Caller) -> tuple[str, int] | None:
         """The session to continue and how many of the client's messages it holds, or None: the
         one holding all of them, else the one holding the longest prefix of them. One that holds
         them only by taking the client's copy of a stopped answer for part of its own comes after
         one that holds them outright, and the newest such branch first: a regenerated answer
         stopped early often begins as the first one did."""
-        best: tuple[str, int] | None = None  # a session whose conversation is a prefix of the client's
-        in_part: tuple[str, int] | None = None  # holds them all, an answer of it in part
-        root_used = False
-        for sid in list(known):
-            seen = await self._seen_of(sid, trusted)
-            if seen is None or seen.kind != "proxy":
-                if sid in known:  # deleted meanwhile (the listener may have been first)
-                    known.remove(sid)
-                continue
-            if not who.may_use(seen.owner):
-                continue  # another caller's branch of a shared name: never continued, never shown
-            ours = seen.view
-            if sid == conv.root:
-                root_used = bool(ours)
-            if not client and ours and not conv.explicit:
-                continue  # a first message never continues an existing conversation
-            for view in (ours, seen.unstopped):  # (unstopped: without a stopped answer the client never got)
-                if view is not None and len(view) == len(client):
-                    if is_prefix_sig(view, client, in_part=False):
-                        return sid, len(client)
-                    if is_prefix_sig(view, client):
-                        in_part = (sid, len(client))  # the newest one wins: `known` is oldest first
-            if (best is None or len(ours) > best[1]) and is_prefix_sig(ours, client):
-                best = (sid, len(ours))
-        if in_part is not None:
-            return in_part
-        if not client and conv.explicit and root_used:
-            # X-Aiops-Session with only the new message: aiops holds the history.
-            return conv.root, 0
-        return best
 
-    async def _seen_of(self, sid: str, trusted: bool) -> Seen | None:
+        def usable(sid: str, rec: Indexed) -> bool:
+            if not who.may_use(rec.owner):
+                return False  # another caller's branch of a shared name: never continued, never shown
+            # A first message never continues an existing conversation.
+            return bool(client) or conv.explicit or not rec.view
+
+        self.stats.steps += len(client)
+        found = index.find(client, variants, usable)
+        if found.exact is not None:
+            return found.exact, len(client)
+        if found.in_part is not None:
+            return found.in_part, len(client)
+        if not client and conv.explicit:
+            root = index.members.get(conv.root)
+            if root is not None and root.view and who.may_use(root.owner):
+                # X-Aiops-Session with only the new message: aiops holds the history.
+                return conv.root, 0
+        return found.best
+
+    async def _refresh(self, index: RootIndex) -> None:
+        """Read the sessions of `index` whose history changed since they were filed (or that were
+        never read): each change is read once, by the next request of its root. Many at once (every
+        one of the root, after a start) are read from the store in batches; one, through the engine
+        (whose copy of a busy session's history is in memory)."""
         engine = self.engine
-        stamp = engine.history_stamp(sid)  # before reading: a write meanwhile makes it stale
-        seen = self._seen.get(sid)
-        if trusted and seen is not None and seen.stamp == stamp:
-            self._seen.move_to_end(sid)
-            return seen
-        live = await engine.session(sid)
-        if live is None:
-            self._seen.pop(sid, None)
-            return None
-        history = await live.history(engine)
+        while index.dirty:
+            if len(index.dirty) > 1:
+                cold = list(itertools.islice(index.dirty, _BATCH))
+                index.dirty.difference_update(cold)
+                found = await engine.store.histories(cold)
+                self.stats.histories_read += len(found)
+                for row, history in found:
+                    if row.kind == "proxy":
+                        self._put(index, row.id, row.owner, history)
+                for sid in set(cold) - {row.id for row, _ in found if row.kind == "proxy"}:
+                    self._forget(sid, index.root)
+                continue
+            # (Out of `dirty` before reading: a write meanwhile, which the watcher reports, puts it
+            # back, to be read again by the next request.)
+            sid = index.dirty.pop()
+            live = await engine.session(sid)
+            if live is None or live.row.kind != "proxy":
+                self._forget(sid, index.root)
+                continue
+            history = await live.history(engine)
+            self.stats.histories_read += 1
+            self._put(index, sid, owner_of(live), history)
+
+    @staticmethod
+    def _put(index: RootIndex, sid: str, owner: str | None, history: list[Message]) -> None:
         stopped = any(maybe_unseen(m) for m in history)
-        seen = Seen(stamp, live.row.kind, owner_of(live), signatures(session_view(history)),
-                    signatures(session_view(history, without_stopped=True)) if stopped else None,
-                    sum(1 for m in history if m.meta.get("imported")))
-        self._seen[sid] = seen
-        self._seen.move_to_end(sid)
-        while len(self._seen) > _SEEN_MAX:
-            self._seen.popitem(last=False)
-        return seen
+        index.put(sid, owner, sum(1 for m in history if m.meta.get("imported")),
+                  session_view(history), session_view(history, without_stopped=True) if stopped else None)
 
     async def _confirmed(self, sid: str, held: int, client: list[Entry]) -> bool:
-        """The chosen session's real conversation is what its compact view said."""
+        """The chosen session's real conversation is what its index entry said."""
         live = await self.engine.session(sid)
         if live is None:
             return False
         history = await live.history(self.engine)
+        self.stats.histories_read += 1
         return any(len(ours) == held and is_prefix(ours, client)
                    for ours in (session_view(history), session_view(history, without_stopped=True)))
 
-    async def _free_id(self, root: str, known: Sequence[str]) -> str:
+    async def _free_id(self, root: str, index: RootIndex) -> str:
         if await self.engine.session(root) is None:
             return root
         # After the highest fork known: counting up from 2 asked the store once per earlier fork.
-        forks = (sid.rpartition("+")[2] for sid in known if sid != root)
-        n = max((int(f) for f in forks if f.isascii() and f.isdigit()), default=1) + 1
+        n = index.top_fork + 1
         if len(f"{root}+{n}") > 128:
             # A fork of a fork sent back as X-Aiops-Session: named after the first root instead,
             # so that its id can be sent again too.
