@@ -137,7 +137,7 @@ async def test_the_model_creates_a_section_through_the_gate(engine_factory, fake
     assert tool_results_sent(fake_openai)[-1].startswith("create: section 'oncall'")
     # it is in the tree, under its parent, and in the next prompt the model server receives
     tree = await op(engine, "!prompt")
-    assert "    12. oncall: Who is on call" in tree.splitlines()  # the last child of tools
+    assert "    13. oncall: Who is on call" in tree.splitlines()  # the last child of tools
     await engine.run("api-c", "who do I page?", kind="api", timeout=10)
     assert "### oncall: Who is on call\nPage Alice first." in system_sent(fake_openai)
     edits = [a for a in await engine.store.audit("api-c") if a.event == "prompt_edit"]
