@@ -198,10 +198,10 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
                 raise CliError(f"no session {session!r}")
             session = live.id
         else:
-            session = f"console-{uuid.uuid4().hex[:8]}"
+            session = f"cli-{uuid.uuid4().hex[:8]}"
         sub = engine.subscribe(session)
         try:
-            turn = await engine.submit(session, args.text, kind="console", model=args.model,
+            turn = await engine.submit(session, args.text, kind="cli", model=args.model,
                                        is_operator=True)
         except EngineError as err:
             raise CliError(str(err)) from None

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from aiops.config import Config
     from aiops.engine.turn import Turn
 
-SESSION_KINDS = ("console", "api", "proxy", "slack", "swarm", "mcp")
+# `cli`: `aiops chat` (one turn from a shell), apart from the console so that the console opens on
+# its own sessions, not on the last one a script ran.
+SESSION_KINDS = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
 # History stamps kept before those of sessions not in memory are forgotten (see history_changed).
 _HISTORY_STAMPS_MAX = 10_000
 

@@ -94,7 +94,7 @@ class GateDecisionRequest(_Body):
 
 # Store ids and offsets are SQLite integers: a larger number is a 400, not an overflow (a 500).
 class SessionsQuery(_Query):
-    kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
+    kind: Literal["console", "cli", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
     offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
