@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
 from aiops.engine.errors import EngineError
-from aiops.engine.store import SessionRow, Store
+from aiops.engine.store import SessionRow, Store, title_after
 from aiops.engine.types import Message, is_short_id
 
 if TYPE_CHECKING:
@@ -96,8 +96,7 @@ class LiveSession:
         """A message just committed: into the loaded history, and the row's title and time."""
         if self._history is not None:
             self._history.append(msg)
-        if msg.role == "user" and not self.row.title and not msg.meta.get("command"):
-            self.row.title = " ".join(msg.content.split()[:8])[:60]
+        self.row.title = title_after(self.row.title, msg)
         self.row.updated_at = msg.created_at
 
     def to_dict(self, engine: _Stated) -> dict[str, Any]:
