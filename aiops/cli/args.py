@@ -95,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     at = sub.add_parser("attach", help="watch a running aiops's session stream (read-only)")
     at.add_argument("session", help="session id")
     at.add_argument("--url", default=None, help="server URL (default: from aiops.toml)")
+    at.add_argument("--wait", action="store_true",
+                    help="a session that does not exist yet: wait for its first message (default: exit 2)")
     return p
 
 

@@ -756,7 +756,7 @@ async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp
     before = api_server.engine.bus.subscriber_count
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aiops.cli", "--config-dir", str(api_server.cfg.paths.config_dir),
-        "--data-dir", str(tmp_path / "attach-data"), "attach", "api-watched", "--url", api_server.url,
+        "--data-dir", str(tmp_path / "attach-data"), "attach", "api-watched", "--wait", "--url", api_server.url,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
     try:
         async with asyncio.timeout(30):
@@ -788,6 +788,9 @@ async def test_aiops_attach_failures_are_one_line_not_a_traceback(api_server_fac
     closed.bind(("127.0.0.1", 0))  # bound, never listening: a refused connection
     cases = [(srv.url, {}, "401 unauthorized"),
              (srv.url, {"AIOPS_TOKEN": "wrong"}, "401 unauthorized"),
+             # A session that does not exist (a mistyped id): said at once, not waited on forever.
+             (srv.url, {"AIOPS_TOKEN": srv.tokens.secrets["ops"]},  # type: ignore[union-attr]
+              f"no session 'api-x' on {srv.url} (`aiops attach --wait api-x` waits for its first message)"),
              (f"http://127.0.0.1:{closed.getsockname()[1]}", {}, "cannot reach the aiops server at")]
     # No --url: the configured [server] address, an IPv6 wildcard bind here (reached on ::1).
     v6 = tmp_path / "v6-config"
