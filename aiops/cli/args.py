@@ -8,7 +8,6 @@ from typing import Any
 
 from aiops import __version__
 
-
 CHAT_HELP = """\
 Run one turn and stream it to stdout (a new session of kind cli, or --session's).
 

@@ -342,8 +342,8 @@ async def submit(request: web.Request) -> web.Response:
     session_id = turn.session_id if await engine.session(turn.session_id) is not None else None
     reply = {"client_id": session_id, **result.to_dict(), "turn_id": turn.id}
     out = SubmitResult.model_validate(_hidden_reply(who, engine, reply))
-    body = {"client_id": session_id, **out.model_dump(mode="json", exclude_none=True)}  # null stays
-    return web.json_response(body, dumps=_dumps)
+    shown = {"client_id": session_id, **out.model_dump(mode="json", exclude_none=True)}  # null stays
+    return web.json_response(shown, dumps=_dumps)
 
 
 async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Caller) -> Turn:

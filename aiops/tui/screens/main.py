@@ -12,8 +12,8 @@ from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
-from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
