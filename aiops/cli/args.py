@@ -8,6 +8,22 @@ from typing import Any
 
 from aiops import __version__
 
+CHAT_HELP = """\
+Run one turn and stream it to stdout (a new session of kind cli, or --session's).
+
+Exit status:
+  0  the turn ended, or every !command did what it was asked; a command whose
+     end state holds already succeeds too (!reset with no history, !stop with
+     no turn running)
+  1  the turn ended in an error, or a !command could not do what it was
+     asked: unknown, not permitted, bad arguments, or naming what does not
+     exist (a page past the last, a session id, a model)
+  2  a usage or configuration error, or a message aiops refused to take
+
+A message of only !commands to a new session creates no session.
+--json prints one JSON object per event: see docs/API.md, "aiops chat --json".
+"""
+
 
 def _parser() -> argparse.ArgumentParser:
     # The common options are accepted before or after any sub-command (`aiops --config-dir X config
@@ -44,8 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     _server_args(s)
 
     ch = sub.add_parser("chat", help="run one turn and stream it to stdout",
-                        description="Run one turn and stream it to stdout. Exit status: 0 done, 1 the "
-                                    "turn or a !command reported an error, 2 a usage or config error.")
+                        formatter_class=argparse.RawDescriptionHelpFormatter, description=CHAT_HELP)
     ch.add_argument("text", help="the message (text starting with ! or @ is a command); - reads it from stdin")
     ch.add_argument("--session", help="session id (full or shorthand); default: a new one")
     ch.add_argument("--model", help="model key for this turn")
@@ -90,10 +105,15 @@ def _parser() -> argparse.ArgumentParser:
     at.add_argument("--url", default=None, help="server URL (for `aiops attach SESSION`)")
     at.add_argument("--token-env", default=None, metavar="NAME",
                     help="environment variable holding the token to present (default: AIOPS_TOKEN)")
+    at.add_argument("--wait", action="store_true",
+                    help="`aiops attach SESSION` of a session that does not exist yet: wait for its first "
+                         "message (default: exit 2)")
 
     w = sub.add_parser("watch", help="print one session's events of a running aiops as JSON lines (read-only)")
     w.add_argument("session", help="session id")
     w.add_argument("--url", default=None, help="server URL (default: the running aiops, else aiops.toml)")
+    w.add_argument("--wait", action="store_true",
+                   help="a session that does not exist yet: wait for its first message (default: exit 2)")
     return p
 
 

@@ -203,10 +203,10 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
                 raise CliError(f"no session {session!r}")
             session = live.id
         else:
-            session = f"console-{uuid.uuid4().hex[:8]}"
+            session = f"cli-{uuid.uuid4().hex[:8]}"
         sub = engine.subscribe(session)
         try:
-            turn = await engine.submit(session, args.text, kind="console", model=args.model,
+            turn = await engine.submit(session, args.text, kind="cli", model=args.model,
                                        is_operator=True)
         except EngineError as err:
             raise CliError(str(err)) from None
@@ -214,6 +214,9 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         live = await engine.session(session)
         if not args.json and live is not None:
             print(f"[session {live.row.short_id} · {live.model_key(engine)}]", file=sys.stderr)
+        # --json names no session that does not exist: an id made up for a message that created
+        # none would be looked for in vain (`aiops audit --session`, the API: 404).
+        shown_id = session if live is not None else None
         async for e in sub:
             if e.turn_id != turn.id and not isinstance(e, ev.ErrorEvent):
                 continue
@@ -226,7 +229,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
                         task.cancel()
                         say.write(f"\n[gate {gate.id}: {gate.decision} by {gate.by}]\n")
             if args.json:
-                out.write(json.dumps({"event": e.name, **e.payload()}, default=str) + "\n")
+                out.write(json.dumps({"event": e.name, **e.payload(), "session_id": shown_id}, default=str) + "\n")
                 if isinstance(e, ev.GateOpened):
                     out.write(json.dumps(_waiting_line(e), default=str) + "\n")
             else:

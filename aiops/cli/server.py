@@ -52,8 +52,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
                 except AgentError as missing:
                     if missing.status != 404:
                         raise
-                    # Following an id before its first message is by design (start watching, then
-                    # submit), but a mistyped id must not look like a hang: say what it waits for.
+                    if not args.wait:
+                        # A mistyped id waited forever without a word (issue 21): an error, unless
+                        # the caller means to start watching before the session's first message.
+                        raise CliError(f"no session {args.session!r} on {url} (`aiops watch --wait "
+                                       f"{args.session}` waits for its first message)") from None
                     print(f"aiops: no session {args.session!r} on {url} yet; waiting for its first "
                           f"message (ctrl+c to stop)", file=sys.stderr, flush=True)
                 async for item in client.stream(args.session):

@@ -15,6 +15,12 @@ if TYPE_CHECKING:
 # (command-only messages do not create a session).
 NO_SESSION = "this session does not exist yet (it starts with its first message)"
 
+# When a command fails (CommandError: `aiops chat` exits 1, the notice says ok: false): when what
+# was asked cannot be done — an unknown command or argument, one not permitted, or one that names
+# something that does not exist (a page past the last, a session id, a model). A command whose
+# end state already holds succeeds: `!reset` of a session with no history yet, `!stop` with no
+# turn running.
+
 
 def ago(ts: float) -> str:
     s = max(0, int(time.time() - ts))
@@ -87,11 +93,12 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
         else:
             first = (page - 1) * SESSION_PAGE
             rows = await engine.list_sessions(limit=SESSION_PAGE, offset=first)
-        if not total:
+        if not total and page == 1:
             return "no sessions"
         if not rows:
-            # An error, as `!reset` with nothing to reset is: `aiops chat` exits 1 on both.
-            raise CommandError(f"no page {page}: {total} sessions make {-(-total // SESSION_PAGE)} page(s)")
+            # A page that does not exist: an error (see above), even when no page does.
+            raise CommandError(f"no page {page}: there are no sessions" if not total else
+                               f"no page {page}: {total} sessions make {-(-total // SESSION_PAGE)} page(s)")
         lines = [f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title"]
         for r in rows:
             mark = "*" if r["client_id"] == ctx.session_id else " "
@@ -118,7 +125,8 @@ async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
 
 async def _reset(ctx: CommandContext, argv: list[str], raw: str) -> str:
     if await ctx.session() is None:
-        raise CommandError(NO_SESSION + ": nothing to reset")
+        # Afresh already: what was asked holds, as `!stop` with no turn running (see above).
+        return NO_SESSION + ": nothing to reset"
     await ctx.engine.reset_session(ctx.session_id)
     return "session reset: the model starts afresh (the old history stays archived)"
 

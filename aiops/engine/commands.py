@@ -118,6 +118,12 @@ class CommandContext:
             raise CommandError(not_the_senders(self.session_id))
         return live
 
+    async def audit_session_id(self) -> str | None:
+        """The session an audit record of this command names: this message's, or None while it
+        does not exist (a message of only commands creates none, and a record must not name an
+        id that never comes to be: `aiops audit --session` could never find it)."""
+        return self.session_id if await self.engine.session(self.session_id) is not None else None
+
 
 def not_the_senders(session_id: str) -> str:
     return (f"session {session_id!r} belongs to another caller (started while this message was "

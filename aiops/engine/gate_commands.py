@@ -131,7 +131,7 @@ async def _gate(ctx: CommandContext, argv: list[str], raw: str) -> str:
         path = engine.config.paths.config_dir / "gates.toml"
         write_toml(path, engine.gatekeeper.rules.to_toml_dict())
         out += f"; saved to {path}"
-    await engine.store.add_audit("rule_changed", session_id=ctx.session_id, tool=target, operation=op,
+    await engine.store.add_audit("rule_changed", session_id=await ctx.audit_session_id(), tool=target, operation=op,
                                  decision=decision, actor=ctx.client_kind, data={"saved": save})
     return out
 
@@ -172,7 +172,7 @@ async def _limits(ctx: CommandContext, argv: list[str], raw: str) -> str:
             path = engine.config.paths.config_dir / "limits.toml"
             write_toml(path, limiter.config.to_toml_dict())
             out += f"; saved to {path}"
-        await engine.store.add_audit("limit_changed", session_id=ctx.session_id, tool=args[0],
+        await engine.store.add_audit("limit_changed", session_id=await ctx.audit_session_id(), tool=args[0],
                                      actor=ctx.client_kind, data={"calls": calls, "window": window})
         return out
     if sub == "enable":

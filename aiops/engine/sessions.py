@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiops.engine import events as ev
 from aiops.engine.errors import EngineError
-from aiops.engine.store import SessionRow, Store
+from aiops.engine.store import SessionRow, Store, title_after
 from aiops.engine.types import Message, is_short_id
 
 if TYPE_CHECKING:
     from aiops.config import Config
     from aiops.engine.turn import Turn
 
-SESSION_KINDS = ("console", "api", "proxy", "slack", "swarm", "mcp")
+# `cli`: `aiops chat` (one turn from a shell), apart from the console so that the console opens on
+# its own sessions, not on the last one a script ran.
+SESSION_KINDS = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
 # History stamps kept before those of sessions not in memory are forgotten (see history_changed).
 _HISTORY_STAMPS_MAX = 10_000
 
@@ -94,8 +96,7 @@ class LiveSession:
         """A message just committed: into the loaded history, and the row's title and time."""
         if self._history is not None:
             self._history.append(msg)
-        if msg.role == "user" and not self.row.title and not msg.meta.get("command"):
-            self.row.title = " ".join(msg.content.split()[:8])[:60]
+        self.row.title = title_after(self.row.title, msg)
         self.row.updated_at = msg.created_at
 
     def to_dict(self, engine: _Stated) -> dict[str, Any]:

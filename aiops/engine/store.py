@@ -201,6 +201,20 @@ def _row_to_message(r: sqlite3.Row) -> Message:
     )
 
 
+def title_after(title: str, msg: Message) -> str:
+    """A session's title once `msg` is committed: the first words of its first text message; until
+    it has one, those of its first command line, so that a session holding only commands (a chat
+    UI's `!help`, which the proxy keeps as the start of that chat) is listed by them rather than
+    as new. A text message replaces a title that starts with `!` (a command's, as a rule: only a
+    chat UI's `!word` that names no command is text, and it is replaced once, by the next text)."""
+    if msg.role != "user":
+        return title
+    words = " ".join(msg.content.split()[:8])[:60]
+    if msg.meta.get("command"):
+        return title or words
+    return words if not title or title.startswith("!") else title
+
+
 def _row_to_session(r: sqlite3.Row) -> SessionRow:
     keys = r.keys()
     return SessionRow(
@@ -398,9 +412,7 @@ class Store:
                      msg.tool_call_id, msg.name, msg.thinking, json.dumps(msg.meta), msg.status,
                      msg.created_at),
                 )
-                title = epoch_row["title"]
-                if not title and msg.role == "user" and not msg.meta.get("command"):
-                    title = " ".join(msg.content.split()[:8])[:60]
+                title = title_after(epoch_row["title"], msg)
                 conn.execute("UPDATE sessions SET updated_at=?, title=? WHERE id=?",
                              (msg.created_at, title, session_id))
                 return int(cur.lastrowid or 0)

@@ -19,7 +19,7 @@ Operation = Literal["read", "write"]
 
 DECISIONS: tuple[Decision, ...] = ("allow", "ask", "deny")
 OPERATIONS: tuple[Operation, ...] = ("read", "write")
-CLIENT_KINDS: tuple[str, ...] = ("console", "api", "proxy", "slack", "swarm", "mcp")
+CLIENT_KINDS: tuple[str, ...] = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
 
 _STRICTNESS: dict[str, int] = {"allow": 0, "ask": 1, "deny": 2}
 
@@ -110,6 +110,7 @@ class WaitRules(_Strict):
     """Seconds a gate waits for an operator, per client kind; 0 waits until answered or stopped."""
 
     console: float = Field(0, ge=0)
+    cli: float = Field(0, ge=0)  # `aiops chat` asks on its terminal (or, without one, denies at once)
     api: float = Field(120, ge=0)
     proxy: float = Field(120, ge=0)
     slack: float = Field(300, ge=0)

@@ -145,7 +145,7 @@ class MySQLPlugin(Plugin):
                 tables = list(c.tables)  # the operator's own SQL: audited as written
             # The audit log keeps the statement with its credentials masked.
             await ctx.engine.store.add_audit(
-                "operator_db", session_id=ctx.session_id, tool="db_query", operation=c.operation,
+                "operator_db", session_id=await ctx.audit_session_id(), tool="db_query", operation=c.operation,
                 decision="approved", actor=f"operator:{ctx.client_kind}",
                 data={"sql": mask_sql_secrets(raw), "tables": tables})
             head = f"[{c.summary()}]"

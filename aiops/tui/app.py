@@ -89,7 +89,8 @@ One view of every session and every gate. **Sessions** (left) lists every client
 **Chat** (centre) shows the selected one live, with the **input** below it; the side pane holds the
 **gates inbox**, the **prompt tree**, **rate limits** and the **log**.
 
-Move between panes with tab / shift+tab or {app.next_pane}; {app.toggle_sessions} and
+Move between panes with {app.next_pane} / {app.previous_pane} (or tab / shift+tab, but tab in an
+input holding text completes a command or stays there); {app.toggle_sessions} and
 {app.toggle_side} show or hide the sessions and side panes; {app.narrower} / {app.wider} resize
 them. On terminals narrower than 100 columns one pane is shown at a time: pick it in the tab bar at
 the top or with {app.next_pane}.

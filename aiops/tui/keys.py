@@ -100,7 +100,10 @@ KEYS: tuple[KeySpec, ...] = (
             "Cancel the running turn of this session and put its prompt back in the input", "input",
             label="Cancel"),
     KeySpec("input.complete", "tab", "complete", "Complete",
-            "Complete the !command or @model under the cursor", "input", show=False),
+            "Complete the !command or @model under the cursor (with nothing to complete, tab stays in "
+            "a non-empty input; F6 moves on)", "input", show=False),
+    KeySpec("input.clear", "ctrl+l", "clear_draft", "Clear draft",
+            "Clear the whole draft, every line of it (ctrl+z brings it back)", "input", show=False),
     # -- the chat --
     KeySpec("chat.earlier", "e", "load_earlier", "Earlier",
             "Load earlier messages of this session", "chat"),

@@ -129,6 +129,28 @@ def test_command_only_runs_leave_no_session_behind(setup):
     assert "[session " not in r.stderr
 
 
+def test_command_only_runs_give_out_no_session_id_in_json_nor_in_the_audit_log(setup):
+    """Issue 21: `!db` from `aiops chat` recorded a session id that never came to exist (`aiops
+    audit --session` could never find it), and `--json` named it on every line."""
+    cfg, data, fake = setup
+    r = chat(cfg, data, "!help", "--json")
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line]
+    assert [e["event"] for e in lines] == ["user", "notice", "done"]
+    assert all("session_id" in e and e["session_id"] is None for e in lines), lines
+    r = chat(cfg, data, "!gate read_system_prompt read ask")  # an operator command that is audited
+    assert r.returncode == 0, r.stdout + r.stderr
+    audit = subprocess.run([*AIOPS, "audit", "--json", "--config-dir", str(cfg), "--data-dir", str(data)],
+                           capture_output=True, text=True, timeout=60, env=_env())
+    (entry,) = [json.loads(line) for line in audit.stdout.splitlines()]
+    assert entry["event"] == "rule_changed" and entry["session_id"] is None
+    # A turn's lines name its session, which exists: kind cli.
+    fake.script(Reply.text("hello"))
+    lines = [json.loads(line) for line in chat(cfg, data, "hi", "--json").stdout.splitlines() if line]
+    sid = lines[0]["session_id"]
+    assert sid.startswith("cli-") and all(e["session_id"] == sid for e in lines)
+    assert " cli " in chat(cfg, data, "!session").stdout
+
+
 def test_a_session_deletes_itself_from_the_command_line(setup):
     cfg, data, fake = setup
     fake.script(Reply.text("hello"))

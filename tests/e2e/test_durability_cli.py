@@ -84,16 +84,27 @@ def test_chat_dash_sends_what_stdin_holds(setup):
     assert empty.returncode == 2 and "stdin was empty" in empty.stderr
 
 
-def test_chat_exit_status_is_1_for_every_command_that_could_not_do_what_it_was_asked(setup):
-    """A page past the last and a reset of a session that does not exist both fail alike."""
+def test_chat_exit_status_is_1_when_a_command_cannot_do_what_it_was_asked_0_when_it_holds(setup):
+    """The rule `aiops chat --help` states: 1 for what cannot be done (a page past the last, even
+    when there is no page at all; a session or a command that does not exist), 0 when what was
+    asked holds already (nothing to reset, nothing to stop)."""
     cfg, data, fake = setup
+    page = run_aiops(["chat", "!session page 2"], cfg, data)  # no session at all yet
+    assert page.returncode == 1 and "no page 2: there are no sessions" in page.stdout
+    assert run_aiops(["chat", "!session"], cfg, data).returncode == 0
     fake.script(Reply.text("hello"))
     assert run_aiops(["chat", "hi"], cfg, data).returncode == 0
     page = run_aiops(["chat", "!session page 2"], cfg, data)
-    assert page.returncode == 1 and "no page 2" in page.stdout + page.stderr
-    reset = run_aiops(["chat", "!reset"], cfg, data)
-    assert reset.returncode == 1 and "nothing to reset" in reset.stdout + reset.stderr
-    assert run_aiops(["chat", "!session"], cfg, data).returncode == 0
+    assert page.returncode == 1 and "no page 2: 1 sessions make 1 page(s)" in page.stdout
+    for failing in ("!session nosuch delete", "!nosuch", "!model nosuch"):
+        assert run_aiops(["chat", failing], cfg, data).returncode == 1, failing
+    for holding in ("!reset", "!stop"):  # on a new session: nothing to reset, nothing running
+        r = run_aiops(["chat", holding], cfg, data)
+        assert r.returncode == 0, (holding, r.stdout, r.stderr)
+    assert "nothing to reset" in run_aiops(["chat", "!reset"], cfg, data).stdout
+    reset = run_aiops(["chat", "!reset", "--session", "101"], cfg, data)  # one with history
+    assert reset.returncode == 0 and "session reset" in reset.stdout
+    assert "1  the turn ended in an error, or a !command could not do" in run_aiops(["chat", "--help"], cfg, data).stdout
 
 
 def test_chat_with_a_failing_model_exits_non_zero_with_the_reason(setup):

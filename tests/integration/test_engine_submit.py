@@ -84,7 +84,8 @@ async def test_commands_that_need_a_session_say_so(engine_factory):
     assert "this session does not exist yet" in out and "--model" in out
     out = (await engine.run("console-new", "!reset", kind="console", timeout=10)).text
     assert "this session does not exist yet" in out and "nothing to reset" in out
-    assert [n["ok"] for n in notices] == [False, False]
+    # !model cannot switch a session there is not; !reset leaves it as asked: with no history.
+    assert [n["ok"] for n in notices] == [False, True]
     assert await sessions(engine) == []
 
 

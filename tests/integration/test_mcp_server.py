@@ -102,6 +102,10 @@ async def test_client_sends_a_message_and_lists_only_its_sessions(served):
     async with connect(srv, "bot") as bot:
         tools = {t.name for t in (await bot.list_tools()).tools}
         assert {"send_message", "list_sessions", "approve_gate", "deny_gate"} <= tools
+        # Only commands: answered, and no session is made or named (issue 21).
+        helped = json.loads(text_of(await bot.call_tool("send_message", {"text": "!help"})))
+        assert "Commands:" in helped["text"] and helped["session"] is None
+        assert json.loads(text_of(await bot.call_tool("list_sessions", {}))) == []
         answer = json.loads(text_of(await bot.call_tool("send_message", {"text": "hi"})))
         assert answer["text"] == "hello from the agent" and answer["status"] == "complete"
         sid = answer["session"]

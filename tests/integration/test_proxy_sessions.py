@@ -1304,3 +1304,25 @@ async def test_a_chat_request_may_bring_only_so_many_messages_and_history(
         assert r.status_code == 400
         assert f"2 earlier messages for session {sid!r} (it holds 4 already)" in _error(dialect, r.json())
     assert [m["content"] for m in await history(srv, sid) if m["role"] == "user"] == ["q1", "q2", "q3"]
+
+
+async def test_a_chat_that_opens_with_a_command_is_listed_by_it_and_goes_on_in_that_session(
+        api_server: ApiServer) -> None:
+    """Issue 21: `!help` as a chat UI's first message made a session listed as "(new)" although it
+    held the command and its answer. The chat is a session from its first message (the chat UI
+    keeps it, and its next message continues it); until it has text, it is named by its command."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-cmd"})
+    sid, listing = await ask(client, [("user", "!help")])
+    assert "Commands:" in listing
+    assert (await sessions(api_server))[sid]["title"] == "!help"
+    api_server.fake.script(Reply.text("three tables"))
+    again, answer = await ask(client, [("user", "!help"), ("assistant", listing),
+                                       ("user", "which tables are there?")])
+    assert (again, answer) == (sid, "three tables")
+    listed = await sessions(api_server)
+    assert list(listed) == [sid] and listed[sid]["title"] == "which tables are there?"
+    # The model was asked the question, not the command (that stays between the chat and aiops).
+    sent = api_server.fake.last_request.json["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["which tables are there?"]
+    await client.close()

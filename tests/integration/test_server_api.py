@@ -200,13 +200,21 @@ async def test_commands_go_through_submit(api_server: ApiServer) -> None:
 async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_any_turn(
         api_server: ApiServer) -> None:
     async with api_server.client() as agent:
-        # No session, no wait: the answer is in the reply (no stream could have had it).
+        # No session, no wait: the answer is in the reply (no stream could have had it), and no
+        # session id: one made up for it would be a 404 from then on (issue 21).
         got = await agent.submit("!help")
         assert got["status"] == "complete" and "!stop" in got["text"]
+        assert "client_id" in got and got["client_id"] is None
+        named = await agent.submit("!help", client_id="api-later")
+        assert named["status"] == "complete" and named["client_id"] is None
         assert await agent.sessions() == []
+        with pytest.raises(AgentError) as e:
+            await agent.session("api-later")
+        assert e.value.status == 404
         # Nor does a message asking for a model that is refused.
         refused_new = await agent.submit("@nope hi", client_id="api-never")
         assert refused_new["status"] == "error" and "nope" in refused_new["error"]["message"]
+        assert refused_new["client_id"] is None
         assert await agent.sessions() == []
         # A refused @model: the reply's error object is the done event's.
         assert (await agent.send("hello", client_id="api-cmds"))["status"] == "complete"
@@ -220,6 +228,7 @@ async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_
     assert (done["status"], done["error"], done["command"]) == ("error", refused["error"], True)
     assert done["model"] == "local"  # the session's model, as any turn's done names it
     assert accepted["status"] == "complete" and switched["model"] == "local" and switched["command"] is True
+    assert accepted["client_id"] == "api-cmds"  # a session that exists is named, commands or not
 
 
 async def test_two_readers_of_one_session_each_get_every_event(api_server: ApiServer) -> None:
@@ -748,7 +757,7 @@ async def test_aiops_attach_prints_the_session_events(api_server: ApiServer, tmp
     before = api_server.engine.bus.subscriber_count
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "aiops.cli", "--config-dir", str(api_server.cfg.paths.config_dir),
-        "--data-dir", str(tmp_path / "attach-data"), "attach", "api-watched", "--url", api_server.url,
+        "--data-dir", str(tmp_path / "attach-data"), "attach", "api-watched", "--wait", "--url", api_server.url,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=tmp_path)
     try:
         async with asyncio.timeout(30):
@@ -780,6 +789,9 @@ async def test_aiops_attach_failures_are_one_line_not_a_traceback(api_server_fac
     closed.bind(("127.0.0.1", 0))  # bound, never listening: a refused connection
     cases = [(srv.url, {}, "401 unauthorized"),
              (srv.url, {"AIOPS_TOKEN": "wrong"}, "401 unauthorized"),
+             # A session that does not exist (a mistyped id): said at once, not waited on forever.
+             (srv.url, {"AIOPS_TOKEN": srv.tokens.secrets["ops"]},  # type: ignore[union-attr]
+              f"no session 'api-x' on {srv.url} (`aiops watch --wait api-x` waits for its first message)"),
              (f"http://127.0.0.1:{closed.getsockname()[1]}", {}, "cannot reach the aiops server at")]
     # No --url: the configured [server] address, an IPv6 wildcard bind here (reached on ::1).
     v6 = tmp_path / "v6-config"

@@ -86,6 +86,49 @@ async def test_bang_commands_complete_and_run(make_app, fake_openai):
         assert fake_openai.requests == []  # commands never reach the model
 
 
+async def test_tab_on_text_it_cannot_complete_keeps_the_cursor_in_the_input_and_says_why(make_app, fake_openai):
+    """Issue 21: tab on a half-typed message moved the focus out of the input without a word."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "check the disk")
+        await pilot.press("tab")
+        assert app.focused is app.chat_input
+        assert app.chat_input.text == "check the disk"
+        assert "nothing to complete · f6 next pane" in screen_text(app)
+        await type_text(pilot, " on db-2")  # the hint goes once the text changes; typing goes on here
+        assert app.chat_input.text == "check the disk on db-2"
+        assert "nothing to complete" not in screen_text(app)
+        # From an empty input tab still moves to the next pane, as everywhere else.
+        await pilot.press("ctrl+l")
+        await pilot.press("tab")
+        assert app.focused is not app.chat_input
+
+
+async def test_ctrl_l_clears_a_multi_line_draft_and_undo_brings_it_back(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await type_text(pilot, "first line")
+        await pilot.press("ctrl+j")
+        await type_text(pilot, "second line")
+        await pilot.press("ctrl+j")
+        await type_text(pilot, "third")
+        await pilot.press("ctrl+l")
+        assert app.chat_input.text == ""
+        assert app.focused is app.chat_input
+        await pilot.press("ctrl+z")
+        assert app.chat_input.text == "first line\nsecond line\nthird"
+        await pilot.press("ctrl+l")
+        await send(pilot, "something else")
+        await wait_text(pilot, "echo: something else")
+        assert fake_openai.last_request.json["messages"][-1]["content"] == "something else"
+        # F1 on the input names the key.
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: "clears the whole draft" in screen_text(app), "the input's help")
+        assert "ctrl+l clears the whole draft" in screen_text(app)
+
+
 async def test_at_model_completes_and_sends_one_turn_to_that_model(make_app, fake_openai):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

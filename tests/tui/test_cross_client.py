@@ -82,3 +82,30 @@ async def test_the_shown_session_deleted_by_another_client_is_said(make_app):
         await app.adapter.engine.delete_session("api-doomed")  # a script's DELETE
         await wait_for(pilot, lambda: app.selected != "api-doomed", "another session shown")
         assert any("(api-doomed) was deleted" in n.message for n in app._notifications)
+
+
+async def test_the_console_opens_on_its_own_last_session_not_on_the_last_aiops_chat(make_app, fake_openai,
+                                                                                   capsys):
+    """Issue 21: `aiops chat` turns were stored as console sessions, so the console opened on the
+    last one a script ran. They are kind `cli` now: listed apart, never opened at start."""
+    import argparse
+
+    from aiops.cli.chat import _chat
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"typed in the console", "enter")
+        await wait_text(pilot, "echo: typed in the console")
+    cfg = app.cfg
+    args = argparse.Namespace(text="sent from a script", session=None, model=None, json=False)
+    assert await _chat(cfg, args) == 0
+    assert "echo: sent from a script" in capsys.readouterr().out
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await wait_text(pilot, "echo: typed in the console")
+        assert "sent from a script" not in region_text(app, "#chat")
+        await wait_text(pilot, "cli (1)")
+        assert "console (1)" in screen_text(app)
+        assert {s["kind"] for s in app.sessions_list.sessions.values()} == {"console", "cli"}

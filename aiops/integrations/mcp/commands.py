@@ -101,7 +101,7 @@ def mcp_command(plugin: McpPlugin) -> Command:
                 raise CommandError(f"{argv[1]}: {e}") from None
             rendered = await asyncio.to_thread(render_contents, list(result.contents), plugin.artifacts,
                                                conn.name)
-            await ctx.engine.store.add_audit("operator_mcp_read", session_id=ctx.session_id,
+            await ctx.engine.store.add_audit("operator_mcp_read", session_id=await ctx.audit_session_id(),
                                              tool=f"mcp:{conn.name}", operation="read", decision="approved",
                                              actor=f"operator:{ctx.client_kind}", data={"uri": argv[2]})
             return rendered.text or "(empty resource)"

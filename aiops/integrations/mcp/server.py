@@ -162,9 +162,14 @@ class AiopsMcp:
             sid = session or None
             turn = await self.engine.submit(sid, text, kind="mcp", is_operator=who.operator,
                                             meta={OWNER_KEY: who.principal}, owner_only=not who.operator)
-            self._owners[turn.session_id] = who.principal
+            # A message of only commands to a new session creates none (its turn has ended by
+            # now): no id is given out for it, as the API's submit gives none.
+            exists = await self.engine.session(turn.session_id) is not None
+            if exists:
+                self._owners[turn.session_id] = who.principal
             result = await turn.wait(SEND_TIMEOUT)
-            return json.dumps({"session": turn.session_id, "status": result.status, "text": result.text})
+            return json.dumps({"session": turn.session_id if exists else None, "status": result.status,
+                               "text": result.text})
 
         @mcp.tool(description="The sessions you may use, most recently active first.")
         async def list_sessions() -> str:

@@ -97,7 +97,7 @@ class GateDecisionRequest(_Body):
 
 # Store ids and offsets are SQLite integers: a larger number is a 400, not an overflow (a 500).
 class SessionsQuery(_Query):
-    kind: Literal["console", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
+    kind: Literal["console", "cli", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
     offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
@@ -136,7 +136,10 @@ class SubmitAccepted(BaseModel):
 class SubmitResult(BaseModel):
     """The turn ended, or the wait timed out (with `wait`)."""
 
-    client_id: str
+    client_id: str | None = Field(description=(
+        "The session the message went to; null when there is none: a message of only !commands "
+        "to a session that does not exist creates none (`!help` from a new client), and no id is "
+        "given out that would answer 404."))
     status: Literal["complete", "timeout", "error", "cancelled"]
     text: str
     turn_id: str
@@ -209,7 +212,8 @@ class SessionStopped(BaseModel):
 
 
 class GateOut(BaseModel):
-    """The DESIGN.md gate object; resolved gates add decision, scope, by and at."""
+    """The gate object (docs/API.md, "Gates"; the same shape in events, the console and MCP); resolved
+    gates add decision, scope, by and at."""
 
     id: str
     session_id: str
@@ -265,7 +269,7 @@ class Health(BaseModel):
 
 class StreamEvent(BaseModel):
     """The data of one server-sent event. The event name is one of tok, thinking, tool_call,
-    tool_result, gate, gate_resolved, notice, error, done (see DESIGN.md); every data object
+    tool_result, gate, gate_resolved, notice, error, done (see docs/API.md); every data object
     carries `session_id` and, for events of a turn, `turn_id`. tok/thinking/notice: `{text}`;
     tool_call: `{id, name, arguments}`; tool_result: `{id, name, content, truncated, is_error,
     duration_ms, gate?, data?, status?}`; gate/gate_resolved: the gate object; error: `{code,
@@ -337,9 +341,13 @@ async def submit(request: web.Request) -> web.Response:
     except TimeoutError:
         return _json(SubmitResult(client_id=turn.session_id, status="timeout", text="", turn_id=turn.id),
                      exclude_none=True)
-    # The result as the engine reports it: usage only when the model counted something.
-    reply = {"client_id": turn.session_id, **result.to_dict(), "turn_id": turn.id}
-    return _json(SubmitResult.model_validate(_hidden_reply(who, engine, reply)), exclude_none=True)
+    # The result as the engine reports it: usage only when the model counted something. A message
+    # of only commands that left no session names none (its id would be a 404 from then on).
+    session_id = turn.session_id if await engine.session(turn.session_id) is not None else None
+    reply = {"client_id": session_id, **result.to_dict(), "turn_id": turn.id}
+    out = SubmitResult.model_validate(_hidden_reply(who, engine, reply))
+    shown = {"client_id": session_id, **out.model_dump(mode="json", exclude_none=True)}  # null stays
+    return web.json_response(shown, dumps=_dumps)
 
 
 async def _swarm_hops(request: web.Request) -> Hops | None:

@@ -13,6 +13,7 @@ from typing import Any
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widget import Widget
@@ -260,9 +261,18 @@ class MainScreen(Screen[None]):
 
     def set_gate_count(self, count: int) -> None:
         label = f"Gates ({count})" if count else "Gates"
-        side = self.query_one("#side", TabbedContent)
-        side.get_tab("tab-gates").label = label
-        self.query_one("#narrow-tabs", Tabs).get_tab("v-gates").label = label  # type: ignore[union-attr]
         self.query_one(StatusBar).gates = count
+        side = self.query_one("#side", TabbedContent)
+        try:
+            tab = side.get_tab("tab-gates")
+        except NoMatches:
+            # A warm start can bring the engine up before the tabbed pane has mounted its tabs
+            # (the console crashed there): label them once they are.
+            self.call_after_refresh(self.set_gate_count, count)
+            return
+        tab.label = label
+        narrow = self.query_one("#narrow-tabs", Tabs).get_tab("v-gates")
+        if narrow is not None:
+            narrow.label = label
         if self.narrow:
             self._title_side()

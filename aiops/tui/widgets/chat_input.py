@@ -30,6 +30,9 @@ Type a message for the selected session and press **{input.send}** to send it.
 - **up** on the first line and **down** on the last line walk through what you sent before.
 - Lines starting with `!` are commands (`!help` lists them); `@model text` sends one turn to
   another model. **{input.complete}** (or **right** at the end) completes a command or model name.
+  With nothing to complete it keeps the cursor here while you have typed something (it moves to
+  the next pane only from an empty input); **{app.next_pane}** always moves on.
+- **{input.clear}** clears the whole draft, every line of it; **ctrl+z** brings it back.
 - **{input.cancel}** cancels the running turn of this session and puts its prompt back here.
 """
 
@@ -82,7 +85,15 @@ Type a message for the selected session and press **{input.send}** to send it.
         """The input's own keys, handled in this widget's queue, so in order with the characters
         typed before them; everything else goes on to TextArea."""
         action = self._key_actions().get(event.key)
-        if action is None or not self.check_action(action, ()):
+        if action is None:
+            return
+        if not self.check_action(action, ()):
+            if action == "complete" and self.text.strip():
+                # Tab on text it cannot complete: a half-typed message must not lose the cursor
+                # without a word (the screen's tab moves focus on); stay, and say what moves on.
+                event.stop()
+                event.prevent_default()
+                self.border_subtitle = self.nothing_to_complete()
             return
         event.stop()
         event.prevent_default()
@@ -107,6 +118,18 @@ Type a message for the selected session and press **{input.send}** to send it.
 
     def action_newline(self) -> None:
         self.insert("\n")
+
+    def action_clear_draft(self) -> None:
+        """Empty the input, every line of it: one edit, so undo brings the draft back."""
+        if self.text:
+            self.clear()
+        self._hist_pos = None  # what is typed next is a new draft, not an edit of a sent message
+
+    def nothing_to_complete(self) -> str:
+        """The hint under the input when tab has nothing to complete (after the user's keymap)."""
+        keymap = getattr(self.app, "keymap_overrides", {})
+        return (f"nothing to complete · {display_keys(first_key('app.next_pane', keymap))} next pane · "
+                f"{display_keys(first_key('input.clear', keymap))} clear")
 
     def action_cancel(self) -> None:
         self.post_message(self.CancelRequested())

@@ -16,7 +16,7 @@ from aiops.tui.widgets.fitted import Rows
 from aiops.tui.widgets.typeaway import TypesAway
 
 # The engine's session kinds, in the order the pane groups them (unknown kinds follow).
-KIND_ORDER = ("console", "api", "proxy", "slack", "swarm", "mcp")
+KIND_ORDER = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
 
 
 class SessionsList(TypesAway, OptionList):
@@ -31,7 +31,7 @@ class SessionsList(TypesAway, OptionList):
     HELP = """\
 ## Sessions
 
-Every session of every client: the console, API scripts, chat UIs through the proxy, Slack
+Every session of every client: the console, `aiops chat` (kind cli), API scripts, chat UIs through the proxy, Slack
 threads, swarm peers and MCP clients, grouped by kind. Each shows its shorthand id, title, model,
 state (`·` idle, `▶` running, `⚑` waiting on a gate), last activity, and `●` when it has output
 you have not seen.
