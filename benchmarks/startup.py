@@ -202,10 +202,11 @@ def targets(rows: list[dict[str, Any]], sessions: int) -> list[dict[str, Any]]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
     p.add_argument("--runs", type=int, default=5, help="fresh processes per case (default 5)")
-    p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
-    p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
+    if history:
+        p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
+        p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
     p.add_argument("--no-console", action="store_true", help="skip the console cases (tmux)")
 
 
