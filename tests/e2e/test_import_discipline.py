@@ -1,6 +1,6 @@
 """`aiops chat` imports only what its run uses (issue 27): no Textual, no google-genai while no Gemini
 model answers (though one is configured and the Google search plugin has its key), no Slack or MCP
-SDK while their plugins do not start. Each of these costs a new user a share of a second on every
+SDK while their plugins do not start, no SQL classifier or MySQL driver with the mysql plugin off. Each of these costs a new user a share of a second on every
 run; this pins the behaviour, not a time (speed is measured by `make bench`: benchmarks.startup)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.argv[0] = "aiops"
 runpy.run_module("aiops.cli", run_name="__main__")
 """
 
-_NOT_USED = ("textual", "google.genai", "slack_sdk", "slack_bolt", "mcp")
+_NOT_USED = ("textual", "google.genai", "slack_sdk", "slack_bolt", "mcp", "sqlglot", "aiomysql")
 
 
 def _modules_after(tmp_path: Path, *args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
@@ -39,7 +39,7 @@ def _loaded(modules: set[str], name: str) -> bool:
     return any(m == name or m.startswith(name + ".") for m in modules)
 
 
-def test_aiops_chat_on_an_openai_model_imports_no_textual_gemini_slack_or_mcp_sdk(
+def test_aiops_chat_on_an_openai_model_imports_no_textual_gemini_slack_mcp_or_mysql_sdk(
         tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     models = {"local": openai_model_entry(fake_openai),
               "gem": {"type": "gemini", "model_id": "gemini-x", "base_url": "http://127.0.0.1:9"}}
