@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     feel.add_arguments(p)
     busy_console.add_arguments(p)
     args = p.parse_args(argv)
+    # A SIGTERM (a stopped make) unwinds like ctrl+c, so each case stops its processes and tmux server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.quick:
         args.sessions, args.messages = min(args.sessions, 1000), min(args.messages, 20)
         startup.quick(args)
