@@ -99,17 +99,17 @@ class Engine:
         one-turn command (`aiops chat`) names the one model it uses: google-genai alone takes about
         half a second to import, which a run on an OpenAI model should not pay.
         """
+        await self.store.open()
+        register_builtin_commands(self)
+        register_gate_commands(self)
+        register_prompt_tools(self)
+        await self.plugin_host.load()
         # Importing a provider SDK takes about a second; do it in a thread now rather than on the
         # loop during the first turn (the import lock makes a turn that comes earlier just wait).
         models = self.config.models.enabled()
         types: set[str] = ({m.type for m in models.values()} if warm is None
                            else {models[k].type for k in warm if k in models})
         self._spawn(asyncio.to_thread(_warm_backend_imports, types))
-        await self.store.open()
-        register_builtin_commands(self)
-        register_gate_commands(self)
-        register_prompt_tools(self)
-        await self.plugin_host.load()
         self.started = True
 
     async def close_left_open(self, lock: DataDirLock | None) -> tuple[int, int]:
