@@ -36,8 +36,11 @@ test: $(VENV)/.test-stamp
 mypy-baseline: $(VENV)/.test-stamp
 	$(BIN)/python tools/mypy_ratchet.py --update
 
+# The proxy (benchmarks.run), then what the operator feels (benchmarks.operator: start-up, a busy
+# console, gates, tokens, memory; OPERATOR_ARGS=--quick for a short run). Both run; either missing a
+# target fails the make.
 bench: $(VENV)/.test-stamp
-	$(BIN)/python -m benchmarks.run $(ARGS)
+	$(BIN)/python -m benchmarks.run $(ARGS); s=$$?; $(BIN)/python -m benchmarks.operator $(OPERATOR_ARGS) || s=1; exit $$s
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

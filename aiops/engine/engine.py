@@ -94,7 +94,13 @@ class Engine:
 
     # ---- lifecycle ----
 
-    async def start(self) -> None:
+    async def start(self, *, warm: Iterable[str] | None = None) -> None:
+        """Open the store, register the tools and commands, start the plugins.
+
+        `warm`: the model keys whose provider SDK to import now (default: every enabled model's). A
+        one-turn command (`aiops chat`) names the one model it uses: google-genai alone takes about
+        half a second to import, which a run on an OpenAI model should not pay.
+        """
         await self.store.open()
         register_builtin_commands(self)
         register_gate_commands(self)
@@ -102,7 +108,9 @@ class Engine:
         await self.plugin_host.load()
         # Importing a provider SDK takes about a second; do it in a thread now rather than on the
         # loop during the first turn (the import lock makes a turn that comes earlier just wait).
-        types: set[str] = {m.type for m in self.config.models.enabled().values()}
+        models = self.config.models.enabled()
+        types: set[str] = ({m.type for m in models.values()} if warm is None
+                           else {models[k].type for k in warm if k in models})
         self._spawn(asyncio.to_thread(_warm_backend_imports, types))
         self.started = True
 

@@ -289,20 +289,32 @@ class GoogleSearchPlugin(Plugin):
         self.client: Any = None
 
     async def setup(self, api: PluginAPI) -> None:
-        from google import genai
-        from google.genai import errors as genai_errors
-        from google.genai import types
-
         s: GoogleSearchSettings = self.settings
         key = api.require_env(s.api_key_env, "Gemini API key")
-        # google-genai sends the key in the x-goog-api-key header, never in the URL; one attempt,
-        # bounded by the plugin's timeout (the SDK takes milliseconds).
-        options = types.HttpOptions(base_url=s.base_url or None, timeout=int(s.timeout_seconds * 1000),
-                                    retry_options=types.HttpRetryOptions(attempts=1))
-        client = self.client = genai.Client(api_key=key, http_options=options)
-        config = types.GenerateContentConfig(tools=[types.Tool(google_search=types.GoogleSearch())])
+        sdk: list[Any] = []  # [errors module, client, request config], made on first use
+
+        def load() -> list[Any]:
+            # google-genai takes about half a second to import: not at start-up (every `aiops chat`
+            # would pay it), and on first use in a thread, so the loop (the console) never stalls.
+            from google import genai
+            from google.genai import errors as genai_errors
+            from google.genai import types
+
+            # The key goes in the x-goog-api-key header, never in the URL; one attempt, bounded by
+            # the plugin's timeout (the SDK takes milliseconds).
+            options = types.HttpOptions(base_url=s.base_url or None, timeout=int(s.timeout_seconds * 1000),
+                                        retry_options=types.HttpRetryOptions(attempts=1))
+            client = genai.Client(api_key=key, http_options=options)
+            config = types.GenerateContentConfig(tools=[types.Tool(google_search=types.GoogleSearch())])
+            return [genai_errors, client, config]
 
         async def execute(args: QueryArgs, ctx: ToolContext) -> ToolOutput:
+            if not sdk:
+                loaded = await asyncio.to_thread(load)
+                if not sdk:  # (two first calls at once: the first one's client is kept)
+                    sdk.extend(loaded)
+                    self.client = sdk[1]
+            genai_errors, client, config = sdk
             try:
                 response = await asyncio.wait_for(
                     client.aio.models.generate_content(model=s.model, contents=args.query, config=config),

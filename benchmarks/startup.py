@@ -1,0 +1,239 @@
+"""Start-up as the operator feels it, each case beside Python's own floors in the same run.
+
+    python -m benchmarks.startup [--runs N] [--sessions N --messages M] [--quick] [--json FILE]
+
+Cases, each run `--runs` times from a fresh process (wall time from `Popen` to the moment named):
+- floors: `python -c pass`, `python -c "import aiohttp"` (to exit);
+- `aiops --help` (to exit);
+- `aiops chat "hi"` against a local fake model (tests.fakes.openai_server, echo replies): to its
+  first token on stdout, and to exit;
+- `aiops serve --port 0`: to its ready line, and to the first `/api/v1/health` answer after it;
+- the console in a tmux pane (a real terminal; skipped without tmux): to first paint (the footer's
+  "Palette" is on screen), and to interactive (a key typed then is on screen);
+each with an empty data dir and with the stored history of benchmarks.history (10,000 sessions of
+100 messages by default). The median and the worst of the runs are reported; `--json` writes all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks import history
+
+AIOPS = [sys.executable, "-m", "aiops.cli"]
+TARGET_CHAT_S = 0.9  # in-process `aiops chat` to its first token (issue 27)
+TARGET_CONSOLE_S = 1.0  # console interactive with 10,000 sessions (issue 27)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+
+
+def write_config(root: Path, base_url: str, model_id: str = "fake-model") -> Path:
+    cfg = root / "config"
+    cfg.mkdir(parents=True, exist_ok=True)
+    (cfg / "models.toml").write_text(
+        f'default_model = "bench"\n\n[models.bench]\ntype = "openai"\nmodel_id = "{model_id}"\n'
+        f'base_url = "{base_url}"\ntimeout = 30\n')
+    (cfg / "aiops.toml").write_text('[server]\nhost = "127.0.0.1"\nport = 0\n\n[auth.tokens]\n')
+    (cfg / "plugins.toml").write_text("[mysql]\nenabled = false\n")
+    return cfg
+
+
+# ---- one run of each case (seconds) -------------------------------------------------------------------------
+
+
+def to_exit(cmd: list[str], cwd: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=_env(), cwd=cwd,
+                   timeout=120)
+    return time.perf_counter() - t0
+
+
+def chat(cfg: Path, data: Path) -> dict[str, float]:
+    """`aiops chat hi`: seconds to the first byte on stdout (the first token) and to exit."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "hi"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=_env(), cwd=data.parent, bufsize=0)  # unbuffered: communicate() reads the rest
+    assert proc.stdout is not None
+    first = proc.stdout.read(1)
+    t_first = time.perf_counter() - t0
+    rest, err = proc.communicate(timeout=120)
+    t_exit = time.perf_counter() - t0
+    if proc.returncode != 0 or not (first + rest).decode().strip().startswith("echo: hi"):
+        raise SystemExit(f"startup: aiops chat failed ({proc.returncode}): {(first + rest).decode()}"
+                         f"{err.decode()}")
+    return {"first_token": t_first, "exit": t_exit}
+
+
+def serve(cfg: Path, data: Path) -> dict[str, float]:
+    """`aiops serve`: seconds to its ready line and to the first health answer after it."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                            cwd=data.parent)
+    assert proc.stdout is not None
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("aiops serving on "):
+                break
+        else:
+            raise SystemExit(f"startup: aiops serve did not start: {''.join(seen)}")
+        t_ready = time.perf_counter() - t0
+        url = line.split()[3]
+        with urllib.request.urlopen(url + "/api/v1/health", timeout=30) as resp:
+            resp.read()
+        t_health = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return {"ready_line": t_ready, "health": t_health}
+
+
+def console(cfg: Path, data: Path) -> dict[str, float] | None:
+    """The console in a tmux pane: seconds to first paint and to interactive (None without tmux)."""
+    exe = shutil.which("tmux")
+    if exe is None:
+        return None
+    sock = f"aiops-bench-{uuid.uuid4().hex[:8]}"
+
+    def tmux(*args: str) -> str:
+        return subprocess.run([exe, "-L", sock, *args], capture_output=True, text=True, timeout=20).stdout
+
+    env = {**_env(), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
+    env.pop("TMUX", None)
+    aiops = " ".join([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "console", "--port", "0"])
+    t0 = time.perf_counter()
+    subprocess.run([exe, "-L", sock, "new-session", "-d", "-s", "b", "-x", "120", "-y", "40", "sh", "-c",
+                    aiops + "; sleep 60"], check=True, env=env, cwd=data.parent, timeout=20)
+    try:
+        def until(check: Callable[[str], bool], what: str) -> float:
+            deadline = time.perf_counter() + 60
+            while time.perf_counter() < deadline:
+                if check(tmux("capture-pane", "-p", "-t", "b")):
+                    return time.perf_counter() - t0
+                time.sleep(0.01)  # polling a condition with a deadline
+            raise SystemExit(f"startup: the console did not reach {what}:\n"
+                             f"{tmux('capture-pane', '-p', '-t', 'b')}")
+
+        paint = until(lambda s: "Palette" in s, "its first paint")
+        tmux("send-keys", "-t", "b", "-l", "qzx")
+        interactive = until(lambda s: "qzx" in s, "interactive (a typed key shown)")
+        return {"first_paint": paint, "interactive": interactive}
+    finally:
+        subprocess.run([exe, "-L", sock, "kill-server"], capture_output=True, timeout=20)
+
+
+# ---- the run -----------------------------------------------------------------------------------------------
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median_s": round(statistics.median(values), 4), "max_s": round(max(values), 4),
+            "runs": len(values)}
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from tests.fakes.openai_server import FakeOpenAI
+
+    rows: list[dict[str, Any]] = []
+    root = Path(tempfile.mkdtemp(prefix="aiops-bench-startup-"))
+    try:
+        with FakeOpenAI() as fake:
+            cfg = write_config(root, fake.url)
+
+            def add(case: str, stored: int, samples: list[dict[str, float]] | list[float]) -> None:
+                if samples and isinstance(samples[0], dict):
+                    for key in samples[0]:  # type: ignore[union-attr]
+                        add(f"{case}: to {key.replace('_', ' ')}", stored,
+                            [s[key] for s in samples])  # type: ignore[index]
+                    return
+                row = {"case": case, "stored_sessions": stored, **_stats(samples)}  # type: ignore[arg-type]
+                rows.append(row)
+                print(f"  {case:<42} {stored:>6} stored: median {row['median_s'] * 1000:7.0f} ms, "
+                      f"max {row['max_s'] * 1000:7.0f} ms", flush=True)
+
+            n = args.runs
+            add("python -c pass (floor)", 0, [to_exit([sys.executable, "-c", "pass"], root) for _ in range(n)])
+            add("python -c 'import aiohttp' (floor)", 0,
+                [to_exit([sys.executable, "-c", "import aiohttp"], root) for _ in range(n)])
+            add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
+            for stored in (0, args.sessions):
+                def fresh(i: int, stored: int = stored) -> Path:
+                    return history.data_dir(root / f"data-{stored}-{i}-{uuid.uuid4().hex[:6]}", stored,
+                                            args.messages)
+
+                add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
+                add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
+                if not args.no_console:
+                    samples = [c for i in range(n) if (c := console(cfg, fresh(i))) is not None]
+                    if samples:
+                        add("console (tmux)", stored, samples)
+                for d in root.glob(f"data-{stored}-*"):
+                    shutil.rmtree(d, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def targets(rows: list[dict[str, Any]], sessions: int) -> list[dict[str, Any]]:
+    out = []
+    for case, limit in (("aiops chat hi: to first token", TARGET_CHAT_S),
+                        ("console (tmux): to interactive", TARGET_CONSOLE_S)):
+        for r in rows:
+            if r["case"] == case and (r["stored_sessions"] == sessions or case.startswith("aiops chat")):
+                out.append({"case": case, "stored_sessions": r["stored_sessions"], "target_s": limit,
+                            "median_s": r["median_s"], "met": r["median_s"] <= limit})
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
+    p.add_argument("--runs", type=int, default=5, help="fresh processes per case (default 5)")
+    if history:
+        p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
+        p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
+    p.add_argument("--no-console", action="store_true", help="skip the console cases (tmux)")
+
+
+def quick(args: argparse.Namespace) -> None:
+    args.runs = min(args.runs, 2)
+    args.sessions = min(args.sessions, 1000)
+    args.messages = min(args.messages, 20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    p.add_argument("--quick", action="store_true", help="2 runs, 1,000 sessions of 20 messages")
+    p.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        quick(args)
+    print(f"start-up: {args.runs} runs per case; stored history {args.sessions:,} × {args.messages}", flush=True)
+    rows = measure(args)
+    goals = targets(rows, args.sessions)
+    for g in goals:
+        print(f"  target {g['case']} ({g['stored_sessions']} stored) ≤ {g['target_s']} s: "
+              f"{'met' if g['met'] else 'MISSED'} ({g['median_s']:.2f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({"startup": rows, "targets": goals}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""`aiops chat` imports only what its run uses (issue 27): no Textual, no google-genai while no Gemini
+model answers (though one is configured and the Google search plugin has its key), no Slack or MCP
+SDK while their plugins do not start, no SQL classifier or MySQL driver with the mysql plugin off. Each of these costs a new user a share of a second on every
+run; this pins the behaviour, not a time (speed is measured by `make bench`: benchmarks.startup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.fakes.fixtures import make_config_dir, openai_model_entry
+from tests.fakes.openai_server import FakeOpenAI, Reply
+
+# Runs the real `aiops` entry point, then writes the names of the modules it imported (at exit,
+# after the run) to the file named by argv[1].
+_RUN = """
+import atexit, json, runpy, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv[0] = "aiops"
+runpy.run_module("aiops.cli", run_name="__main__")
+"""
+
+_NOT_USED = ("textual", "google.genai", "slack_sdk", "slack_bolt", "mcp", "sqlglot", "aiomysql")
+
+
+def _modules_after(tmp_path: Path, *args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    out = tmp_path / "modules.json"
+    r = subprocess.run([sys.executable, "-c", _RUN, str(out), *args], capture_output=True, text=True, timeout=60,
+                       env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return r, set(json.loads(out.read_text()))
+
+
+def _loaded(modules: set[str], name: str) -> bool:
+    return any(m == name or m.startswith(name + ".") for m in modules)
+
+
+def test_aiops_chat_on_an_openai_model_imports_no_textual_gemini_slack_mcp_or_mysql_sdk(
+        tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    models = {"local": openai_model_entry(fake_openai),
+              "gem": {"type": "gemini", "model_id": "gemini-x", "base_url": "http://127.0.0.1:9"}}
+    # Shipped plugins as they are (slack off, MCP on with no servers), the Google search plugin with
+    # its key, so it starts: it must still not import google-genai before a search.
+    cfg = make_config_dir(tmp_path, models, "local", {"plugins.toml": "[mysql]\nenabled = false\n\n"
+                                                                      "[google_search]\nenabled = true\n"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    env["GEMINI_API_KEY"] = "not-a-real-key"
+    fake_openai.script(Reply.text("hello there"))
+    r, modules = _modules_after(tmp_path, "--config-dir", str(cfg), "--data-dir", str(tmp_path / "data"),
+                                "chat", "hi", env=env)
+    assert r.stdout.strip() == "hello there"
+    assert "google_search" not in r.stderr  # it started (a skipped plugin is reported on stderr)
+    assert _loaded(modules, "openai")  # the model it used: the check sees what was imported
+    assert [m for m in _NOT_USED if _loaded(modules, m)] == []
+
+
+def test_aiops_help_imports_no_sdk_at_all(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    _, modules = _modules_after(tmp_path, "--help", env=env)
+    assert [m for m in (*_NOT_USED, "openai", "aiohttp", "pydantic") if _loaded(modules, m)] == []

@@ -1,0 +1,55 @@
+"""The operator's side of `make bench` keeps working (benchmarks.history, benchmarks.feel): the stored
+history is one aiops reads as its own, and a tiny run of the tokens/gates/memory case goes through
+every path. No number is judged here: speed is `make bench`'s business."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from aiops.engine.store import Store
+from benchmarks import history
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_the_generated_history_is_read_by_the_store_as_sessions_with_their_messages(tmp_path: Path) -> None:
+    db = tmp_path / "aiops.sqlite3"
+    history.build(db, sessions=30, messages=20)
+    store = Store(db)
+    await store.open()
+    try:
+        assert await store.count_sessions() == 30
+        newest = (await store.list_sessions(limit=1))[0]
+        assert newest.short_id == 130 and newest.title  # shorthand ids from 101, in order
+        messages = await store.history(newest.id)
+        assert len(messages) == 20
+        assert [m.role for m in messages[:10]] == ["user", "assistant"] * 3 + ["user", "assistant", "tool",
+                                                                              "assistant"]
+        call, result = messages[7], messages[8]
+        assert call.tool_calls and result.tool_call_id == call.tool_calls[0].id
+        # A new session after them gets the next shorthand id, as in a real data dir.
+        row = await store.create_session("api-new", "api", None)
+        assert row.short_id == 131
+    finally:
+        await store.close()
+
+
+def test_a_tiny_feel_run_measures_every_path(tmp_path: Path) -> None:
+    out = tmp_path / "feel.json"
+    env = {"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}  # the history cache lands in tmp_path
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.feel", "--sessions", "20", "--messages", "10",
+                           "--tokens", "3", "--streams-measured", "1", "--gates", "2", "--live", "2",
+                           "--streams", "3", "--load-tokens", "2", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert [r["stored_sessions"] for r in doc["runs"]] == [0, 20]
+    for run in doc["runs"]:
+        assert {k: v["n"] for k, v in run["tokens"].items()} == {
+            "direct (baseline)": 3, "aiops /v1": 3, "aiops API stream": 3}  # every stamp came through
+        assert {v["n"] for v in run["gates"].values()} == {2}  # each gate opened, resolved, ran
+        assert all(kb > 0 for kb in run["rss_kb"].values())
+    assert len(doc["targets"]) == 4
