@@ -95,12 +95,13 @@ async def _prompt_section(pilot, app, name: str) -> str:
 async def test_a_section_whose_tool_is_not_registered_is_marked_inactive(make_app, fake_openai):
     # No mysql plugin: db_query is not registered, so tools_db is left out of the prompt.
     app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
+    # Tall enough for every section to show without a scrollbar (which would cut the lines).
+    async with app.run_test(size=(SIZE[0], SIZE[1] + 4)) as pilot:
         await ready(pilot)
         reader = await _prompt_section(pilot, app, "tools_db")
         tree = region_text(app, "#prompt-sections")
-        # (the data tools' and delegation's sections are inactive too: none of their plugins is enabled here)
-        assert "3. tools_db ⊘ needs db_query" in tree and "(13 sections, 8 inactive" in tree
+        # (the data tools', delegation's and agent_call's sections are inactive too: none of their plugins is enabled here)
+        assert "3. tools_db ⊘ needs db_query" in tree and "(14 sections, 9 inactive" in tree
         assert "⊘" not in tree.replace("tools_db ⊘", "").split("tools_ddgs_search")[0]  # the others: in the prompt
         assert "inactive: needs db_query (not registered); left out of the prompt" in reader
         # Dimmed: drawn unlike an active section (with the cursor on neither).
@@ -118,13 +119,13 @@ async def test_a_section_whose_tool_is_registered_is_active(tmp_path, fake_opena
     plugins = f'[notes]\nenabled = true\n[mysql]\nenabled = true\nhost = "127.0.0.1"\nport = {port}\n'
     cfg = console_config(tmp_path, fake_openai, extra_files={"plugins.toml": plugins})
     app = AiopsApp(cfg, plugins=[notes, MySQLPlugin()], discover_plugins=False, server=False)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(SIZE[0], SIZE[1] + 4)) as pilot:
         await ready(pilot)
         assert app.adapter.engine.tools.get("db_query") is not None, app.adapter.engine.plugin_status
         reader = await _prompt_section(pilot, app, "tools_db")
         tree = region_text(app, "#prompt-sections")
-        # Only the data tools' and delegation's sections (their plugins are not enabled here) are inactive.
-        assert "3. tools_db Querying databases" in tree and "(13 sections, 7 inactive" in tree
+        # Only the data tools', delegation's and agent_call's sections (their plugins are not enabled here) are inactive.
+        assert "3. tools_db Querying databases" in tree and "(14 sections, 8 inactive" in tree
         assert "⊘" not in tree.split("tools_ddgs_search")[0]
         assert "requires db_query (registered)" in reader
         await pilot.press("down")

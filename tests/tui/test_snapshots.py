@@ -28,7 +28,7 @@ def test_main_screen_with_a_pending_gate_120x40(make_app, fake_openai, snap_comp
         await wait_chat(pilot, "then I'll note it.")
         await send(pilot, "note it for the on-call")
         await wait_for(pilot, lambda: app.inbox.gates, "the gate")
-        await wait_chat(pilot, "waiting for operator approval")
+        await wait_chat(pilot, "waiting for operator approval (gates inbox)")
 
     assert snap_compare(make_app(), terminal_size=(120, 40), run_before=run_before)
 
