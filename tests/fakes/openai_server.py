@@ -91,6 +91,9 @@ class Reply:
       drop_after   close the connection after this many streamed chunks (0: before any byte)
       hang_after   stop after this many streamed chunks and never finish until the fake stops
                    (0: not even headers); the client sees silence, as a stuck server looks
+      hold_after   pause after this many streamed chunks until the test calls `fake.release()`,
+                   then go on (a model that writes in bursts, with the test choosing when the
+                   next burst comes instead of a timer)
     """
 
     content: str | None = ""  # None: echo the last user message
@@ -102,6 +105,7 @@ class Reply:
     chunk_delay: float = 0.0
     drop_after: int | None = None
     hang_after: int | None = None
+    hold_after: int | None = None
     status: int = 200  # anything else is an error reply in the provider's error shape
     error_message: str = ""
     error_type: str | None = None  # OpenAI `type`; Gemini `status` (e.g. "RESOURCE_EXHAUSTED")
@@ -245,6 +249,7 @@ class FakeServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
+        self._releases: asyncio.Semaphore | None = None  # one per `release()`, for `hold_after`
         self._stopped = False
 
     # -- lifecycle --
@@ -290,6 +295,7 @@ class FakeServer:
 
     async def _startup(self) -> None:
         self._stopping = asyncio.Event()
+        self._releases = asyncio.Semaphore(0)
         app = web.Application()
         self._add_routes(app)
         # handler_cancellation: a client hanging up cancels its handler, which is how
@@ -345,6 +351,13 @@ class FakeServer:
         with self._cond:
             self._queue.extend(replies)
         return self
+
+    def release(self) -> None:
+        """Let one reply held at its `hold_after` go on (the oldest held; or, if none is held yet,
+        the next one to be). Callable from any thread."""
+        if self._loop is None or self._releases is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        self._loop.call_soon_threadsafe(self._releases.release)
 
     @property
     def queued(self) -> int:
@@ -506,6 +519,20 @@ class FakeServer:
         await self._stopping.wait()
         self._abort(request, resp)
 
+    async def _wait_release(self, request: web.Request, resp: web.StreamResponse) -> None:
+        """Wait for a `release()`; if the fake stops first, hang up."""
+        assert self._stopping is not None and self._releases is not None
+        released = asyncio.ensure_future(self._releases.acquire())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait((released, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not released.done():
+                released.cancel()
+        if not released.done() or released.cancelled():
+            self._abort(request, resp)
+
     async def _send_json(self, request: web.Request, reply: Reply, payload: Any,
                          status: int = 200) -> web.StreamResponse:
         data = json.dumps(payload).encode()
@@ -532,6 +559,8 @@ class FakeServer:
                 self._abort(request, resp)
             if reply.hang_after is not None and i >= reply.hang_after:
                 await self._hold(request, resp)
+            if i == reply.hold_after:
+                await self._wait_release(request, resp)
             if i and reply.chunk_delay:
                 await self._pause(request, reply.chunk_delay, resp)
             if reply.line_end != "\n":

@@ -20,8 +20,9 @@ import openai
 import pytest
 
 from aiops.config import SHIPPED_PROMPT_DIR
+from aiops.engine import events as ev
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
+from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when, split_text
 from tests.integration.test_server_api import events_until_done
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Tokens
 
@@ -1142,18 +1143,31 @@ async def test_a_stopped_answer_the_client_never_got_does_not_fork_its_conversat
 
 
 async def stop_streaming(srv: ApiServer, client: openai.AsyncOpenAI, question: str, *,
-                         after: int) -> tuple[str, str]:
+                         after: int, ahead: str | None = None) -> tuple[str, str]:
     """Ask a new chat's first question, streamed, and press stop once `after` characters have
-    come: (session id, what the chat kept), once the turn has ended."""
+    come: (session id, what the chat kept), once the turn has ended.
+
+    `ahead`: the scripted reply is held at the fake (`hold_after`) until the chat has read what
+    it keeps; then the model goes on, and stop is pressed once aiops has this text of the answer,
+    which the chat never read (a fast model writing ahead of its reader, as a fact, not a timing)."""
     raw = await client.chat.completions.with_raw_response.create(
         model="aiops", stream=True, messages=[{"role": "user", "content": question}])
     sid = raw.headers["x-aiops-session"]
-    with srv.engine.bus.subscribe(sid, names=("done",)) as ended:
+    with srv.engine.bus.subscribe(sid, names=("done",)) as ended, \
+            srv.engine.bus.subscribe(sid, names=("tok",)) as tokens:
         stream, kept = raw.parse(), ""
         async for chunk in stream:
             kept += (chunk.choices[0].delta.content or "") if chunk.choices else ""
             if len(kept) > after:
                 break
+        if ahead is not None:
+            srv.fake.release()
+            got = ""
+            async with asyncio.timeout(10):
+                while ahead not in got:
+                    tok = await tokens.get()
+                    assert isinstance(tok, ev.Tok), tok
+                    got += tok.text
         await stream.close()
         async with asyncio.timeout(10):
             await ended.get()
@@ -1165,16 +1179,24 @@ async def test_a_chat_that_stopped_a_fast_answer_goes_on_with_what_it_kept(api_s
     has recorded more (a fast model writes ahead of a reader). The next message, sent with the
     part the chat kept, continues the session (the model is told the answer was cut)."""
     answer = " ".join(f"word{i}" for i in range(3000))
-    # Most of it at once, and the model still going when the client hangs up: aiops has
-    # recorded far more than the client read.
-    api_server.fake.script(Reply.hang(after_chunks=250, reply=Reply.text(answer, chunks=300)))
+    # Nine chunks of 300 (after the role's), held until the chat has read what it keeps; then
+    # most of the rest at once, and the model still going when the client hangs up: aiops has
+    # recorded far more than the client read. Whatever the load: a burst the proxy coalesces
+    # into one frame can no longer hand the chat the whole answer before its stop.
+    api_server.fake.script(Reply.hang(after_chunks=250, reply=Reply.text(answer, chunks=300))
+                           .with_(hold_after=10))
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-OpenWebUI-Chat-Id": "fast-stop"})
-    sid, kept = await stop_streaming(api_server, client, "write a long report", after=200)
+    sid, kept = await stop_streaming(api_server, client, "write a long report", after=200,
+                                     ahead="word2000 ")
+    assert "".join(split_text(answer, 300)[:9]).startswith(kept)  # the chat read the first burst only
     recorded = next(m["content"] for m in await history(api_server, sid) if m["role"] == "assistant")
     assert recorded.startswith(kept.strip()) and len(recorded) > len(kept.strip())
     again, _ = await ask(client, [("user", "write a long report"), ("assistant", kept), ("user", "go on")])
     assert again == sid and list(await sessions(api_server)) == [sid]
+    # The model reads the answer as recorded, not as the chat kept it, and that it was cut.
+    [seen] = [m["content"] for m in api_server.fake.last_request.json["messages"] if m["role"] == "assistant"]
+    assert seen.startswith(recorded) and "cut off" in seen[len(recorded):]
     await client.close()
 
 
