@@ -101,7 +101,7 @@ to the message input.
         self.hold = False  # rebuilds wait (the terminal is behind: nothing is drawn)
         self._held = False  # one waited
         self._rows: dict[str, Option] = {}  # a session's option, kept across redraws
-        self._order: list[str | None] = []  # the options' ids as shown (None: a kind's heading)
+        self._order: list[str] = []  # the rows as shown: session ids, and "kind:NAME:COUNT" headings
         self._pending: Timer | bool = False  # a redraw is scheduled
         self._last = 0.0  # when the list was last redrawn (monotonic)
 
@@ -210,7 +210,7 @@ to the message input.
         for s in self.sessions.values():
             by_kind.setdefault(s.get("kind") or "api", []).append(s)
         kinds = [k for k in KIND_ORDER if k in by_kind] + sorted(set(by_kind) - set(KIND_ORDER))
-        order: list[str | None] = []
+        order: list[str] = []
         groups: list[tuple[str, list[str]]] = []
         for kind in kinds:
             group = [s["client_id"] for s in sorted(by_kind[kind], key=lambda s: -(s.get("updated_at") or 0))]
@@ -221,15 +221,15 @@ to the message input.
             self._redraw_rows()
         else:
             self._set_order(order, groups, highlight)
-        if highlight is not None and self.highlighted_option is not None \
-                and self.highlighted_option.id != highlight:
+        current = self.highlighted_option
+        if highlight is not None and (current is None or current.id != highlight):
             self._highlight(highlight)
 
     def _redraw_rows(self) -> None:
         """Draw the rows on screen again from the data (new states, unread marks, ages)."""
         self._clear_caches()
 
-    def _set_order(self, order: list[str | None], groups: list[tuple[str, list[str]]],
+    def _set_order(self, order: list[str], groups: list[tuple[str, list[str]]],
                    highlight: str | None) -> None:
         highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
                                     else self.selected)
