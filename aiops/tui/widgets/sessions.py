@@ -227,6 +227,8 @@ to the message input.
 
     def _redraw_rows(self) -> None:
         """Draw the rows on screen again from the data (new states, unread marks, ages)."""
+        # OptionList's own reset of its rendered lines (private, checked against Textual 8.2.8; the
+        # public `replace_option_prompt` calls it once per option, which is what this avoids).
         self._clear_caches()
 
     def _set_order(self, order: list[str], groups: list[tuple[str, list[str]]],
