@@ -15,7 +15,7 @@ from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditSc
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
-from tests.fakes.openai_server import call_tool_when
+from tests.fakes.openai_server import Reply, call_tool_when
 from tests.tui.conftest import (
     SIZE,
     chat_text,
@@ -27,6 +27,7 @@ from tests.tui.conftest import (
     region_text,
     screen_text,
     send,
+    type_text,
     wait_chat,
     wait_for,
     wait_text,
@@ -450,3 +451,58 @@ async def test_session_rows_use_the_width_they_get(make_app, fake_openai):
         app.main.show_pane("sessions")
         await wait_for(pilot, lambda: title in region_text(app, "#sessions"), "the whole title")
         assert region_lines(app, "#sessions")[2].rstrip().endswith("now")
+
+
+async def test_the_key_bar_offers_cancel_while_a_turn_runs_and_keeps_it_while_typing(make_app, fake_openai):
+    fake_openai.script(Reply.hang(after_chunks=1))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: "Send" in footer_words(app), "the input's keys")
+        assert "Cancel" not in footer_words(app)
+        await send(pilot, "a long job")
+        await wait_for(pilot, lambda: "Cancel" in footer_words(app), "the cancel key")
+        # Each keypress asks the bar again; the same keys stay, in the same order.
+        keys = footer_words(app)
+        await type_text(pilot, "more")
+        await pilot.pause()
+        assert footer_words(app) == keys and app.chat_input.text == "more"
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: "Cancel" not in footer_words(app), "the cancel key to go")
+        assert "Send" in footer_words(app)
+
+
+def session_rows(app) -> list[str]:
+    """The sessions pane's first lines (kind headings and each session's title line), stripped."""
+    return [line.strip("│ ") for line in region_lines(app, "#sessions")]
+
+
+async def test_the_sessions_list_keeps_newest_first_and_the_cursor_while_sessions_change(make_app, fake_openai):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        await engine.run("script-a", "alpha from a script", kind="api", timeout=10)
+        await engine.run("script-b", "beta from a script", kind="api", timeout=10)
+        await wait_text(pilot, "api (2)")
+        sessions = app.sessions_list
+
+        def order() -> list[str]:
+            """The two api sessions as the pane lists them, top first ([] while one is not shown)."""
+            rows = session_rows(app)
+            at = {sid: i for sid in ("script-a", "script-b") for i, row in enumerate(rows)
+                  if row.startswith(f"{sessions.sessions[sid]['short_id']} ")}
+            return sorted(at, key=at.__getitem__) if len(at) == 2 else []
+
+        await wait_for(pilot, lambda: order() == ["script-b", "script-a"], "the newest first")
+        sessions.focus()
+        sessions.highlighted = sessions.get_option_index("script-a")
+        # The older session speaks again: it moves to the top, and the cursor stays on it.
+        await engine.run("script-a", "alpha again", kind="api", timeout=10)
+        await wait_for(pilot, lambda: order() == ["script-a", "script-b"], "the session that spoke on top")
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-a"
+        # The other one speaks: the order changes back, and the cursor still follows its session.
+        await engine.run("script-b", "beta again", kind="api", timeout=10)
+        await wait_for(pilot, lambda: order() == ["script-b", "script-a"], "the newest first again")
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-a"
+        assert "api (2)" in screen_text(app) and "●" in region_text(app, "#sessions")

@@ -197,6 +197,12 @@ class MainScreen(Screen[None]):
         """Focus a pane once it is displayed; a later request wins over one still pending."""
         widget = self.pane_widget(name)
         self._focus_target = widget
+        if widget.focusable and all(node.display for node in widget.ancestors_with_self
+                                    if isinstance(node, Widget)):
+            # Shown already: focused now, so that a key typed next lands there. (Waiting for the
+            # next refresh let it reach the pane left behind whenever nothing else was redrawn.)
+            self.set_focus(widget)
+            return
 
         def focus() -> None:
             if self._focus_target is widget:

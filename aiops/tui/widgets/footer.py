@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 # Global keys in the order the bar offers them (keys.py lists the essentials first).
 _RANK = {spec.id: i for i, spec in enumerate(KEYS)}
 _PALETTE_ACTIONS = ("command_palette", "app.command_palette")
+# A key as the bar shows it: key, display, description, action, disabled, tooltip, is the palette's.
+_Key = tuple[str, str, str, str, bool, str, bool]
 
 
 class ConsoleFooter(Footer):
@@ -42,6 +44,7 @@ class ConsoleFooter(Footer):
         self._laid_out_for = 0
         # The screen has told us its bindings once: before that there is nothing true to show.
         self._bindings_known = False
+        self._shown: list[_Key] | None = None  # the keys composed last
 
     @staticmethod
     def _width(display: str, description: str) -> int:
@@ -50,11 +53,17 @@ class ConsoleFooter(Footer):
 
     def bindings_changed(self, screen: Screen) -> None:
         self._bindings_known = True
+        # Screens ask on every change that might matter (the input asks at each keypress, for its
+        # completion key); recomposing mounts and styles a dozen keys each time, which was most of
+        # what a keypress cost the loop. The same keys in the same state: nothing to redo.
+        if self._shown is not None and self.is_attached and screen is self.screen \
+                and self._plan() == self._shown:
+            return
         super().bindings_changed(screen)
 
-    def compose(self) -> ComposeResult:
-        if not self._bindings_known:
-            return
+    def _plan(self) -> list[_Key]:
+        """The keys the bar shows now: the focused pane's, then the global ones that fit, then
+        the palette's at the right edge."""
         active = self._active()
         palette: ActiveBinding | None = next(
             (a for a in active if a.binding.action in _PALETTE_ACTIONS), None)
@@ -68,10 +77,10 @@ class ConsoleFooter(Footer):
             (everywhere if a.node is self.app else pane).append(a)
         everywhere.sort(key=lambda a: _RANK.get(a.binding.id or "", len(_RANK)))
         width = self.size.width or self.app.size.width
-        self._laid_out_for = width
         room = width
         if palette is not None:
             room -= self._width(self.app.get_key_display(palette.binding), palette.binding.description)
+        plan: list[_Key] = []
         for a in [*pane, *everywhere]:
             b = a.binding
             display = self.app.get_key_display(b)
@@ -79,13 +88,25 @@ class ConsoleFooter(Footer):
             if need > room:
                 continue
             room -= need
-            yield FooterKey(b.key, display, b.description, b.action, disabled=not a.enabled,
-                            tooltip=a.tooltip or b.description).data_bind(compact=Footer.compact)
+            plan.append((b.key, display, b.description, b.action, not a.enabled, a.tooltip or b.description, False))
         if palette is not None:
             b = palette.binding
-            yield FooterKey(b.key, self.app.get_key_display(b), b.description, b.action,
-                            classes="-command-palette", disabled=not palette.enabled,
-                            tooltip=b.tooltip or b.description)
+            plan.append((b.key, self.app.get_key_display(b), b.description, b.action, not palette.enabled,
+                         b.tooltip or b.description, True))
+        return plan
+
+    def compose(self) -> ComposeResult:
+        if not self._bindings_known:
+            return
+        self._laid_out_for = self.size.width or self.app.size.width
+        self._shown = plan = self._plan()
+        for key, display, description, action, disabled, tooltip, is_palette in plan:
+            if is_palette:
+                yield FooterKey(key, display, description, action, classes="-command-palette",
+                                disabled=disabled, tooltip=tooltip)
+            else:
+                yield FooterKey(key, display, description, action, disabled=disabled,
+                                tooltip=tooltip).data_bind(compact=Footer.compact)
 
     def _active(self) -> list[ActiveBinding]:
         """The bindings that work on this footer's screen.

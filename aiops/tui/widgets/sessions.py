@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.content import Content
 from textual.message import Message
+from textual.timer import Timer
+from textual.visual import Visual
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -15,8 +17,44 @@ from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
 from aiops.tui.widgets.typeaway import TypesAway
 
+if TYPE_CHECKING:
+    from textual.css.styles import RulesMap
+    from textual.strip import Strip
+    from textual.style import Style
+    from textual.visual import RenderOptions
+
 # The engine's session kinds, in the order the pane groups them (unknown kinds follow).
 KIND_ORDER = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
+
+# Session events redraw the list at most this often (seconds): fifty streaming sessions change
+# state and gain unread marks many times a second, and each redraw is one for the whole list.
+REDRAW_EVERY = 0.1
+
+
+class SessionRow(Visual):
+    """A session's two lines, built from the list's data when drawn (a row scrolled out of sight
+    costs nothing), so a changed session needs no new option: the next draw shows it as it is."""
+
+    def __init__(self, owner: SessionsList, session_id: str) -> None:
+        self.owner = owner
+        self.session_id = session_id
+
+    def _rows(self) -> Rows:
+        s = self.owner.sessions.get(self.session_id)
+        return self.owner._prompt(s) if s is not None else Rows([Content("")])
+
+    def render_strips(self, width: int, height: int | None, style: Style, options: RenderOptions) -> list[Strip]:
+        return self._rows().render_strips(width, height, style, options)
+
+    def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
+        return self._rows().get_optimal_width(rules, container_width)
+
+    def get_height(self, rules: RulesMap, width: int) -> int:
+        return 2
+
+    @property
+    def plain(self) -> str:
+        return self._rows().plain
 
 
 class SessionsList(TypesAway, OptionList):
@@ -62,6 +100,10 @@ to the message input.
         self.selected: str | None = None
         self.hold = False  # rebuilds wait (the terminal is behind: nothing is drawn)
         self._held = False  # one waited
+        self._rows: dict[str, Option] = {}  # a session's option, kept across redraws
+        self._order: list[str] = []  # the rows as shown: session ids, and "kind:NAME:COUNT" headings
+        self._pending: Timer | bool = False  # a redraw is scheduled
+        self._last = 0.0  # when the list was last redrawn (monotonic)
 
     def hold_rebuilds(self, hold: bool) -> None:
         """Put rebuilds off while `hold`; letting go does the one that waited."""
@@ -71,13 +113,16 @@ to the message input.
             self.rebuild()
 
     def on_mount(self) -> None:
-        self.set_interval(15, self.rebuild)  # the ages
+        self.set_interval(15, self._redraw_rows)  # the ages
+        if self.sessions:
+            self.rebuild_now()
 
     # -- data --
 
     def set_sessions(self, sessions: list[dict[str, Any]]) -> None:
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
-        self.rebuild()
+        self._rows = {sid: row for sid, row in self._rows.items() if sid in self.sessions}
+        self.rebuild_now()
 
     def upsert(self, session: dict[str, Any]) -> None:
         sid = session.get("client_id")
@@ -92,6 +137,7 @@ to the message input.
         """Take a deleted session off the list. (Not `remove`: that is every widget's own removal
         from the DOM.)"""
         self.sessions.pop(session_id, None)
+        self._rows.pop(session_id, None)
         self.unread.discard(session_id)
         self.rebuild()
 
@@ -110,7 +156,7 @@ to the message input.
         the list opens where the operator is."""
         self.selected = session_id
         self.unread.discard(session_id)
-        self.rebuild(highlight=session_id)
+        self.rebuild_now(highlight=session_id)
 
     def short_id(self, session_id: str | None) -> str:
         s = self.sessions.get(session_id or "")
@@ -130,35 +176,85 @@ to the message input.
         # The title takes the width the pane has; the unread mark and the age keep their place.
         return Rows([(line1, unread), (line2, Content.styled(ago(s.get("updated_at")), "dim"))])
 
-    def rebuild(self, highlight: str | None = None) -> None:
-        """Redraw every row; the cursor stays on its session (or moves to `highlight`). While the
-        terminal is behind (nothing is drawn) this waits for it: one rebuild per session event,
-        with hundreds of sessions, was most of what the console cost the loop then."""
+    def rebuild(self) -> None:
+        """Redraw the list soon: at once when it was not redrawn in the last `REDRAW_EVERY`, else
+        when that has passed, so a burst of session events makes one redraw, not one each."""
+        if not self.is_mounted or self._pending:
+            return
+        wait = self._last + REDRAW_EVERY - time.monotonic()
+        if wait > 0:
+            self._pending = self.set_timer(wait, self._scheduled)
+        else:
+            self._pending = True
+            self.call_later(self._scheduled)
+
+    def _scheduled(self) -> None:
+        self._pending = False
+        self.rebuild_now()
+
+    def rebuild_now(self, highlight: str | None = None) -> None:
+        """Redraw now; the cursor stays on its session (or moves to `highlight`). Rows are drawn
+        when shown (`SessionRow`), so a change that keeps the order only redraws what is on screen;
+        a new order sets the options again (from options kept per session). While the terminal is
+        behind (nothing is drawn) this waits for it."""
         if not self.is_mounted:
             return
         if self.hold:
             self._held = True
             return
-        highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
-                                    else self.selected)
-        options: list[Option | None] = []
+        self._last = time.monotonic()
+        if isinstance(self._pending, Timer):
+            self._pending.stop()
+        self._pending = False
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for s in self.sessions.values():
             by_kind.setdefault(s.get("kind") or "api", []).append(s)
         kinds = [k for k in KIND_ORDER if k in by_kind] + sorted(set(by_kind) - set(KIND_ORDER))
+        order: list[str] = []
+        groups: list[tuple[str, list[str]]] = []
         for kind in kinds:
-            group = sorted(by_kind[kind], key=lambda s: -(s.get("updated_at") or 0))
+            group = [s["client_id"] for s in sorted(by_kind[kind], key=lambda s: -(s.get("updated_at") or 0))]
+            groups.append((kind, group))
+            order.append(f"kind:{kind}:{len(group)}")
+            order.extend(group)
+        if order == self._order:
+            self._redraw_rows()
+        else:
+            self._set_order(order, groups, highlight)
+        current = self.highlighted_option
+        if highlight is not None and (current is None or current.id != highlight):
+            self._highlight(highlight)
+
+    def _redraw_rows(self) -> None:
+        """Draw the rows on screen again from the data (new states, unread marks, ages)."""
+        # OptionList's own reset of its rendered lines (private, checked against Textual 8.2.8; the
+        # public `replace_option_prompt` calls it once per option, which is what this avoids).
+        self._clear_caches()
+
+    def _set_order(self, order: list[str], groups: list[tuple[str, list[str]]],
+                   highlight: str | None) -> None:
+        highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
+                                    else self.selected)
+        options: list[Option] = []
+        for kind, group in groups:
             options.append(Option(Content.assemble((f"{kind} ({len(group)})", "bold underline")),
                                   id=f"kind:{kind}", disabled=True))
-            for s in group:
-                options.append(Option(self._prompt(s), id=s["client_id"]))
+            for sid in group:
+                row = self._rows.get(sid)
+                if row is None:
+                    row = self._rows[sid] = Option(SessionRow(self, sid), id=sid)
+                options.append(row)
+        self._order = order
         with self.app.batch_update():
-            self.set_options(o for o in options if o is not None)
+            self.set_options(options)
             if highlighted is not None:
-                try:
-                    self.highlighted = self.get_option_index(highlighted)
-                except Exception:  # noqa: BLE001 - the session is gone
-                    pass
+                self._highlight(highlighted)
+
+    def _highlight(self, session_id: str) -> None:
+        try:
+            self.highlighted = self.get_option_index(session_id)
+        except Exception:  # noqa: BLE001 - the session is gone
+            pass
 
     # -- actions --
 
