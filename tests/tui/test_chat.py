@@ -260,7 +260,7 @@ async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, 
         assert app.selected == "script-1"
         assert f"#{api_short}" in screen_text(app)
         assert "alpha in the console" not in screen_text(app)
-        assert "●" not in screen_text(app)
+        await wait_for(pilot, lambda: "●" not in screen_text(app), "the unread marker gone (the list redraws at 10 Hz)")
         # A new console session from anywhere, then back to the first one.
         await pilot.press("ctrl+n")
         await wait_for(pilot, lambda: app.selected not in (first, "script-1"), "a new session")

@@ -35,7 +35,7 @@ async def test_a_gate_from_the_openai_proxy_is_approved_in_the_console(make_app,
             assert gate.client_kind == "proxy" and gate.tool == "write_note"
             side = region_text(app, "#side")
             assert "proxy" in side and "write_note write" in side and "from the chat UI" in side
-            assert "proxy (1)" in screen_text(app)  # the chat UI's session is listed with its kind
+            await wait_text(pilot, "proxy (1)")  # the chat UI's session is listed with its kind (redraws come at 10 Hz)
             await pilot.press("ctrl+g")
             assert isinstance(app.focused, GatesInbox)
             await pilot.press("a")

@@ -28,7 +28,7 @@ async def test_a_swarm_call_is_a_swarm_session_whose_gate_is_approved_in_the_con
             gate = next(iter(app.inbox.gates.values()))
             assert (gate.client_kind, gate.tool) == ("swarm", "write_note")
             assert "swarm" in region_text(app, "#side")
-            assert "swarm (1)" in screen_text(app)  # listed under its kind
+            await wait_for(pilot, lambda: "swarm (1)" in screen_text(app), "the swarm session listed under its kind")
             await pilot.press("ctrl+g")
             assert isinstance(app.focused, GatesInbox)
             await pilot.press("a")

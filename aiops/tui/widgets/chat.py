@@ -169,6 +169,9 @@ class ToolCallBlock(Collapsible):
         """The call waits at a gate (`text` says for what and whom), or no longer does."""
         self.waiting = text
         self.title = self._title_text()
+        # The longer title may wrap to a second line: lay the block out again, not only its title
+        # (the full suite once caught the title drawn one line high, cut after "(gates").
+        self.refresh(layout=True)
 
     def set_result(self, content: str, *, is_error: bool, duration_ms: float | None,
                    gate: str | None = None, status: str | None = None) -> None:
