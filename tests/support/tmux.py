@@ -88,8 +88,21 @@ class Tmux:
             os.kill(pid, signal.SIGCONT)
 
     def kill(self) -> None:
+        try:
+            pid: int | None = self._stopped_pid or self.server_pid
+        except RuntimeError:  # no server on this socket
+            pid = None
         self.resume()  # a stopped server cannot act on kill-server
         subprocess.run([self.exe, "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
+        # Until the old server is gone: a new session started on its socket while it is still
+        # exiting fails with "server exited unexpectedly" (seen in CI after a restart in one test).
+        deadline = time.monotonic() + 10
+        while pid is not None and time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.02)
 
 
 @pytest.fixture

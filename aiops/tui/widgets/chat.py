@@ -169,9 +169,22 @@ class ToolCallBlock(Collapsible):
         """The call waits at a gate (`text` says for what and whom), or no longer does."""
         self.waiting = text
         self.title = self._title_text()
-        # The longer title may wrap to a second line: lay the block out again, not only its title
-        # (the full suite once caught the title drawn one line high, cut after "(gates").
-        self.refresh(layout=True)
+        self._measure_title_again()
+
+    def _measure_title_again(self) -> None:
+        # A title that now wraps to more lines must be measured again. Textual keeps a widget's
+        # height per width and drops it on update only once the widget has handled its Mount: a
+        # title changed in between (a gate right after its call) kept the old height, drawn cut
+        # after "(gates" (CI caught it). So: forget the height now and again after the next frame.
+        def again() -> None:
+            title = self._title
+            title.clear_cached_dimensions()
+            title.refresh(layout=True)
+            self.refresh(layout=True)
+
+        again()
+        if self.is_attached:
+            self.call_after_refresh(again)
 
     def set_result(self, content: str, *, is_error: bool, duration_ms: float | None,
                    gate: str | None = None, status: str | None = None) -> None:
@@ -190,6 +203,7 @@ class ToolCallBlock(Collapsible):
         self.set_class(is_error and not cancelled, "failed")
         self.set_class(cancelled, "cancelled")
         self.title = self._title_text()
+        self._measure_title_again()
 
 
 class GateLine(Static):
