@@ -27,7 +27,8 @@ __all__ = ["CliError", "_rule_hint", "main", "parse_args", "parse_since"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from aiops.config import ConfigError
+    # (aiops.paths, not aiops.config: the exception without pydantic, for `aiops chat`'s remote path)
+    from aiops.paths import ConfigError
 
     handlers = {
         None: cmd_console, "console": cmd_console, "serve": cmd_serve, "chat": cmd_chat,

@@ -61,7 +61,8 @@ def test_chat_on_a_data_dir_whose_aiops_runs_goes_through_it(aiops_serve: ServeP
     assert r.stdout.strip() == "hello from the server"
     assert aiops_serve.url in r.stderr  # says where it went
     sessions = _get(aiops_serve, "/api/v1/sessions")["sessions"]
-    assert [s["title"] for s in sessions if s["client_id"].startswith("chat-")] == ["hi there"]
+    # A cli session, as an in-process `aiops chat` makes (issue 27: it said `api` before).
+    assert [(s["title"], s["kind"]) for s in sessions if s["client_id"].startswith("chat-")] == [("hi there", "cli")]
     assert aiops_serve.proc.poll() is None  # and the server runs on
 
 

@@ -124,6 +124,32 @@ async def test_submit_with_wait_answers_with_the_text_and_creates_an_api_session
     assert [(s["client_id"], s["kind"]) for s in listed] == [(body["client_id"], "api")]
 
 
+async def test_a_client_may_say_it_is_the_cli_and_its_session_is_a_cli_session(api_server: ApiServer) -> None:
+    # `aiops chat` through a running aiops: its sessions are `cli` sessions, as in-process ones are.
+    api_server.fake.script(Reply.text("from the cli"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(api_server.url + "/api/v1/submit",
+                             json={"text": "hi", "client_id": "chat-1", "kind": "cli", "wait": True}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["text"] == "from the cli"
+    async with api_server.client() as agent:
+        assert [(s["client_id"], s["kind"]) for s in await agent.sessions()] == [("chat-1", "cli")]
+        assert [s["client_id"] for s in await agent.sessions(kind="cli")] == ["chat-1"]
+
+
+async def test_a_client_may_not_claim_a_kind_the_server_assigns(api_server: ApiServer) -> None:
+    # The console, the proxies, Slack, swarm and MCP are what the server says they are, never a client.
+    async with aiohttp.ClientSession() as http:
+        for kind in ("console", "proxy", "swarm", "mcp", "slack", "CLI", "", 1, None):
+            async with http.post(api_server.url + "/api/v1/submit",
+                                 json={"text": "hi", "client_id": "claims", "kind": kind}) as r:
+                assert r.status == 400, (kind, await r.text())
+                err = (await r.json())["error"]
+                assert err["message"].startswith("invalid request: kind: "), err
+    async with api_server.client() as agent:
+        assert await agent.sessions() == []  # nothing was taken in
+
+
 async def test_an_answer_cut_at_the_models_output_limit_says_so(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.text("Steps one to", finish_reason="length"))
     async with api_server.client() as agent, agent.stream("api-cut-short") as stream:
@@ -582,7 +608,8 @@ async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) ->
     submit = doc["paths"]["/api/v1/submit"]["post"]
     body = schemas[submit["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
     assert body["required"] == ["text"]
-    assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout"}
+    assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout", "kind"}
+    assert body["properties"]["kind"]["enum"] == ["api", "cli"]
     assert doc["paths"]["/api/v1/health"]["get"]["security"] == []
     assert "403" in doc["paths"]["/api/v1/gates/{id}"]["post"]["responses"]
     history = doc["paths"]["/api/v1/sessions/{id}"]["get"]["parameters"]
