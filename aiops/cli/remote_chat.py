@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from aiops.cli.common import CliError
 
 if TYPE_CHECKING:
-    from aiops.cli.remote_http import Api
+    from aiops.cli.remote_http import Api, EventStream
     from aiops.paths import Paths
 
 
@@ -64,9 +64,33 @@ async def submit_as_cli(api: Api, text: str, session: str, model: str | None) ->
     return await api.call("POST", "/api/v1/submit", body, expect=("client_id", "status"))
 
 
+COMMANDS_WAIT = 2.0  # seconds the stream has to bring a !command's own verdict (see below)
+
+
+async def _a_command_failed(stream: EventStream, turn_id: object) -> bool:
+    """Whether a `!command` of this turn reported an error (exit 1, as in-process). The reply
+    says `complete` either way; each command's verdict (`ok`) is in its notice on the stream,
+    read up to the turn's `done`. A stream that may not show them (a client token's commands to
+    a session they created none of) ends the wait after COMMANDS_WAIT: the reply's status stands."""
+    failed = False
+    try:
+        async with asyncio.timeout(COMMANDS_WAIT):
+            async for item in stream:
+                name, data = item["event"], item["data"]
+                if data.get("turn_id") != turn_id:
+                    continue
+                if name == "notice" and data.get("command") and data.get("ok") is False:
+                    failed = True
+                elif name == "done":
+                    break
+    except TimeoutError:
+        pass
+    return failed
+
+
 async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
     from aiops.cli.chat import _shown, _TerminalAsker
-    from aiops.cli.remote_http import Api, ApiError, EventStream, segment
+    from aiops.cli.remote_http import Api, ApiError, segment
 
     out = sys.stdout
     say = sys.stderr if args.json else out
@@ -130,11 +154,12 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
         reply = await submit_as_cli(api, args.text, session, args.model)
         if reply.get("status") != "accepted":
             # Only !commands: answered at once (their output is the reply's text).
+            failed = reply.get("status") == "error" or await _a_command_failed(stream, reply.get("turn_id"))
             if args.json:
                 out.write(json.dumps({"event": "done", **reply}, default=str) + "\n")
             elif reply.get("text"):
                 out.write(_shown(str(reply["text"])) + "\n")
-            return 1 if reply.get("status") == "error" else 0
+            return 1 if failed else 0
         turn_id = reply.get("turn_id")
         if not args.json:
             print(f"[session {session} · {url}]", file=sys.stderr)
