@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +31,11 @@ def _shipped_dir(name: str) -> Path:
     (pyproject.toml maps them there); a source checkout or an editable install reads the top-level
     dirs of the repository, the layout DESIGN.md describes.
     """
-    from importlib.resources import files  # deferred: keeps `import aiops.config` cheap
-
-    packaged = files("aiops").joinpath("_defaults", name)
+    # (The package's own directory, not importlib.resources: the same place for a wheel or a
+    # checkout, without importing importlib.resources on every run of `aiops`.)
+    packaged = Path(__file__).resolve().parent / "_defaults" / name
     if packaged.is_dir():
-        return Path(str(packaged))
+        return packaged
     return REPO_ROOT / name
 
 
@@ -117,6 +116,8 @@ class Paths:
 
 def copy_tree(src: Path, dest: Path) -> None:
     """Copy a directory so `dest` appears complete or not at all (a concurrent copy may win)."""
+    import shutil  # (here: its import brings bz2, lzma and zlib, which most runs never use)
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -131,6 +132,8 @@ def copy_tree(src: Path, dest: Path) -> None:
 
 def replace_tree(src: Path, dest: Path) -> None:
     """Replace the directory `dest` with a copy of `src`; `dest` goes only once the copy is whole."""
+    import shutil
+
     staged = dest.parent / f".{dest.name}.new-{os.getpid()}"
     old = dest.parent / f".{dest.name}.old-{os.getpid()}"
     shutil.rmtree(staged, ignore_errors=True)
@@ -159,8 +162,8 @@ def resolve_paths(config_dir: str | Path | None = None, data_dir: str | Path | N
 
 def load_env(paths: Paths) -> None:
     """Secrets come from the environment or a .env file; the environment wins."""
-    from dotenv import load_dotenv
-
     for p in paths.env_files():
         if p.is_file():
+            from dotenv import load_dotenv  # (only with a .env file to read)
+
             load_dotenv(p, override=False)

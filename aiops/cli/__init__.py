@@ -44,12 +44,14 @@ def _exit_now(code: int) -> NoReturn:
     first: the atexit hooks run (logging's flush and close among them, and any an embedder
     registered) and stdout and stderr are flushed. The store is closed by then (the engine stops
     before main() returns). A non-daemon thread still running gets the normal exit, which waits
-    for it."""
+    for it; so does a run under a profiler, a tracer or coverage (`python -m cProfile -m aiops.cli
+    chat …` writes its figures after this would have ended the process)."""
     import atexit
     import os
     import threading
 
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+    if sys.getprofile() is not None or sys.gettrace() is not None or any(
+            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     atexit._run_exitfuncs()
     try:

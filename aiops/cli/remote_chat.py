@@ -18,8 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from aiops.cli.common import CliError
@@ -149,7 +149,7 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
                 raise
             session = str(found["session"]["client_id"])
         else:
-            session = f"chat-{uuid.uuid4().hex[:8]}"
+            session = f"chat-{os.urandom(4).hex()}"  # (not uuid: its import is a few ms more)
         stream = await api.stream(session)  # subscribed before the message goes: no event is missed
         reply = await submit_as_cli(api, args.text, session, args.model)
         if reply.get("status") != "accepted":
