@@ -525,8 +525,7 @@ class Engine:
         return [ev.GateInfo.from_dict(g.to_dict()) for g in self.gatekeeper.broker.pending(session_id)]
 
     def rate_usage(self, session_id: str | None = None) -> list[ev.RateInfo]:
-        return [ev.RateInfo(u.session_id, u.tool_type, u.used, u.limit, u.window_seconds, u.disabled)
-                for u in self.gatekeeper.limiter.usage(session_id)]
+        return self.gatekeeper.limiter.usage(session_id)
 
     def models(self) -> Mapping[str, ModelConfig]:
         return self.config.models.models

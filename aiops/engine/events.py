@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+# One rate-limited tool type's use in one session: the limiter's own rows travel in `RateChanged`.
+from aiops.gates.rate_usage import RateUsage as RateInfo
+
 # The wire names (kept as constants: tests and older plugins name events by them).
 TOK = "tok"
 THINKING = "thinking"
@@ -381,22 +384,6 @@ class SessionChanged(_EventBase):
 
     def body(self) -> dict[str, Any]:
         return {"change": self.change, **self.session}
-
-
-@dataclass(frozen=True, slots=True)
-class RateInfo:
-    """One rate-limited tool type's use in one session."""
-
-    session_id: str
-    tool_type: str
-    used: int
-    limit: int
-    window_seconds: float
-    disabled: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "tool_type": self.tool_type, "used": self.used,
-                "limit": self.limit, "window_seconds": self.window_seconds, "disabled": self.disabled}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
