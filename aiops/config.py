@@ -36,7 +36,7 @@ def _shipped_dir(name: str) -> Path:
 
     A wheel carries `config/` and `system_prompt/` inside the package as `aiops/_defaults/<name>`
     (pyproject.toml maps them there); a source checkout or an editable install reads the top-level
-    dirs of the repository, the layout DESIGN.md describes.
+    dirs of the repository (docs/ARCHITECTURE.md: shipped defaults keep the repository layout).
     """
     from importlib.resources import files  # deferred: keeps `import aiops.config` cheap
 

@@ -5,9 +5,10 @@ stream, the proxy, `aiops chat`, Slack, MCP) `match` on them or handle one type 
 form — the SSE event name and its JSON body — comes from one place: `Event.name` and
 `Event.payload()`, and `from_wire` reads it back (an attached console, a swarm peer).
 
-The names of DESIGN.md are also the SSE event names of the API stream:
-`tok thinking tool_call tool_result gate gate_resolved notice error done`; `user`, `turn`,
-`session` and `rate` are extra events for views that draw more than one conversation.
+The names are also the SSE event names of the API stream (docs/API.md):
+`tok thinking tool_call tool_result gate gate_resolved notice error done` are the contract's;
+`user`, `turn`, `session` and `rate` are extra events for views that draw more than one
+conversation.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ class ToolReturned(_EventBase):
 
 @dataclass(frozen=True, slots=True)
 class GateInfo:
-    """The gate object of DESIGN.md, with its resolution once it has one."""
+    """The gate object (docs/API.md, "Gates"), with its resolution once it has one."""
 
     id: str
     session_id: str
