@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from aiops.engine.plugins import Plugin, PluginAPI
-from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
+from aiops.engine.tools import Classification, Executor, Tool, ToolContext, ToolOutput
 from aiops.integrations.tavily import TavilyClient, TavilyError
 from aiops.integrations.web_text import (
     DataToolSettings,
@@ -58,7 +58,7 @@ class _SearchPlugin(Plugin):
         super().__init__()
         self.client: Any = None
 
-    def _register(self, api: PluginAPI, description: str, args_model: type[BaseModel], execute: Any) -> None:
+    def _register(self, api: PluginAPI, description: str, args_model: type[BaseModel], execute: Executor) -> None:
         register_fulltext(api)
         api.register_tool(Tool(self.name, description, args_model, "search", execute,
                                classify=_classify(self.name)))
