@@ -8,7 +8,8 @@ form — the SSE event name and its JSON body — comes from one place: `Event.n
 The names are also the SSE event names of the API stream (docs/API.md):
 `tok thinking tool_call tool_result gate gate_resolved notice error done` are the contract's;
 `user`, `turn`, `session` and `rate` are extra events for views that draw more than one
-conversation.
+conversation; `models` (what the server knows of its models' reachability) is published by the
+server, not the engine.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ USER = "user"
 TURN = "turn"
 SESSION = "session"
 RATE = "rate"
+MODELS = "models"
 CONTRACT_EVENTS: frozenset[str] = frozenset(
     {TOK, THINKING, TOOL_CALL, TOOL_RESULT, GATE, GATE_RESOLVED, NOTICE, ERROR, DONE}
 )
@@ -398,13 +400,44 @@ class RateChanged(_EventBase):
         return {"usage": [u.to_dict() for u in self.usage]}
 
 
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Whether one configured model answers, as last seen: by a probe (a cheap list-models request)
+    or a turn (a model error marks it unreachable, a whole answer reachable again)."""
+
+    key: str
+    ok: bool
+    reason: str = ""  # why it is unreachable
+    checked_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "ok": self.ok, "reason": self.reason, "checked_at": self.checked_at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelState:
+        return cls(str(d.get("key", "")), bool(d.get("ok")), str(d.get("reason") or ""),
+                   float(d.get("checked_at") or 0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelsChanged(_EventBase):
+    """The reachability of the enabled models changed (every model's, not only the changed one's).
+    Published by the server that probes them (aiops/integrations/server/model_health.py)."""
+
+    name: ClassVar[Literal["models"]] = "models"
+    models: tuple[ModelState, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"models": [m.to_dict() for m in self.models]}
+
+
 Event = (Tok | Thinking | ToolCalled | ToolReturned | GateOpened | GateResolved | Notice | ErrorEvent
-         | Done | UserPosted | TurnStarted | SessionChanged | RateChanged)
+         | Done | UserPosted | TurnStarted | SessionChanged | RateChanged | ModelsChanged)
 """Every event the engine publishes."""
 
 EVENT_TYPES: dict[str, type[_EventBase]] = {
     t.name: t for t in (Tok, Thinking, ToolCalled, ToolReturned, GateOpened, GateResolved, Notice,
-                        ErrorEvent, Done, UserPosted, TurnStarted, SessionChanged, RateChanged)
+                        ErrorEvent, Done, UserPosted, TurnStarted, SessionChanged, RateChanged, ModelsChanged)
 }
 
 
@@ -468,4 +501,7 @@ def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None)
             return SessionChanged(change=change, session=p, **ids)
         case "rate":
             return RateChanged(usage=tuple(RateInfo(**u) for u in p.get("usage") or ()), **ids)
+        case "models":
+            return ModelsChanged(models=tuple(ModelState.from_dict(m) for m in p.get("models") or ()
+                                              if isinstance(m, Mapping)), **ids)
     raise ValueError(f"unknown event {name!r}")

@@ -263,3 +263,30 @@ async def test_a_network_drop_is_shown_and_the_missed_events_are_caught_up_once(
         text = chat_text(app)
         assert text.count("asked while you were away") == 1 and text.count("during the drop") == 1
         assert text.count("before the drop") == 1 and text.count("you first question") == 1
+
+
+async def test_the_attached_console_shows_the_servers_model_reachability_and_every_configured_limit(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """What the in-process console shows (tests/tui/test_panes.py): which models answer, said as the
+    server sees them (it probes, not the attached console), and the limits pane's every limit of the
+    selected session, used or not."""
+    from tests.fakes.fixtures import openai_model_entry
+
+    models = {"gpt": {"type": "openai", "model_id": "gpt-x", "api_key_env": "AIOPS_TEST_UNSET_KEY"},
+              "local": openai_model_entry(fake_openai)}
+    serve = aiops_serve_factory(models=models, default="gpt",
+                                extra_files={"limits.toml": "[rate.notes]\ncalls = 3\nwindow_seconds = 600\n"
+                                                           "[rate.db]\ncalls = 20\nwindow_seconds = 60\n"})
+    app = attached_app(serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: "not reachable" in region_text(app, "#guidance"), "the guidance", 20)
+        guidance = region_text(app, "#guidance")
+        assert "Model gpt (openai gpt-x at https://api.openai.com/v1) is not reachable" in guidance
+        assert "AIOPS_TEST_UNSET_KEY is not set" in guidance and "Reachable now: local." in guidance
+        assert "model gpt unreachable" in region_text(app, "StatusBar")
+        app.main.show_pane("limits")
+        rules = app.cfg.limits.rate
+        assert sorted(rules) == ["db", "notes"]
+        await wait_for(pilot, lambda: all(f"{t} 0/{r.calls} in {r.window_seconds:g}s" in region_text(app, "LimitsTable")
+                                          for t, r in rules.items()), "every configured limit at 0", 20)
