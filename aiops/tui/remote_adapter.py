@@ -189,18 +189,25 @@ class RemoteAdapter(EngineAdapter):
 
     # -- sessions and turns --
 
+    @property
+    def _console_sessions(self) -> bool:
+        # An operator's sessions are `console` sessions, as in-process, where the server's submit
+        # takes that kind; elsewhere (an older aiops, a client token) they are `api` sessions.
+        return self.remote.operator and bool(self.remote.info.get("console_sessions"))
+
     async def sessions(self) -> list[dict[str, Any]]:
         return await self.remote.list_sessions()
 
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         # The server makes a session with its first message; until then it is this console's name.
         sid = f"console-{uuid.uuid4().hex[:8]}"
-        return {"client_id": sid, "short_id": "", "kind": "api", "model": self.default_model(), "title": "",
+        made = "console" if self._console_sessions else "api"  # (`kind`: what the App asked for)
+        return {"client_id": sid, "short_id": "", "kind": made, "model": self.default_model(), "title": "",
                 "state": "idle", "created_at": 0, "updated_at": 0, "message_count": 0}
 
     async def submit(self, session_id: str, text: str) -> str:
         try:
-            data = await self.remote.submit(session_id, text)
+            data = await self.remote.submit(session_id, text, kind="console" if self._console_sessions else None)
         except RemoteError as e:
             raise RuntimeError(e.message) from None
         return str(data.get("turn_id", ""))

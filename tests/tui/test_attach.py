@@ -290,3 +290,23 @@ async def test_the_attached_console_shows_the_servers_model_reachability_and_eve
         assert sorted(rules) == ["db", "notes"]
         await wait_for(pilot, lambda: all(f"{t} 0/{r.calls} in {r.window_seconds:g}s" in region_text(app, "LimitsTable")
                                           for t, r in rules.items()), "every configured limit at 0", 20)
+
+
+async def test_a_session_started_from_the_attached_console_is_the_operators_console_session(
+        aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    """As in-process: a `console` session owned by the operator's name, where the server's submit takes
+    that kind (`/api/v1/console` says `console_sessions`); against one that does not, the message still
+    goes through, as an `api` session."""
+    fake_openai.script(Reply.text("hello back"))
+    app = attached_app(aiops_serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        remote = app.adapter.remote  # type: ignore[attr-defined]
+        expected = "console" if remote.info["console_sessions"] else "api"
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: "hello back" in chat_text(app), "the answer", 20)
+        rows = await remote.list_sessions()
+        assert [(r["client_id"], r["kind"]) for r in rows] == [(app.chat.session_id, expected)]
+        assert rows[0]["owner"] == remote.principal  # the name the header shows
+        await wait_for(pilot, lambda: app.sessions_list.sessions[app.chat.session_id].get("kind") == expected,
+                       "the sessions list says its kind", 20)

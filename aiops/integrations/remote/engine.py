@@ -341,12 +341,17 @@ class RemoteEngine:
         await self.caught_up(position)
         return [message_from_wire(m) for m in data.get("messages") or ()]
 
-    async def submit(self, client_id: str | None, text: str, *, model: str | None = None) -> dict[str, Any]:
+    async def submit(self, client_id: str | None, text: str, *, model: str | None = None,
+                     kind: str | None = None) -> dict[str, Any]:
+        """`kind`: the kind of a session this message creates (`console`: an operator's console, where
+        `/api/v1/console` says `console_sessions`)."""
         body: dict[str, Any] = {"text": text}
         if client_id is not None:
             body["client_id"] = client_id
         if model is not None:
             body["model"] = model
+        if kind is not None:
+            body["kind"] = kind
         return await self._call("POST", "/api/v1/submit", body=body)
 
     async def stop_turn(self, ref: str) -> bool:

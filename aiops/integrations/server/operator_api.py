@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import secrets
@@ -241,6 +242,9 @@ class ConsoleInfo(BaseModel):
     commands: list[str]
     tools: list[str]
     plugins: list[dict[str, str]] | None = None
+    console_sessions: bool = Field(False, description="An operator's `POST /api/v1/submit` may say `kind: "
+                                   "\"console\"`: the session it creates is a console session, as the "
+                                   "in-process console's are (an attached console does so).")
     model_status: list[ModelStateOut] | None = Field(
         None, description="Operators: what the server knows of each enabled model's reachability (its last "
                           "probe, then its turns); empty until something asked it to probe "
@@ -369,8 +373,17 @@ async def console_info(request: web.Request) -> web.Response:
                        epoch=feed.epoch, last_event_id=feed.position, default_model=cfg.models.default_model,
                        models=models, commands=engine.commands.names(), tools=engine.tools.names(),
                        plugins=[p.to_dict() for p in engine.plugin_status] if who.operator else None,
+                       console_sessions=_submit_takes_console_kind(),
                        model_status=_model_states(request.app[HEALTH_KEY].snapshot()) if who.operator else None)
     return _json(info)
+
+
+@functools.cache
+def _submit_takes_console_kind() -> bool:
+    from aiops.integrations.server.api import SubmitRequest  # (api mounts these routes: imported late)
+
+    kind = SubmitRequest.model_json_schema().get("properties", {}).get("kind", {})
+    return "console" in json.dumps(kind)
 
 
 def _model_states(states: list[ev.ModelState]) -> list[ModelStateOut]:
