@@ -1,5 +1,6 @@
 """What an attached console needs of `/api/v1` beyond the per-session API: one resumable event
-stream of every session and gate, and the side panes' state (rate limits, plugins, the prompt tree).
+stream of every session and gate, and the side panes' state (rate limits, plugins, the prompt tree,
+which models answer: model_health.py).
 
 `EventFeed` is a bus listener that numbers every event (`<epoch>-<seq>`: the epoch changes with every
 start of the server, the seq is the engine's publication order) and keeps the latest `RING_SIZE` in
@@ -279,7 +280,8 @@ class PromptSaved(BaseModel):
 
 class FeedEvent(BaseModel):
     """The data of one event of `/api/v1/events`: the wire body of the event named by `event:`
-    (every engine event: the stream's names plus `user`, `turn`, `session`, `rate`)."""
+    (every engine event: the stream's names plus `user`, `turn`, `session`, `rate`, and `models`, the
+    server's picture of its models' reachability)."""
 
     model_config = ConfigDict(extra="allow")
     session_id: str | None = None
