@@ -2,7 +2,9 @@
 
 A proxy client's gate reaches the attached console's inbox and is approved there; two attached
 consoles see each other's answers (who answered); the server restarted under an attached console,
-which says it lost the link, reconnects and shows the history once.
+which says it lost the link, reconnects and shows the history once. What the in-process console
+shows, attached too: which models answer (the server's picture, and its changes in every console),
+every configured limit, and the operator's sessions as console sessions where the server allows.
 """
 
 from __future__ import annotations
@@ -310,3 +312,24 @@ async def test_a_session_started_from_the_attached_console_is_the_operators_cons
         assert rows[0]["owner"] == remote.principal  # the name the header shows
         await wait_for(pilot, lambda: app.sessions_list.sessions[app.chat.session_id].get("kind") == expected,
                        "the sessions list says its kind", 20)
+
+
+async def test_a_model_check_from_one_attached_console_is_shown_in_every_other(
+        aiops_serve_factory: ServeFactory) -> None:
+    """The server's picture changes (a probe finds its model gone): a console that did not ask says so
+    too, from the `models` event, as the one that asked does."""
+    from tests.fakes.fixtures import openai_model_entry
+
+    with FakeOpenAI() as other:
+        serve = aiops_serve_factory(models={"second": openai_model_entry(other)}, default="second")
+        one, two = attached_app(serve), attached_app(serve)
+        async with one.run_test(size=(160, 48)) as p1, two.run_test(size=(160, 48)) as p2:
+            await ready(p1)
+            await ready(p2)
+            await wait_for(p2, lambda: two.guidance.probes.get("second") is not None, "the first picture", 20)
+            assert "unreachable" not in region_text(two, "StatusBar")
+            await asyncio.to_thread(other.stop)  # the model's server goes away
+            one.action_check_models()
+            for pilot, app in ((p1, one), (p2, two)):
+                await wait_for(pilot, lambda app=app: "no model reachable" in region_text(app, "StatusBar")
+                               and "cannot connect to" in region_text(app, "#guidance"), "the model gone", 20)
