@@ -292,6 +292,10 @@ async def test_the_attached_console_shows_the_servers_model_reachability_and_eve
         assert sorted(rules) == ["db", "notes"]
         await wait_for(pilot, lambda: all(f"{t} 0/{r.calls} in {r.window_seconds:g}s" in region_text(app, "LimitsTable")
                                           for t, r in rules.items()), "every configured limit at 0", 20)
+        # A limit changed on the attached aiops (no `rate` event says so) is shown once the command ran.
+        app.main.show_pane("input")
+        await send(pilot, "!limits set notes 5 900")
+        await wait_for(pilot, lambda: "notes 0/5 in 900s" in region_text(app, "LimitsTable"), "the new limit", 20)
 
 
 async def test_a_session_started_from_the_attached_console_is_the_operators_console_session(
