@@ -171,11 +171,16 @@ async def test_the_servers_picture_of_its_models_reachability_and_its_changes(
         api_server_factory: ApiServerFactory) -> None:
     """What an attached console shows instead of probing itself: the server probes when asked, says
     which models answer, and publishes every change (a probe, a turn's model error, a whole answer)."""
+    import socket
+
     from tests.fakes.openai_server import FakeOpenAI
 
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     with FakeOpenAI() as other:
         srv = await api_server_factory(models={"gone": {"type": "openai", "model_id": "m", "timeout": 5,
-                                                        "base_url": "http://127.0.0.1:9/v1"},
+                                                        "base_url": gone},
                                                "local": openai_model_entry(other)})
         async with aiohttp.ClientSession() as http:
             async with http.get(srv.url + "/api/v1/console") as r:
@@ -187,7 +192,7 @@ async def test_the_servers_picture_of_its_models_reachability_and_its_changes(
                 checked = {m["key"]: m for m in (await r.json())["models"]}
             assert checked["local"]["ok"] is True and checked["local"]["reason"] == ""
             assert checked["gone"]["ok"] is False
-            assert checked["gone"]["reason"] == "cannot connect to http://127.0.0.1:9/v1 (ClientConnectorError)"
+            assert checked["gone"]["reason"] == f"cannot connect to {gone} (ClientConnectorError)"
             _, _, event = (await reader.until("models"))[-1]
             assert {m["key"]: m["ok"] for m in event["models"]} == {"gone": False, "local": True}
 
