@@ -29,7 +29,7 @@ def _shipped_dir(name: str) -> Path:
 
     A wheel carries `config/` and `system_prompt/` inside the package as `aiops/_defaults/<name>`
     (pyproject.toml maps them there); a source checkout or an editable install reads the top-level
-    dirs of the repository, the layout DESIGN.md describes.
+    dirs of the repository (docs/ARCHITECTURE.md: shipped defaults keep the repository layout).
     """
     # (The package's own directory, not importlib.resources: the same place for a wheel or a
     # checkout, without importing importlib.resources on every run of `aiops`.)

@@ -463,7 +463,7 @@ async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_t
         assert (gate["tool"], gate["operation"], gate["session_id"]) == ("write_note", "write", "api-gated")
         assert gate["args"] == {"text": "hello"} and gate["client_kind"] == "api"
         assert [g["id"] for g in await bot.gates()] == [gate["id"]]  # pending, visible to every role
-        # The same object as the event's (which adds only the turn), as DESIGN.md has it.
+        # The same object as the event's (which adds only the turn), as docs/API.md has it.
         assert await ops.gates() == [{k: v for k, v in gate.items() if k != "turn_id"}]
 
         with pytest.raises(AgentError) as e:
