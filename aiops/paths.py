@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,8 +117,6 @@ class Paths:
 
 def copy_tree(src: Path, dest: Path) -> None:
     """Copy a directory so `dest` appears complete or not at all (a concurrent copy may win)."""
-    import shutil  # (here: its import brings bz2, lzma and zlib, which most runs never use)
-
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -132,8 +131,6 @@ def copy_tree(src: Path, dest: Path) -> None:
 
 def replace_tree(src: Path, dest: Path) -> None:
     """Replace the directory `dest` with a copy of `src`; `dest` goes only once the copy is whole."""
-    import shutil
-
     staged = dest.parent / f".{dest.name}.new-{os.getpid()}"
     old = dest.parent / f".{dest.name}.old-{os.getpid()}"
     shutil.rmtree(staged, ignore_errors=True)
