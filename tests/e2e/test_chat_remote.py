@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import threading
@@ -174,3 +175,21 @@ def test_a_server_that_is_gone_or_refuses_the_token_is_a_usage_error(aiops_serve
     serve.stop()
     r = _run(_cmd(serve, "hi", "--url", url))
     assert r.returncode == 2 and f"cannot reach the aiops at {url}" in r.stderr, r.stderr
+
+
+def test_a_server_killed_midway_is_said_and_exits_2(aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    # The stream cut before its `done` (SIGKILL: no clean end of the body) is not taken for the end.
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("never sent"))
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        _wait_gate(aiops_serve)  # the chat waits on its stream for a console's answer
+        aiops_serve.stop(signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 2, err.decode()
+    assert f"aiops: {aiops_serve.url}: the event stream of chat-" in err.decode()
+    assert "was cut" in err.decode() and "never sent" not in out.decode()
