@@ -137,10 +137,31 @@ async def test_a_client_may_say_it_is_the_cli_and_its_session_is_a_cli_session(a
         assert [s["client_id"] for s in await agent.sessions(kind="cli")] == ["chat-1"]
 
 
-async def test_a_client_may_not_claim_a_kind_the_server_assigns(api_server: ApiServer) -> None:
-    # The console, the proxies, Slack, swarm and MCP are what the server says they are, never a client.
+async def test_an_operator_may_start_a_console_session_and_a_client_token_may_not(
+        api_server_factory: ApiServerFactory) -> None:
+    # An attached console's sessions are the operator's console sessions, as the in-process console's are.
+    tokens = Tokens.make(ops="operator", bot="client")
+    srv = await api_server_factory(tokens=tokens)
+    srv.fake.script(Reply.text("from the console"))
     async with aiohttp.ClientSession() as http:
-        for kind in ("console", "proxy", "swarm", "mcp", "slack", "CLI", "", 1, None):
+        async with http.post(srv.url + "/api/v1/submit", headers=tokens.header("bot"),
+                             json={"text": "hi", "client_id": "bot-console", "kind": "console"}) as r:
+            assert r.status == 403, await r.text()
+            assert "operator" in (await r.json())["error"]["message"]
+        async with http.post(srv.url + "/api/v1/submit", headers=tokens.header("ops"),
+                             json={"text": "hi", "client_id": "ops-console", "kind": "console",
+                                   "wait": True}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["text"] == "from the console"
+        async with http.get(srv.url + "/api/v1/sessions", headers=tokens.header("ops")) as r:
+            rows = (await r.json())["sessions"]
+    assert [(s["client_id"], s["kind"]) for s in rows] == [("ops-console", "console")]
+
+
+async def test_a_client_may_not_claim_a_kind_the_server_assigns(api_server: ApiServer) -> None:
+    # The proxies, Slack, swarm and MCP are what the server says they are, never a client.
+    async with aiohttp.ClientSession() as http:
+        for kind in ("proxy", "swarm", "mcp", "slack", "CLI", "", 1, None):
             async with http.post(api_server.url + "/api/v1/submit",
                                  json={"text": "hi", "client_id": "claims", "kind": kind}) as r:
                 assert r.status == 400, (kind, await r.text())
@@ -609,7 +630,7 @@ async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) ->
     body = schemas[submit["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
     assert body["required"] == ["text"]
     assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout", "kind"}
-    assert body["properties"]["kind"]["enum"] == ["api", "cli"]
+    assert body["properties"]["kind"]["enum"] == ["api", "cli", "console"]
     assert doc["paths"]["/api/v1/health"]["get"]["security"] == []
     assert "403" in doc["paths"]["/api/v1/gates/{id}"]["post"]["responses"]
     history = doc["paths"]["/api/v1/sessions/{id}"]["get"]["parameters"]

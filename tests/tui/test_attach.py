@@ -300,15 +300,16 @@ async def test_the_attached_console_shows_the_servers_model_reachability_and_eve
 
 async def test_a_session_started_from_the_attached_console_is_the_operators_console_session(
         aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
-    """As in-process: a `console` session owned by the operator's name, where the server's submit takes
-    that kind (`/api/v1/console` says `console_sessions`); against one that does not, the message still
-    goes through, as an `api` session."""
+    """As in-process: a `console` session owned by the operator's name (the server's submit takes that
+    kind from an operator, and `/api/v1/console` says so: against an older server that does not, the
+    attached console sends no kind and its sessions are `api` ones)."""
     fake_openai.script(Reply.text("hello back"))
     app = attached_app(aiops_serve)
     async with app.run_test(size=(160, 48)) as pilot:
         await ready(pilot)
         remote = app.adapter.remote  # type: ignore[attr-defined]
-        expected = "console" if remote.info["console_sessions"] else "api"
+        assert remote.info["console_sessions"] is True
+        expected = "console"
         await send(pilot, "hi")
         await wait_for(pilot, lambda: "hello back" in chat_text(app), "the answer", 20)
         rows = await remote.list_sessions()

@@ -88,11 +88,13 @@ class SubmitRequest(_Body):
                                                            "after a timeout.")
     # Only kinds a client may say it is: `cli` (`aiops chat` through a running aiops) changes how
     # long its gates wait (gates.toml [wait]) and how the console groups it, nothing it may do;
-    # the console, the proxies, Slack, swarm and MCP are kinds the server itself assigns.
-    kind: Literal["api", "cli"] = Field("api", description="The client's kind, for a session this message "
-                                        "creates and for its turn: `cli` is `aiops chat` (as its in-process "
-                                        "sessions are). A call from another aiops (X-Aiops-Agent-Hops) is "
-                                        "`swarm` whatever this says.")
+    # `console` is an attached console's own session, for an operator's token only. The proxies,
+    # Slack, swarm and MCP are kinds the server itself assigns.
+    kind: Literal["api", "cli", "console"] = Field(
+        "api", description="The client's kind, for a session this message creates and for its turn: `cli` is "
+                           "`aiops chat` (as its in-process sessions are), `console` an attached console's "
+                           "(operator tokens only; 403 `forbidden` otherwise). A call from another aiops "
+                           "(X-Aiops-Agent-Hops) is `swarm` whatever this says.")
 
 
 class GateDecisionRequest(_Body):
@@ -390,6 +392,9 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
                            hops: Hops | None) -> Turn:
     # A call from another aiops's agent is a `swarm` session here, its turn at the call's depth.
     kind = body.kind if hops is None else "swarm"
+    if kind == "console" and not who.operator:
+        # A console session is the operator's own: its commands and gates are the operator's.
+        raise HttpError(403, "forbidden", "only an operator's token may start a console session")
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)

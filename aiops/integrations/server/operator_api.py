@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import secrets
@@ -375,17 +374,9 @@ async def console_info(request: web.Request) -> web.Response:
                        epoch=feed.epoch, last_event_id=feed.position, default_model=cfg.models.default_model,
                        models=models, commands=engine.commands.names(), tools=engine.tools.names(),
                        plugins=[p.to_dict() for p in engine.plugin_status] if who.operator else None,
-                       console_sessions=_submit_takes_console_kind(),
+                       console_sessions=True,
                        model_status=_model_states(request.app[HEALTH_KEY].snapshot()) if who.operator else None)
     return _json(info)
-
-
-@functools.cache
-def _submit_takes_console_kind() -> bool:
-    from aiops.integrations.server.api import SubmitRequest  # (api mounts these routes: imported late)
-
-    kind = SubmitRequest.model_json_schema().get("properties", {}).get("kind", {})
-    return "console" in json.dumps(kind)
 
 
 def _model_states(states: list[ev.ModelState]) -> list[ModelStateOut]:
