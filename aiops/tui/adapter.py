@@ -240,6 +240,11 @@ class EngineAdapter:
         self.server: Any = None
         self._unlisten: Any = None
 
+    @property
+    def owner(self) -> str | None:
+        """Whose console sessions this console opens: the in-process console's have no owner."""
+        return None
+
     # -- events --
 
     def connect(self) -> None:

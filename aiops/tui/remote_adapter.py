@@ -77,6 +77,11 @@ class RemoteAdapter(EngineAdapter):
         """The header's server field: where the console is attached, and as whom."""
         return f"attached {self.remote.url} as {self.remote.principal or '?'}"
 
+    @property
+    def owner(self) -> str | None:
+        """An attached console opens its operator's own console sessions, not another operator's."""
+        return self.remote.principal or None
+
     # -- events --
 
     def connect(self) -> None:

@@ -338,3 +338,30 @@ async def test_a_model_check_from_one_attached_console_is_shown_in_every_other(
             for pilot, app in ((p1, one), (p2, two)):
                 await wait_for(pilot, lambda app=app: "no model reachable" in region_text(app, "StatusBar")
                                and "cannot connect to" in region_text(app, "#guidance"), "the model gone", 20)
+
+
+async def test_an_attached_console_opens_its_own_operators_console_session_not_anothers(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """A console opens on its last console session: an attached one on its operator's, since alice's
+    console sessions are hers to go on with — bob's console starts one of its own beside them."""
+    from tests.support.server import Tokens
+
+    tokens = Tokens.make(alice="operator", bob="operator")
+    serve = aiops_serve_factory(tokens=tokens)
+    fake_openai.script(Reply.text("hello alice"))
+    alice = attached_app(serve, tokens.secrets["alice"])
+    async with alice.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: "hello alice" in chat_text(alice), "alice's answer", 20)
+        hers = alice.chat.session_id
+    bob = attached_app(serve, tokens.secrets["bob"])
+    async with bob.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        assert bob.chat.session_id != hers
+        assert "hello alice" not in chat_text(bob)
+    again = attached_app(serve, tokens.secrets["alice"])
+    async with again.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: again.chat.session_id == hers and "hello alice" in chat_text(again),
+                       "alice's console back on her session", 20)
