@@ -34,6 +34,9 @@ class Result:
     first_error: str = ""
     wall_s: float = 0.0
     cpu_s: float | None = None  # CPU time of the serving process over the measured requests
+    # ... of its main thread alone: the event loop's, which bounds throughput (work moved to another
+    # thread, such as the store's, leaves it but still counts in cpu_s)
+    loop_cpu_s: float | None = None
 
     @property
     def cpu_ms_per_request(self) -> float | None:
@@ -43,6 +46,12 @@ class Result:
         if self.cpu_s is None or not self.count:
             return None
         return self.cpu_s * 1000 / self.count
+
+    @property
+    def loop_cpu_ms_per_request(self) -> float | None:
+        if self.loop_cpu_s is None or not self.count:
+            return None
+        return self.loop_cpu_s * 1000 / self.count
 
     @property
     def count(self) -> int:
@@ -64,15 +73,18 @@ class Result:
                 "requests": self.count, "errors": self.errors, "p50_ms": round(self.pct(50), 3),
                 "p99_ms": round(self.pct(99), 3), "mean_ms": round(statistics.fmean(self.latencies_ms), 3)
                 if self.latencies_ms else None, "rps": round(self.rps, 1), "wall_s": round(self.wall_s, 3),
-                "cpu_ms_per_request": None if (c := self.cpu_ms_per_request) is None else round(c, 3)}
+                "cpu_ms_per_request": None if (c := self.cpu_ms_per_request) is None else round(c, 3),
+                "loop_cpu_ms_per_request": None if (c := self.loop_cpu_ms_per_request) is None else round(c, 3)}
 
 
-def process_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of process `pid` so far (Linux /proc; None elsewhere)."""
+def process_cpu_seconds(pid: int | None, *, main_thread: bool = False) -> float | None:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; None elsewhere); with
+    `main_thread`, of its main thread only (whose thread id is the process id)."""
     if pid is None:
         return None
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
@@ -146,11 +158,15 @@ async def run_load(url: str, model: str, *, target: str, stream: bool, concurren
         ids = itertools.count()
         await asyncio.wait_for(phase(warmup, False, ids), deadline_s)
         cpu0 = process_cpu_seconds(server_pid)
+        loop0 = process_cpu_seconds(server_pid, main_thread=True)
         start = time.perf_counter()
         measured = itertools.count(warmup)
         await asyncio.wait_for(phase(warmup + requests, True, measured), deadline_s)
         result.wall_s = time.perf_counter() - start
         cpu1 = process_cpu_seconds(server_pid)
+        loop1 = process_cpu_seconds(server_pid, main_thread=True)
         if cpu0 is not None and cpu1 is not None:
             result.cpu_s = cpu1 - cpu0
+        if loop0 is not None and loop1 is not None:
+            result.loop_cpu_s = loop1 - loop0
     return result

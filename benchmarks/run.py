@@ -111,19 +111,23 @@ def _aiops_config(root: Path, upstream: str) -> Path:
 
 def _row(r: Result) -> str:
     cpu = "" if (c := r.cpu_ms_per_request) is None else f"{c:.2f}"
+    loop = "" if (c := r.loop_cpu_ms_per_request) is None else f"{c:.2f}"
     return (f"| {r.target:<6} | {'yes' if r.stream else 'no':<6} | {r.concurrency:>3} | {r.count:>5} | "
-            f"{r.pct(50):8.2f} | {r.pct(99):8.2f} | {r.rps:8.0f} | {cpu:>10} | {r.errors:>3} |")
+            f"{r.pct(50):8.2f} | {r.pct(99):8.2f} | {r.rps:8.0f} | {cpu:>10} | {loop:>11} | {r.errors:>3} |")
 
 
 def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
     """The results table and the overhead table (aiops and the bare relay, each against direct)."""
-    lines = ["| target | stream | conc | reqs  | p50 ms   | p99 ms   | req/s    | cpu ms/req | err |",
-             "|--------|--------|-----:|------:|---------:|---------:|---------:|-----------:|----:|"]
+    lines = ["| target | stream | conc | reqs  | p50 ms   | p99 ms   | req/s    | cpu ms/req | loop ms/req | err |",
+             "|--------|--------|-----:|------:|---------:|---------:|---------:|-----------:|------------:|----:|"]
     lines += [_row(r) for r in results]
     lines += ["", "cpu ms/req: CPU time (user + system) of the process that served the measured requests "
-                  "(the upstream for direct), per request."]
-    lines += ["", "| via   | stream | conc | added p50 ms | added p99 ms | throughput vs direct | target | met |",
-              "|-------|--------|-----:|-------------:|-------------:|---------------------:|--------|-----|"]
+                  "(the upstream for direct), per request; loop ms/req: of its main thread alone (the "
+                  "event loop's: what bounds throughput, as the store's thread runs beside it)."]
+    lines += ["", "| via   | stream | conc | added p50 ms | added p99 ms | throughput vs direct | cpu vs relay "
+                  "| target | met |",
+              "|-------|--------|-----:|-------------:|-------------:|---------------------:|-------------:"
+              "|--------|-----|"]
     overhead: list[dict[str, Any]] = []
     ok = all(r.errors == 0 for r in results)
     by = {(r.target, r.stream, r.concurrency): r for r in results}
@@ -136,6 +140,12 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
             a = by[(via, stream, conc)]
             added50, added99 = a.pct(50) - d.pct(50), a.pct(99) - d.pct(99)
             ratio = a.rps / d.rps if d.rps else 0.0
+            # CPU per request as a multiple of the bare relay's in the same run (issue 27): the
+            # steadiest figure across machines and hours.
+            relay = by.get(("relay", stream, conc))
+            cpu_x = (a.cpu_ms_per_request / relay.cpu_ms_per_request
+                     if via == "aiops" and relay is not None and a.cpu_ms_per_request is not None
+                     and relay.cpu_ms_per_request else None)
             goal, met = "", None
             if via == "aiops" and conc == 1:
                 goal, met = f"added p50 ≤ {TARGET_ADDED_P50_MS:g} ms", added50 <= TARGET_ADDED_P50_MS
@@ -144,11 +154,14 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
             if met is False:
                 ok = False
             lines.append(f"| {via:<5} | {'yes' if stream else 'no':<6} | {conc:>4} | {added50:12.2f} | "
-                         f"{added99:12.2f} | {ratio:19.1%} | {goal:<6} | "
+                         f"{added99:12.2f} | {ratio:19.1%} | {'' if cpu_x is None else f'{cpu_x:.2f}×':>12} | "
+                         f"{goal:<6} | "
                          f"{'' if met is None else ('yes' if met else 'NO')} |")
             overhead.append({"via": via, "stream": stream, "concurrency": conc,
                              "added_p50_ms": round(added50, 3), "added_p99_ms": round(added99, 3),
-                             "throughput_ratio": round(ratio, 4), "target": goal or None, "met": met})
+                             "throughput_ratio": round(ratio, 4),
+                             "cpu_vs_relay": None if cpu_x is None else round(cpu_x, 3),
+                             "target": goal or None, "met": met})
     return "\n".join(lines), overhead, ok
 
 

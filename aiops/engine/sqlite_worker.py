@@ -3,16 +3,17 @@
 Statements run in the order they were issued, on one connection. Reads and writes of any size go
 through one worker thread, so the event loop never waits on a long query.
 
-Small writes (one row: add a message, open a session, an audit record) take a faster path. The
-first one of a loop iteration runs inline on the loop when the worker is idle and nothing is
-queued for it: SQLite does it in about 0.05 ms, while the two cross-thread wake-ups of a worker
-round trip cost 0.2-0.5 ms on a busy 2-core machine. The ones issued after it in the same
-iteration are committed together at the start of the next (group commit: one transaction, each
-write in its own savepoint so one that fails is undone alone), inline or, when the worker is
-busy, queued behind what it has. Under load that is ~5 writes per commit instead of one; an idle
-server still commits each write at once. A read flushes the writes issued before it first.
-Commits never fsync: with WAL and synchronous=NORMAL only checkpoints do, and automatic
-checkpoints are off; the worker runs them every CHECKPOINT_EVERY commits.
+Small writes (one row: add a message, open a session, an audit record) are group-committed: the
+ones issued in the same loop iteration are committed together at the start of the next (one
+transaction, each write in its own savepoint so one that fails is undone alone), on the worker
+thread, queued behind whatever it has. SQLite releases the GIL while it works, so the second core
+takes the commits while the loop goes on serving; under load a commit carries several writes.
+(Until issue 27 the first write of an iteration ran inline on the loop when the worker was idle:
+a quicker round trip for one write on an idle machine, but under load it put every commit's work
+on the loop thread, a commit per iteration more, and cost more CPU per request in total; see
+docs/PERFORMANCE.md. `inline_writes=True` still does that.) A read flushes the writes issued
+before it first. Commits never fsync: with WAL and synchronous=NORMAL only checkpoints do, and
+automatic checkpoints are off; the worker runs them every CHECKPOINT_EVERY commits.
 
 Each write commits before its coroutine returns (WAL + synchronous=NORMAL survives process
 crashes; only power loss may drop the last commits).
@@ -62,10 +63,13 @@ def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]
 
 class SQLiteWorker:
     """Async access to one SQLite connection driven by a single worker thread. `prepare` runs on
-    the connection once it is open (the schema's migrations)."""
+    the connection once it is open (the schema's migrations). With `inline_writes`, the first
+    small write of a loop iteration runs on the loop itself when the worker is idle (see above)."""
 
-    def __init__(self, path: Path, prepare: Callable[[sqlite3.Connection], Any] | None = None) -> None:
+    def __init__(self, path: Path, prepare: Callable[[sqlite3.Connection], Any] | None = None, *,
+                 inline_writes: bool = False) -> None:
         self.path = path
+        self.inline_writes = inline_writes
         self._prepare = prepare
         self._conn: sqlite3.Connection | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiops-store")
@@ -77,11 +81,11 @@ class SQLiteWorker:
         self._writes = 0  # commits since the last checkpoint
 
     async def run(self, fn: Callable[[sqlite3.Connection], T], *, small: bool = False) -> T:
-        """`fn(connection)`, in issue order: on the worker thread, or with `small` (a one-row
-        write) inline when the worker is idle, else group-committed with the writes issued
-        alongside it. Resolves once `fn`'s write is committed."""
+        """`fn(connection)`, in issue order, on the worker thread; with `small` (a one-row write)
+        group-committed with the writes issued alongside it (or inline, see `inline_writes`).
+        Resolves once `fn`'s write is committed."""
         if small:
-            if self._flush_handle is None and self._queued == 0 and self._conn_lock.acquire(blocking=False):
+            if self.inline_writes and self._flush_handle is None and self._queued == 0 and self._conn_lock.acquire(blocking=False):
                 # The first write of this loop iteration, nothing queued before it: now, inline.
                 # Later ones in the same iteration wait for the group commit this schedules.
                 try:
@@ -117,7 +121,7 @@ class SQLiteWorker:
             return
         # Every way this can fail ends in the batch's futures: a writer that is never answered
         # would hold its turn open for good (turns wait for their commits even when cancelled).
-        if self._queued == 0 and self._conn_lock.acquire(blocking=False):
+        if self.inline_writes and self._queued == 0 and self._conn_lock.acquire(blocking=False):
             try:
                 if self._queued == 0:  # nothing issued earlier is still waiting: now, in order
                     try:

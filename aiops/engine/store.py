@@ -1,8 +1,8 @@
 """Durable history: sessions, messages, gate audit, in SQLite (WAL) — the SQL.
 
 The schema (PRAGMA user_version + ordered migrations) and every statement. They run on one
-connection driven by `sqlite_worker.SQLiteWorker`, in the order they were issued: long ones on its
-thread, one-row writes inline or group-committed (see there). Each write commits before its
+connection driven by `sqlite_worker.SQLiteWorker`, in the order they were issued, on its thread:
+one-row writes group-committed (see there). Each write commits before its
 coroutine returns: once a caller has awaited `add_message`, a SIGKILL cannot lose it.
 """
 
@@ -227,9 +227,9 @@ def _row_to_session(r: sqlite3.Row) -> SessionRow:
 class Store:
     """The SQL of sessions, messages and the audit log; its statements run on a SQLiteWorker."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, inline_writes: bool = False) -> None:
         self.path = path
-        self.worker = SQLiteWorker(path, prepare=_prepare)
+        self.worker = SQLiteWorker(path, prepare=_prepare, inline_writes=inline_writes)
 
     async def open(self) -> None:
         await self.worker.open()

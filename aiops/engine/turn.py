@@ -134,7 +134,7 @@ class Turn:
     # record, no `done`), so a stop that comes earlier is left for the runner to find.
     started: bool = False
     future: asyncio.Future[TurnResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    task: asyncio.Task[TurnResult] | None = None
+    task: asyncio.Task[None] | None = None  # the task running it (see turn_queue), once begun
 
     async def wait(self, timeout: float | None = None) -> TurnResult:
         # (asyncio.timeout: Python 3.11's wait_for can swallow a cancellation of the waiter)

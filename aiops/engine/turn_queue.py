@@ -1,6 +1,6 @@
-"""Each session's turns, one at a time: the session's worker task runs its queue, each turn as a
-task of its own (so a stop cancels exactly that turn), and every turn ends with its `done` however
-it ends — run, crashed, or dropped from the queue before it began."""
+"""Each session's turns, one at a time: each turn runs as a task of its own (so a stop cancels
+exactly that turn), which starts the task of the turn queued after it; and every turn ends with its
+`done` however it ends — run, crashed, or dropped from the queue before it began."""
 
 from __future__ import annotations
 
@@ -22,45 +22,53 @@ class TurnQueue:
         self._host = host
 
     def enqueue(self, live: LiveSession, turn: Turn) -> bool:
-        """Queue `turn` on its session, starting the session's worker if none runs. True when it
-        waits behind the turn running now."""
+        """Queue `turn` on its session, starting a task for the session's next turn if none runs.
+        True when it waits behind the turn running now."""
         live.queue.append(turn)
         if live.worker is None or live.worker.done():
-            # (It inherits the caller's context, an admission included, closed by the time its
-            # turns run: they are not part of taking in the message.)
-            live.worker = asyncio.get_running_loop().create_task(self._work(live),
-                                                                 name=f"aiops-session-{live.id}")
+            self._start(live)
             return False
         return live.current is not None
 
+    def _start(self, live: LiveSession) -> None:
+        # One task per turn, which runs the runner itself (a worker task that started a task per
+        # turn cost two task hops before a turn's first step, and a shielded wait per turn). The
+        # turn stays queued until the task begins, as before: a stop or a drop meanwhile finds it
+        # there. (It inherits the caller's context, an admission included, closed by the time its
+        # turn runs: it is not part of taking in the message.)
+        live.worker = asyncio.get_running_loop().create_task(self._work(live),
+                                                             name=f"aiops-turn-{live.queue[0].id}")
+
     async def _work(self, live: LiveSession) -> None:
-        while live.queue:
-            if live.deleting is not None:
-                # Queued by a submit that had the session in hand as the delete began.
-                self.drop(live, live.queue[0])
-                continue
-            turn = live.queue.popleft()
-            live.current = turn
-            runner = TurnRunner(self._host, live, turn)
-            turn.task = asyncio.get_running_loop().create_task(runner.run(), name=f"aiops-turn-{turn.id}")
-            try:
-                result = await asyncio.shield(turn.task)
-            except asyncio.CancelledError:
-                # The worker itself is being cancelled (shutdown): let the turn finish cancelling.
-                turn.task.cancel()
-                try:
-                    result = await turn.task
-                except Exception as e:  # noqa: BLE001 - its waiters must still hear that it ended
-                    result = self._crashed(live, turn, e)
-                if not turn.future.done():
-                    turn.future.set_result(result)
-                live.current = None
-                raise
-            except Exception as e:  # noqa: BLE001
-                result = self._crashed(live, turn, e)
+        """Run the session's next queued turn as this task; then hand the session to a task for
+        the turn queued after it, if any."""
+        while live.queue and live.deleting is not None:
+            # Queued by a submit that had the session in hand as the delete began.
+            self.drop(live, live.queue[0])
+        if not live.queue:
+            return  # dropped before it began
+        turn = live.queue.popleft()
+        live.current = turn
+        turn.task = asyncio.current_task()  # a stop cancels this task: the runner handles it
+        try:
+            result = await TurnRunner(self._host, live, turn).run()
+        except asyncio.CancelledError:
+            # Cancelled past the runner's own handling (cancelled again while it recorded how the
+            # turn ended): its waiters must still hear that it ended, and the queue go on.
             if not turn.future.done():
-                turn.future.set_result(result)
-            live.current = None
+                turn.future.set_result(TurnResult(turn.id, "cancelled", turn.prefix))
+            self._next(live)
+            raise
+        except Exception as e:  # noqa: BLE001
+            result = self._crashed(live, turn, e)
+        if not turn.future.done():
+            turn.future.set_result(result)
+        self._next(live)
+
+    def _next(self, live: LiveSession) -> None:
+        live.current = None
+        if live.queue:
+            self._start(live)
 
     def _crashed(self, live: LiveSession, turn: Turn, e: Exception) -> TurnResult:
         """End a turn whose runner failed outside its own error handling (the store refusing its

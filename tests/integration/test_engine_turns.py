@@ -348,3 +348,21 @@ async def test_gemini_backend_runs_a_turn_with_a_tool(engine_factory, fake_opena
     assert result.text == "gemini done" and plugin.calls == ["gem"]
     last = fake_gemini.requests[-1].json
     assert json.dumps(last).count("functionResponse") == 1
+
+
+async def test_a_turn_dropped_before_its_task_began_never_reaches_the_model_and_the_next_one_runs(
+        engine_factory, fake_openai):
+    """A chat client that hangs up right after its message was taken in: the turn is still queued
+    (its task has not begun), so it is dropped as cancelled, never started; the session goes on."""
+    engine = await engine_factory()
+    fake_openai.script(Reply.text("the second answer"))
+    began: list[str | None] = []
+    engine.bus.add_listener(lambda e: began.append(e.turn_id) if e.name == "turn" else None)
+    first = await engine.submit("api-drop", "first", kind="api")
+    live = await engine.session("api-drop")
+    assert live is not None and engine.drop_queued_turn(live, first)
+    second = await engine.submit("api-drop", "second", kind="api")
+    assert (await first.wait(5)).status == "cancelled"
+    assert (await second.wait(10)).text == "the second answer"
+    assert began == [second.id] and len(fake_openai.requests) == 1
+    assert [m.content for m in await engine.store.history("api-drop") if m.role == "user"] == ["first", "second"]

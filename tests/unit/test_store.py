@@ -20,6 +20,15 @@ async def store(tmp_path):
     await s.close()
 
 
+@pytest.fixture
+async def inline_store(tmp_path):
+    """A store whose first small write of a loop iteration runs on the loop (`inline_writes`)."""
+    s = Store(tmp_path / "db.sqlite3", inline_writes=True)
+    await s.open()
+    yield s
+    await s.close()
+
+
 async def test_schema_is_versioned_and_wal(store, tmp_path):
     conn = sqlite3.connect(tmp_path / "db.sqlite3")
     assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
@@ -327,8 +336,28 @@ async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_th
     store.worker.connection.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
     other = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
     try:
-        first = asyncio.ensure_future(store.add_message("a", Message("user", "first")))
+        assert (await store.add_message("a", Message("user", "first"))).content == "first"
         second = asyncio.ensure_future(store.add_message("a", Message("user", "second")))
+        third = asyncio.ensure_future(store.add_message("a", Message("user", "third")))
+        other.execute("BEGIN IMMEDIATE")  # before their batch begins: it finds the database locked
+        for write in (second, third):
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                await asyncio.wait_for(write, 5)
+    finally:
+        other.close()
+    await store.add_message("a", Message("user", "fourth"))  # the store still works
+    assert committed(tmp_path / "db.sqlite3") == [("a", "first"), ("a", "fourth")]
+
+
+async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_them_waiting_with_inline_writes(
+        inline_store, tmp_path):
+    """As above, where the first write of an iteration runs on the loop, on its own."""
+    await inline_store.create_session("a", "api", None)
+    inline_store.worker.connection.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
+    other = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    try:
+        first = asyncio.ensure_future(inline_store.add_message("a", Message("user", "first")))
+        second = asyncio.ensure_future(inline_store.add_message("a", Message("user", "second")))
         await asyncio.sleep(0)  # the first commits inline; the second waits for its batch
         other.execute("BEGIN IMMEDIATE")  # ...which now finds the database locked
         assert (await first).content == "first"
@@ -336,7 +365,7 @@ async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_th
             await asyncio.wait_for(second, 5)
     finally:
         other.close()
-    await store.add_message("a", Message("user", "third"))  # the store still works
+    await inline_store.add_message("a", Message("user", "third"))  # the store still works
     assert committed(tmp_path / "db.sqlite3") == [("a", "first"), ("a", "third")]
 
 
@@ -349,6 +378,23 @@ async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause(st
         store.add_message("a", Message("user", "small")),
         store.add_message("a", Message("user", "x" * 100_000)),
         store.add_message("a", Message("user", "small too")),
+        return_exceptions=True)
+    # One batch; SQLite undoes all of it, and every writer hears why
+    assert all(isinstance(r, sqlite3.OperationalError) and "full" in str(r) for r in results)
+    assert committed(tmp_path / "db.sqlite3") == [("a", "kept")]
+    assert (await store.add_message("a", Message("user", "small"))).id  # what fits still does
+
+
+async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause_with_inline_writes(
+        inline_store, tmp_path):
+    await inline_store.create_session("a", "api", None)
+    await inline_store.add_message("a", Message("user", "kept"))
+    pages = inline_store.worker.connection.execute("PRAGMA page_count").fetchone()[0]
+    inline_store.worker.connection.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
+    results = await asyncio.gather(
+        inline_store.add_message("a", Message("user", "small")),
+        inline_store.add_message("a", Message("user", "x" * 100_000)),
+        inline_store.add_message("a", Message("user", "small too")),
         return_exceptions=True)
     # "small" committed inline on its own; SQLite undoes the whole batch of the other two
     assert results[0].content == "small"
