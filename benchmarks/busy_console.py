@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -287,16 +288,30 @@ async def gates(pane: Pane, url: str, rounds: int) -> dict[str, list[float]]:
 # ---- a phase -----------------------------------------------------------------------------------------------
 
 
-async def _phase(pane: Pane, url: str, args: argparse.Namespace) -> dict[str, Any]:
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _phase(pane: Pane, url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    # The console's CPU per part: unlike the wall times, it hardly moves with the machine's load.
     stop = asyncio.Event()
     probe = asyncio.ensure_future(_probe(url, stop))
+    c0 = cpu_s(pid)
     keys = await asyncio.to_thread(keypresses, pane, args.presses)
+    c1 = cpu_s(pid)
     listed = await asyncio.to_thread(list_keys, pane, args.list_presses)
+    c2 = cpu_s(pid)
     gated = await gates(pane, url, args.console_gates)
+    c3 = cpu_s(pid)
     stop.set()
     health = await probe
+    cpu = {"per input key": (c1 - c0) / max(args.presses, 1), "per sessions-list key": (c2 - c1) / max(args.list_presses, 1),
+           "per gate round (two turns, the jump, the approval)": (c3 - c2) / max(args.console_gates, 1)}
     return {"keypress_to_screen_ms": _summary(keys), "sessions_list_key_to_screen_ms": _summary(listed),
-            "gates_ms": {k: _summary(v) for k, v in gated.items()}, "health_latency_ms": _summary(health)}
+            "gates_ms": {k: _summary(v) for k, v in gated.items()}, "health_latency_ms": _summary(health),
+            "console_cpu_ms": {k: round(v * 1000, 1) for k, v in cpu.items()}}
 
 
 def _phase_seconds(args: argparse.Namespace) -> float:
@@ -366,13 +381,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             url, pid = _console(pane, cfg, data, env, root)
             time.sleep(1.0)
             rss[f"console, {args.sessions:,} stored, after start"] = rss_kb(pid)
-            idle = asyncio.run(_phase(pane, url, args))
+            idle = asyncio.run(_phase(pane, url, pid, args))
             rss[f"console, {args.sessions:,} stored, after the idle phase"] = rss_kb(pid)
             # Each stream lasts past the measurement: 50 tokens/s for the phase's time and then some.
             tokens = int(_phase_seconds(args) * 2 * 50)
             asyncio.run(_start_streams(url, args.console_streams, tokens))
             time.sleep(1.0)  # every stream under way (their first tokens in)
-            busy = asyncio.run(_phase(pane, url, args))
+            busy = asyncio.run(_phase(pane, url, pid, args))
             busy["streams_running_at_end"] = asyncio.run(_streaming(url))
             rss[f"console, {args.sessions:,} stored, after the phase with {args.console_streams} streaming"] = \
                 rss_kb(pid)
@@ -408,6 +423,7 @@ def _print(out: dict[str, Any], args: argparse.Namespace) -> None:
         for k, v in r["gates_ms"].items():
             print("    " + row(k, v))
         print("    " + row("loop lag (health)", r["health_latency_ms"]))
+        print("    console CPU: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["console_cpu_ms"].items()))
     running = out["busy"]["streams_running_at_end"]
     print(f"  streams still running at the end of the busy phase: {running} of {args.console_streams}"
           + ("" if running == args.console_streams else "  (WARNING: the phase outlasted some)"))
