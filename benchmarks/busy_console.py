@@ -26,6 +26,9 @@ each, started through the console's own server (`/api/v1/submit`):
   probed every 50 ms over the same time; its latency is the wait of anything the loop must do.
 - **memory**: the console's RSS (Linux) after start with an empty data dir (a console of its own,
   the baseline) and with the stored history, after the idle phase and after the streaming one.
+- **the console's CPU** (Linux, `/proc/<pid>/stat`) per input key, per sessions-list key and per
+  gate round: what the console spent over each part divided by its count (the streams' work
+  included in the busy phase). The machine's load moves it much less than the wall times.
 
 Needs tmux; without it the case is skipped.
 """
