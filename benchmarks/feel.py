@@ -13,6 +13,8 @@ and once with the stored history of benchmarks.history (10,000 sessions of 100 m
 - **Gates**: the model calls `update_system_prompt` (a write: the shipped gates ask), stamped;
   model's send → the `gate` event on the API stream; then the operator's approval (`POST
   /api/v1/gates/{id}`) → `gate_resolved` and → `tool_result` on the stream (the tool has run).
+  Issue 27's target for gates (≤ 20 ms p99 to the row in the console's inbox) is judged by
+  benchmarks.busy_console, which times the row on screen; these are the engine's part of it.
 - **Memory** (RSS of `aiops serve`, Linux): after start; after `--live` sessions with one finished
   turn each (per session); after `--streams` concurrent streams through `/v1` at ~50 tokens/s. Beside
   the RSS of `python -c "import aiohttp"` (the floor for any aiohttp server).
@@ -41,7 +43,6 @@ from benchmarks.run import _aiops_config, child
 from benchmarks.startup import _env
 
 TARGET_ADDED_TOKEN_P50_MS = 0.5  # issue 27
-TARGET_GATE_P99_MS = 20.0  # issue 27 (gate visible in the console; here: on the API stream)
 STAMP = re.compile(rb"(\d{12,});")
 
 
@@ -247,12 +248,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out["targets"] = []
     for r in out["runs"]:
         added = r["tokens_added"]["aiops /v1"]["added_p50_ms"]
-        gate = r["gates"]["model call → gate on the API stream"]["p99_ms"]
-        out["targets"] += [
+        out["targets"].append(
             {"what": "added delay per token, /v1, p50", "stored_sessions": r["stored_sessions"],
-             "target_ms": TARGET_ADDED_TOKEN_P50_MS, "value_ms": added, "met": added <= TARGET_ADDED_TOKEN_P50_MS},
-            {"what": "model call → gate on the API stream, p99", "stored_sessions": r["stored_sessions"],
-             "target_ms": TARGET_GATE_P99_MS, "value_ms": gate, "met": gate <= TARGET_GATE_P99_MS}]
+             "target_ms": TARGET_ADDED_TOKEN_P50_MS, "value_ms": added, "met": added <= TARGET_ADDED_TOKEN_P50_MS})
     return out
 
 

@@ -1,5 +1,10 @@
 """The operator's side of `make bench` (issue 27): start-up, a busy console, gates, tokens, memory.
 
+Targets: `aiops chat` and the console's start-up (benchmarks.startup); keypress → screen p99 ≤ 50 ms
+in the input and in the sessions list with 50 sessions streaming, and a gate's row in the console's
+inbox ≤ 20 ms p99 after the model's tool call, idle and busy (benchmarks.busy_console); the added
+delay per token (benchmarks.feel).
+
     python -m benchmarks.operator [--quick] [--skip startup,console,feel] [--json FILE]
 
 Runs benchmarks.startup, benchmarks.busy_console and benchmarks.feel in turn (each also runs on its

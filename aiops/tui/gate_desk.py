@@ -41,15 +41,26 @@ class GateDesk:
     def opened(self, gate: ev.GateInfo) -> None:
         app = self.app
         app.inbox.add(gate)
+        if app.ring_bell:
+            app.bell()
+        # The row first, in a frame of its own; the count (header badge, tab label) and the toast
+        # follow in the next one. They change the layout (a wider label, a toast mounted), and a
+        # frame that reflows the screen took twice as long as the row's alone.
+        app.call_after_refresh(self._announce, gate)
+
+    def _announce(self, gate: ev.GateInfo) -> None:
+        app = self.app
+        if not app._drawing:
+            return
         app.main.set_gate_count(len(app.inbox.gates))
+        if gate.id not in app.inbox.gates:
+            return  # answered (or gone) before its toast: nothing waits
         # Short and brief: the header badge and the inbox carry the details; this only says that
         # something waits and which key answers it.
         who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
         what = f"{gate.tool} {gate.operation}".rstrip()
         app.notify(f"{who} · {one_line(what, 30)}", title=f"⚑ approval needed · {app.key_name('app.jump_gate')}",
                    severity="warning", timeout=GATE_TOAST_SECONDS, markup=False)
-        if app.ring_bell:
-            app.bell()
 
     def resolved(self, gate: ev.GateInfo) -> None:
         app = self.app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import pytest
 from textual import events
 from textual.widgets import Markdown
 
+from aiops.engine import events as ev
 from aiops.engine.engine import Engine
 from aiops.engine.events import GateInfo
 from aiops.integrations.mysql_plugin import MySQLPlugin
@@ -53,9 +55,11 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         await ready(pilot)
         gate = await _ask(pilot, app, fake_openai)
         assert gate.tool == "write_note" and gate.operation == "write"
-        # Seen without stealing focus: the inbox, the header badge, a notification, the bell.
+        # Seen without stealing focus: the inbox, the header badge, a notification, the bell. The
+        # row comes first; the count and the toast follow it in the next frame.
         inbox = region_text(app, "#side")
-        assert "write_note write" in inbox and "disk at 91%" in inbox and "Gates (1)" in inbox
+        assert "write_note write" in inbox and "disk at 91%" in inbox
+        await wait_for(pilot, lambda: "Gates (1)" in region_text(app, "#side"), "the tab's count")
         assert "⚑ 1 gate" in screen_text(app)
         toast = next(n for n in app._notifications if "approval needed" in (n.title or ""))
         assert "ctrl+g" in toast.title and toast.message == f"console {app.sessions_list.short_id(app.selected)} · " \
@@ -407,3 +411,30 @@ async def test_a_real_db_query_gate_shows_tables_and_sql_and_runs_when_approved(
         await wait_chat(pilot, "1 row affected")
         assert isinstance(app.focused, ChatInput)
     assert await mysql_table.query(f"SELECT id FROM {t}") == [(1,)]
+
+
+async def test_a_gate_answered_before_its_toast_is_drawn_leaves_no_toast_and_no_count(make_app, fake_openai):
+    # The row is drawn first and the toast and count a frame later: a gate another operator answers
+    # in between must not leave an "approval needed" toast or a count for nothing behind.
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        answered: list[str] = []
+
+        def answer_at_once(event: ev.Event) -> None:
+            if isinstance(event, ev.GateOpened):
+                answered.append(event.gate.id)
+                gate_id = event.gate.id
+                asyncio.get_running_loop().call_soon(
+                    lambda: engine.gatekeeper.broker.resolve(gate_id, "approve", by="api:ops"))
+
+        engine.bus.add_listener(answer_at_once)
+        fake_openai.responder = call_tool_when("note this", NOTE)
+        await send(pilot, "please note this")
+        await wait_chat(pilot, "approved by api:ops")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
+        await pilot.pause(0.2)  # a frame or two: a toast scheduled for the row would be up by now
+        assert answered
+        assert not any("approval needed" in (n.title or "") for n in app._notifications)
+        assert "Gates (" not in region_text(app, "#side") and "⚑ 1 gate" not in screen_text(app)

@@ -506,3 +506,53 @@ async def test_the_sessions_list_keeps_newest_first_and_the_cursor_while_session
         await wait_for(pilot, lambda: order() == ["script-b", "script-a"], "the newest first again")
         assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-a"
         assert "api (2)" in screen_text(app) and "●" in region_text(app, "#sessions")
+
+
+def row_is_bold(app, short_id: str) -> bool:
+    """Whether the sessions pane draws the row of the session `short_id` with its id in bold."""
+    strips = app.screen._compositor.render_strips()
+    region = app.screen.query_one("#sessions").region
+    for strip in strips[region.y:region.bottom]:
+        line = strip.crop(region.x, region.right)
+        if line.text.strip("│ ").startswith(f"{short_id} "):
+            x = line.text.find(short_id)
+            return any(bool(seg.style and seg.style.bold) for seg in line.crop(x, x + 1))
+    raise AssertionError(f"session {short_id} is not in the sessions pane:\n{screen_text(app)}")
+
+
+async def test_a_session_that_changes_in_place_is_redrawn_and_the_rows_around_it_stay_true(make_app, fake_openai):
+    # Redraws that keep the order draw again only the rows whose sessions changed; each change a
+    # row can show must still reach the screen: state, unread mark, the selected session's bold.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        await engine.run("script-a", "alpha from a script", kind="api", timeout=10)
+        await engine.run("script-b", "beta from a script", kind="api", timeout=10)
+        await wait_text(pilot, "api (2)")
+        sessions = app.sessions_list
+        short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ("script-a", "script-b")}
+        console = str(sessions.sessions[app.selected]["short_id"])
+
+        def row(sid: str) -> str:
+            """The session's title line on screen ("" while it is not shown)."""
+            return next((r for r in session_rows(app) if r.startswith(f"{short[sid]} ")), "")
+
+        await wait_for(pilot, lambda: row("script-a") and row("script-b"), "both rows")
+        await wait_for(pilot, lambda: "●" in row("script-b") and "●" in row("script-a"), "both unread")
+        # The newest session runs again (the order stays): its row says so, the other's is as it was.
+        fake_openai.script(Reply.hang(after_chunks=1))
+        await engine.submit("script-b", "a long job", kind="api")
+        await wait_for(pilot, lambda: row("script-b").startswith(f"{short['script-b']} ▶"), "b running")
+        assert row("script-a").startswith(f"{short['script-a']} ·") and "●" in row("script-a")
+        # Picked, it is shown in the chat: bold, and no longer unread; the console session loses its bold.
+        assert row_is_bold(app, console) and not row_is_bold(app, short["script-b"])
+        sessions.highlighted = sessions.get_option_index("script-a")  # the cursor away from both
+        await app.select_session("script-b")
+        await wait_for(pilot, lambda: "●" not in row("script-b"), "b read")
+        await wait_for(pilot, lambda: row_is_bold(app, short["script-b"]) and not row_is_bold(app, console),
+                       "the bold moved to b")
+        # Stopped, it is idle again, in place.
+        assert engine.stop_turn("script-b")
+        await wait_for(pilot, lambda: row("script-b").startswith(f"{short['script-b']} ·"), "b idle")
+        assert row("script-a").startswith(f"{short['script-a']} ·") and "●" in row("script-a")

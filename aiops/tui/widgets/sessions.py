@@ -104,6 +104,9 @@ to the message input.
         self._order: list[str] = []  # the rows as shown: session ids, and "kind:NAME:COUNT" headings
         self._pending: Timer | bool = False  # a redraw is scheduled
         self._last = 0.0  # when the list was last redrawn (monotonic)
+        # Sessions whose rows show something new since the last redraw: a redraw in the same order
+        # draws only these again (the other rows' drawings are kept).
+        self._changed: set[str] = set()
 
     def hold_rebuilds(self, hold: bool) -> None:
         """Put rebuilds off while `hold`; letting go does the one that waited."""
@@ -122,6 +125,7 @@ to the message input.
     def set_sessions(self, sessions: list[dict[str, Any]]) -> None:
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
         self._rows = {sid: row for sid, row in self._rows.items() if sid in self.sessions}
+        self._changed.update(self.sessions)  # every one may show something new
         self.rebuild_now()
 
     def upsert(self, session: dict[str, Any]) -> None:
@@ -131,6 +135,7 @@ to the message input.
         merged = {**self.sessions.get(sid, {}), **session}
         merged.pop("change", None)
         self.sessions[sid] = merged
+        self._changed.add(sid)
         self.rebuild()
 
     def drop(self, session_id: str) -> None:
@@ -145,15 +150,20 @@ to the message input.
         s = self.sessions.get(session_id)
         if s is not None:
             s["updated_at"] = ts or time.time()
+            self._changed.add(session_id)  # its age, drawn at the next redraw
 
     def mark_unread(self, session_id: str) -> None:
         if session_id != self.selected and session_id not in self.unread:
             self.unread.add(session_id)
+            self._changed.add(session_id)
             self.rebuild()
 
     def select(self, session_id: str) -> None:
         """Mark the session shown in the chat; the cursor moves to it (a new session, a jump), so
         the list opens where the operator is."""
+        if self.selected is not None:
+            self._changed.add(self.selected)  # no longer bold
+        self._changed.add(session_id)
         self.selected = session_id
         self.unread.discard(session_id)
         self.rebuild_now(highlight=session_id)
@@ -217,19 +227,34 @@ to the message input.
             groups.append((kind, group))
             order.append(f"kind:{kind}:{len(group)}")
             order.extend(group)
+        changed, self._changed = self._changed, set()
         if order == self._order:
-            self._redraw_rows()
+            self._redraw_rows(changed)
         else:
             self._set_order(order, groups, highlight)
         current = self.highlighted_option
         if highlight is not None and (current is None or current.id != highlight):
             self._highlight(highlight)
 
-    def _redraw_rows(self) -> None:
-        """Draw the rows on screen again from the data (new states, unread marks, ages)."""
-        # OptionList's own reset of its rendered lines (private, checked against Textual 8.2.8; the
-        # public `replace_option_prompt` calls it once per option, which is what this avoids).
-        self._clear_caches()
+    def _redraw_rows(self, session_ids: set[str] | None = None) -> None:
+        """Draw the rows of `session_ids` (None: every row, for the ages) again from the data (new
+        states, unread marks, ages) where they are on screen.
+
+        The order is unchanged, so every row keeps its place and height: only those rows' drawings
+        are dropped from OptionList's cache of rendered options, keyed by (option, style, padding).
+        Dropping them all (`_clear_caches`, as the public `replace_option_prompt` does) redrew every
+        row on screen and measured every option's height again: with fifty sessions changing state
+        it was most of each frame, and a gate's row in the inbox waited for it."""
+        # OptionList's private cache, checked against Textual 8.2.8.
+        cache = self._option_render_cache
+        if session_ids is None:
+            cache.clear()
+        elif session_ids:
+            for key in [k for k in cache.keys() if k[0].id in session_ids]:
+                cache.discard(key)
+        else:
+            return
+        self.refresh()
 
     def _set_order(self, order: list[str], groups: list[tuple[str, list[str]]],
                    highlight: str | None) -> None:
