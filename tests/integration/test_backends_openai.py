@@ -192,9 +192,14 @@ async def test_undecodable_arguments_set_parse_error(fake_openai: FakeOpenAI, ba
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 async def test_reasoning_deltas_become_thinking(fake_openai: FakeOpenAI, backend_for: MakeBackend,
                                                field: str) -> None:
+    # Held after the first thinking piece (frame 0 is the role) until it is passed on.
     fake_openai.script(Reply.reasoning("The user wants a count; a query is cheap.", then_text="Running it.",
-                                       reasoning_field=field, chunks=3, chunk_delay=0.05))
-    items = await collect(backend_for(), HI)
+                                       reasoning_field=field, chunks=3, hold_after=2))
+    items: list[StreamItem] = []
+    async for item in backend_for().stream(HI, []):
+        items.append(item)
+        if len(items) == 1:
+            fake_openai.release()
     thoughts = [i.text for i in items if isinstance(i, ThinkingDelta)]
     done = completion_of(items)
     assert len(thoughts) >= 2

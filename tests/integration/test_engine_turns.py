@@ -188,7 +188,7 @@ async def test_messages_queue_in_order_one_turn_at_a_time(engine_factory, fake_o
     fake_openai.script(Reply.slow(0.3, Reply.text("first answer")), Reply.text("second answer"))
     t1 = await engine.submit("api-o", "one", kind="api")
     t2 = await engine.submit("api-o", "two", kind="api")
-    r1, r2 = await asyncio.gather(t1.wait(10), t2.wait(10))
+    r1, r2 = await asyncio.gather(t1.wait(30), t2.wait(30))
     assert (r1.text, r2.text) == ("first answer", "second answer")
     # the second request already saw the first exchange
     assert [m["content"] for m in sent_messages(fake_openai) if m["role"] != "system"] == [
