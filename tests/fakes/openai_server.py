@@ -43,6 +43,8 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
+WAIT_S = 30.0  # how long the `wait_for_*` helpers wait by default
+
 # ---- replies ------------------------------------------------------------------------------------
 
 
@@ -93,7 +95,8 @@ class Reply:
                    (0: not even headers); the client sees silence, as a stuck server looks
       hold_after   pause after this many streamed chunks until the test calls `fake.release()`,
                    then go on (a model that writes in bursts, with the test choosing when the
-                   next burst comes instead of a timer)
+                   next burst comes instead of a timer); `fake.wait_for_held()` waits until a
+                   reply got there. With `long_line_bytes`: after this many writes of the line
     """
 
     content: str | None = ""  # None: echo the last user message
@@ -245,6 +248,7 @@ class FakeServer:
         self._queue: deque[ScriptItem] = deque()
         self._requests: list[RecordedRequest] = []
         self._disconnects = 0
+        self._held = 0  # replies that reached their `hold_after` point
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -366,11 +370,12 @@ class FakeServer:
             return len(self._queue)
 
     def reset(self) -> None:
-        """Forget the script, the request log and the disconnect count (the responder stays)."""
+        """Forget the script, the request log, the disconnect and held counts (the responder stays)."""
         with self._cond:
             self._queue.clear()
             self._requests.clear()
             self._disconnects = 0
+            self._held = 0
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         with self._cond:
@@ -401,7 +406,9 @@ class FakeServer:
                 raise AssertionError(f"{type(self).__name__} has received no request")
             return self._requests[-1]
 
-    def wait_for_requests(self, n: int = 1, timeout: float = 5.0) -> list[RecordedRequest]:
+    # The default deadlines are generous: a passing test never waits them out, and on a loaded CI
+    # machine a request can take seconds to arrive.
+    def wait_for_requests(self, n: int = 1, timeout: float = WAIT_S) -> list[RecordedRequest]:
         """Block this thread until `n` generation requests arrived. Not for use on a loop that
         runs the client: use `wait_for_requests_async` there."""
         with self._cond:
@@ -412,7 +419,7 @@ class FakeServer:
             return list(self._requests)
 
     # The timeout is the thread-side wait's own bound (mirroring the sync API), hence the noqa.
-    async def wait_for_requests_async(self, n: int = 1, timeout: float = 5.0  # noqa: ASYNC109
+    async def wait_for_requests_async(self, n: int = 1, timeout: float = WAIT_S  # noqa: ASYNC109
                                       ) -> list[RecordedRequest]:
         return await asyncio.to_thread(self.wait_for_requests, n, timeout)
 
@@ -422,7 +429,7 @@ class FakeServer:
         with self._cond:
             return self._disconnects
 
-    def wait_for_disconnects(self, n: int = 1, timeout: float = 5.0) -> int:
+    def wait_for_disconnects(self, n: int = 1, timeout: float = WAIT_S) -> int:
         with self._cond:
             self._cond.wait_for(lambda: self._disconnects >= n or self._stopped, timeout)
             if self._disconnects < n:
@@ -430,7 +437,27 @@ class FakeServer:
                                    f"disconnects within {timeout}s")
             return self._disconnects
 
-    async def wait_for_disconnects_async(self, n: int = 1, timeout: float = 5.0  # noqa: ASYNC109
+    @property
+    def held(self) -> int:
+        """How many replies have reached their `hold_after` point (released or not)."""
+        with self._cond:
+            return self._held
+
+    def wait_for_held(self, n: int = 1, timeout: float = WAIT_S) -> int:
+        """Block until `n` replies reached their `hold_after` point: everything before it was
+        written (for a large reply: taken by the client, since a write waits for the socket)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._held >= n or self._stopped, timeout)
+            if self._held < n:
+                raise TimeoutError(f"{type(self).__name__}: {self._held} of {n} replies reached "
+                                   f"their hold_after within {timeout}s")
+            return self._held
+
+    async def wait_for_held_async(self, n: int = 1, timeout: float = WAIT_S  # noqa: ASYNC109
+                                  ) -> int:
+        return await asyncio.to_thread(self.wait_for_held, n, timeout)
+
+    async def wait_for_disconnects_async(self, n: int = 1, timeout: float = WAIT_S  # noqa: ASYNC109
                                          ) -> int:
         return await asyncio.to_thread(self.wait_for_disconnects, n, timeout)
 
@@ -522,6 +549,9 @@ class FakeServer:
     async def _wait_release(self, request: web.Request, resp: web.StreamResponse) -> None:
         """Wait for a `release()`; if the fake stops first, hang up."""
         assert self._stopping is not None and self._releases is not None
+        with self._cond:
+            self._held += 1
+            self._cond.notify_all()
         released = asyncio.ensure_future(self._releases.acquire())
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -779,8 +809,12 @@ async def _send_long_line_impl(fake: FakeOpenAI, request: web.Request, reply: Re
     await resp.write(f"data: {prefix}\"content\": \"".encode())
     piece = reply.write_bytes or 8192
     left = reply.long_line_bytes or 0
+    writes = 0
     try:
         while left > 0:
+            if writes == reply.hold_after:
+                await fake._wait_release(request, resp)
+            writes += 1
             await resp.write(b"z" * min(piece, left))
             left -= piece
             if reply.write_pause:

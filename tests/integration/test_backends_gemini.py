@@ -354,9 +354,10 @@ async def test_silence_mid_stream_times_out(fake_gemini: FakeGemini, backend_for
 
 
 async def test_a_long_answer_is_not_cut_by_the_timeout(fake_gemini: FakeGemini, backend_for: MakeBackend) -> None:
-    # The timeout bounds silence, not the whole answer: 6 chunks 0.2s apart outlast a 0.5s timeout.
-    fake_gemini.script(Reply.text("a steady but long answer", chunks=6, chunk_delay=0.2))
-    done = completion_of(await collect(backend_for(timeout=0.5), HI))
+    # The timeout bounds silence, not the whole answer: 6 chunks 0.5 s apart outlast a 2 s timeout
+    # (a loaded machine only makes the answer longer; each silence has 1.5 s to spare).
+    fake_gemini.script(Reply.text("a steady but long answer", chunks=6, chunk_delay=0.5))
+    done = completion_of(await collect(backend_for(timeout=2.0), HI))
     assert done.text == "a steady but long answer"
 
 

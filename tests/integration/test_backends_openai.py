@@ -29,7 +29,7 @@ from aiops.engine.types import (
     Usage,
 )
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import Call, FakeOpenAI, Reply, call_tool_when
+from tests.fakes.openai_server import Call, FakeOpenAI, Reply, call_tool_when, split_text
 
 MakeBackend = Callable[..., OpenAIBackend]
 
@@ -92,13 +92,20 @@ HI = [Message("user", "hi")]
 
 async def test_text_streams_in_pieces_that_make_the_completion(fake_openai: FakeOpenAI,
                                                                backend_for: MakeBackend) -> None:
-    # Paced, as a model generates: each piece is its own network read.
-    fake_openai.script(Reply.text("Disk usage is at 71 percent on db-1.", chunks=4, chunk_delay=0.05))
-    items = await collect(backend_for(), HI)
+    # Held at the fake after the first piece (frame 0 is the role) until the backend passed it on:
+    # the first piece is streamed while the rest is still to come (the rest, arriving together
+    # when the machine is slow, may come as one delta).
+    text = "Disk usage is at 71 percent on db-1."
+    fake_openai.script(Reply.text(text, chunks=4, hold_after=2))
+    items: list[StreamItem] = []
+    async for item in backend_for().stream(HI, []):
+        items.append(item)
+        if len(items) == 1:  # passed on while the rest is held back (until this release)
+            fake_openai.release()
     deltas = [i.text for i in items if isinstance(i, TextDelta)]
     done = completion_of(items)
-    assert len(deltas) >= 2  # streamed, not one lump (a stalled reader may see two pieces at once)
-    assert "".join(deltas) == done.text == "Disk usage is at 71 percent on db-1."
+    assert deltas[0] == split_text(text, 4)[0] and len(deltas) >= 2
+    assert "".join(deltas) == done.text == text
     assert done.finish_reason == "stop" and done.tool_calls == [] and done.thinking == ""
 
 
@@ -184,9 +191,14 @@ async def test_undecodable_arguments_set_parse_error(fake_openai: FakeOpenAI, ba
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
 async def test_reasoning_deltas_become_thinking(fake_openai: FakeOpenAI, backend_for: MakeBackend,
                                                field: str) -> None:
+    # Held after the first thinking piece (frame 0 is the role) until it is passed on.
     fake_openai.script(Reply.reasoning("The user wants a count; a query is cheap.", then_text="Running it.",
-                                       reasoning_field=field, chunks=3, chunk_delay=0.05))
-    items = await collect(backend_for(), HI)
+                                       reasoning_field=field, chunks=3, hold_after=2))
+    items: list[StreamItem] = []
+    async for item in backend_for().stream(HI, []):
+        items.append(item)
+        if len(items) == 1:
+            fake_openai.release()
     thoughts = [i.text for i in items if isinstance(i, ThinkingDelta)]
     done = completion_of(items)
     assert len(thoughts) >= 2
@@ -279,9 +291,10 @@ async def test_silence_mid_stream_times_out(fake_openai: FakeOpenAI, backend_for
 
 
 async def test_a_long_answer_is_not_cut_by_the_timeout(fake_openai: FakeOpenAI, backend_for: MakeBackend) -> None:
-    # The timeout bounds silence, not the whole answer: 6 chunks 0.2s apart outlast a 0.5s timeout.
-    fake_openai.script(Reply.text("a steady but long answer", chunks=6, chunk_delay=0.2))
-    done = completion_of(await collect(backend_for(timeout=0.5), HI))
+    # The timeout bounds silence, not the whole answer: 6 chunks 0.5 s apart outlast a 2 s timeout
+    # (a loaded machine only makes the answer longer; each silence has 1.5 s to spare).
+    fake_openai.script(Reply.text("a steady but long answer", chunks=6, chunk_delay=0.5))
+    done = completion_of(await collect(backend_for(timeout=2.0), HI))
     assert done.text == "a steady but long answer"
 
 

@@ -37,17 +37,19 @@ async def test_idle_sessions_leave_memory_and_come_back_whole(engine_factory, fa
 
 async def test_a_busy_session_stays_however_many_others_come(engine_factory, fake_openai):
     engine = await engine_factory(extra_files=SMALL_CACHE)
-    fake_openai.script(Reply.slow(1.0, Reply.text("slow answer")))
+    # Held at the fake (after the role frame) until the others have come and gone.
+    fake_openai.script(Reply.text("slow answer", hold_after=1))
     sub = engine.bus.subscribe("api-busy")
     busy = await engine.submit("api-busy", "take your time", kind="api")
-    await fake_openai.wait_for_requests_async(1)
+    await fake_openai.wait_for_held_async(1)
     for n in range(5):
-        await engine.run(f"api-{n}", f"quick {n}", kind="api", timeout=10)
+        await engine.run(f"api-{n}", f"quick {n}", kind="api", timeout=30)
     assert engine.session_state("api-busy") == "running"
     # A second message to the busy session queues behind its running turn, on the same session.
     second = await engine.submit("api-busy", "one more", kind="api")
-    assert (await busy.wait(10)).text == "slow answer"
-    assert (await second.wait(10)).text == "echo: one more"
+    fake_openai.release()
+    assert (await busy.wait(30)).text == "slow answer"
+    assert (await second.wait(30)).text == "echo: one more"
     last = conversation(fake_openai.last_request.json)
     assert last == [("user", "take your time"), ("assistant", "slow answer"), ("user", "one more")]
     await next_event(sub, DONE)

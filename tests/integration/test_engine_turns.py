@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel
 
-from aiops.engine.events import DONE, ERROR, GATE, NOTICE, TOK
+from aiops.engine.events import DONE, ERROR, GATE, NOTICE, TOK, Event
 from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
 from aiops.engine.tools import Tool, ToolContext
 from tests.fakes.fixtures import gemini_model_entry, openai_model_entry
@@ -67,11 +67,24 @@ def tool_contents(fake: FakeOpenAI, i: int = -1) -> list[str]:
 
 async def test_streams_text_and_commits_history(engine_factory, fake_openai):
     engine = await engine_factory()
-    # Paced as a model generates, so the pieces arrive (and are published) one by one.
-    fake_openai.script(Reply.text("hello operator", chunks=4, chunk_delay=0.05))
+    # Held at the fake after the first piece (frame 0 is the role): that piece is published while
+    # the rest is still to come, then the rest follows.
+    fake_openai.script(Reply.text("hello operator", chunks=4, hold_after=2))
     published: list[str] = []
-    engine.bus.add_listener(lambda e: published.append(e.data["text"]) if e.name == TOK else None)
-    result = await engine.run("api-1", "hi", kind="api", timeout=10)
+    first = asyncio.Event()
+
+    def on_event(e: Event) -> None:
+        if e.name == TOK:
+            published.append(e.data["text"])
+            first.set()
+
+    engine.bus.add_listener(on_event)
+    turn = await engine.submit("api-1", "hi", kind="api")
+    async with asyncio.timeout(30):
+        await first.wait()
+    assert "".join(published) == "hell" and not turn.done
+    fake_openai.release()
+    result = await turn.wait(30)
     assert result.status == "complete" and result.text == "hello operator"
     assert len(published) > 1 and "".join(published) == "hello operator"
     history = await engine.history("api-1")
@@ -175,7 +188,7 @@ async def test_messages_queue_in_order_one_turn_at_a_time(engine_factory, fake_o
     fake_openai.script(Reply.slow(0.3, Reply.text("first answer")), Reply.text("second answer"))
     t1 = await engine.submit("api-o", "one", kind="api")
     t2 = await engine.submit("api-o", "two", kind="api")
-    r1, r2 = await asyncio.gather(t1.wait(10), t2.wait(10))
+    r1, r2 = await asyncio.gather(t1.wait(30), t2.wait(30))
     assert (r1.text, r2.text) == ("first answer", "second answer")
     # the second request already saw the first exchange
     assert [m["content"] for m in sent_messages(fake_openai) if m["role"] != "system"] == [

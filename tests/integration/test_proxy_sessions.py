@@ -9,7 +9,7 @@ import contextlib
 import json
 import logging
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,23 @@ async def history(srv: ApiServer, sid: str) -> list[dict[str, Any]]:
         r = await h.get(f"{srv.url}/api/v1/sessions/{sid}", params={"limit": 1000})
     r.raise_for_status()
     return r.json()["messages"]
+
+
+async def stored_has(srv: ApiServer, sid: str, text: str) -> bool:
+    """Whether a user message `text` is in the session's history (False while it has none)."""
+    async with httpx.AsyncClient() as h:
+        r = await h.get(f"{srv.url}/api/v1/sessions/{sid}", params={"limit": 1000})
+    return r.status_code == 200 and any(m["content"] == text for m in r.json()["messages"])
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 30.0) -> None:
+    """Poll an async condition until it holds; the deadline is generous, as CI machines are loaded."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not await condition():  # noqa: ASYNC110 - the condition is read over HTTP
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"no {what} within {timeout} s") from None
 
 
 def convo(msgs: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -301,11 +318,16 @@ async def test_overlapping_requests_of_one_conversation_keep_it_one_session(api_
     then sends (each question followed by its answer) still matches the session."""
     client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
                                 default_headers={"X-Aiops-Session": "overlap"})
-    api_server.fake.script(Reply.slow(1.0))  # the first answer takes a while; the others queue
-    asks = []
-    for i in range(3):
+    # The first answer is held at the fake until the other two questions are in (stored, as the
+    # session's history shows), so they are sent while it is being answered, whatever the load.
+    api_server.fake.script(Reply.echo(hold_after=0))
+    asks = [asyncio.ensure_future(ask(client, [("user", "question 0")]))]
+    await api_server.fake.wait_for_held_async(1)
+    for i in (1, 2):
         asks.append(asyncio.ensure_future(ask(client, [("user", f"question {i}")])))
-        await asyncio.sleep(0.2)  # arrives while the first is still being answered
+        await until(lambda i=i: stored_has(api_server, "overlap", f"question {i}"), f"question {i} stored")
+    assert not any(a.done() for a in asks)
+    api_server.fake.release()
     answers = [a for _, a in await asyncio.gather(*asks)]
     assert answers == [f"echo: question {i}" for i in range(3)]
     stored = await history(api_server, "overlap")
@@ -1013,7 +1035,7 @@ async def test_a_client_hanging_up_at_any_moment_of_a_start_leaves_no_question_u
         if started.sub is not None:  # it had finished: the hang-up reaches the turn, as the proxy's does
             started.sub.close()
         await cancel_turn(engine, started.session_id, started.turn, "the client disconnected")
-    for _ in range(200):  # let every turn that was queued end
+    for _ in range(600):  # let every turn that was queued end (30 s: CI machines are loaded)
         if all(not (live := engine.cache.get(f"hangup-{n}")) or live.current is None and not live.queue
                for n in range(N)):
             break

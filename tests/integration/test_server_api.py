@@ -28,7 +28,7 @@ from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext, ToolOutput
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when
+from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when, split_text
 from tests.support.plugins import SlowStopPlugin
 from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, ServeProcess, Tokens, clean_env
 
@@ -36,7 +36,7 @@ from tests.support.server import ApiServer, ApiServerFactory, ServeFactory, Serv
 
 
 async def events_until_done(stream: EventStream, turn_id: str | None = None,
-                            timeout: float = 10.0) -> list[dict[str, Any]]:
+                            timeout: float = 30.0) -> list[dict[str, Any]]:
     """Every event of the stream up to (and including) the `done` of `turn_id` (any turn if None)."""
     seen: list[dict[str, Any]] = []
     async with asyncio.timeout(timeout):
@@ -47,7 +47,18 @@ async def events_until_done(stream: EventStream, turn_id: str | None = None,
     raise AssertionError(f"the stream ended before done; got {[e['event'] for e in seen]}")
 
 
-async def next_event(stream: EventStream, name: str, timeout: float = 10.0) -> dict[str, Any]:
+async def events_until_tok(stream: EventStream, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Every event of the stream up to (and including) the first `tok`."""
+    seen: list[dict[str, Any]] = []
+    async with asyncio.timeout(timeout):
+        async for e in stream:
+            seen.append(e)
+            if e["event"] == "tok":
+                return seen
+    raise AssertionError(f"the stream ended before a tok; got {[e['event'] for e in seen]}")
+
+
+async def next_event(stream: EventStream, name: str, timeout: float = 30.0) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         async for e in stream:
             if e["event"] == name:
@@ -278,18 +289,36 @@ async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_
     assert accepted["client_id"] == "api-cmds"  # a session that exists is named, commands or not
 
 
+def merged_toks(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """(event, data) with consecutive `tok` deltas joined: deltas still queued for a reader are
+    merged, so where one reader's tok ends and the next begins depends on how fast it reads."""
+    out: list[tuple[str, Any]] = []
+    for e in events:
+        if e["event"] == "tok" and out and out[-1][0] == "tok":
+            out[-1] = ("tok", {**e["data"], "text": out[-1][1]["text"] + e["data"]["text"]})
+        else:
+            out.append((e["event"], e["data"]))
+    return out
+
+
 async def test_two_readers_of_one_session_each_get_every_event(api_server: ApiServer) -> None:
-    # Spaced chunks: deltas queued together are merged for a reader, so only spacing shows streaming.
+    # The answer is held at the fake after its first piece (frame 0 is the role) until both readers
+    # have it: each then sees the answer stream (a tok, then more), however loaded the machine.
     api_server.fake.script(Reply.text("one two three four five six seven eight nine ten eleven", chunks=6)
-                           .with_(chunk_delay=0.05))
+                           .with_(hold_after=2))
     assert api_server.handle.connected_clients() == 0
     async with api_server.client() as agent, agent.stream("api-two") as a, agent.stream("api-two") as b:
         assert api_server.handle.connected_clients() == 2
         accepted = await agent.submit("go", client_id="api-two")
-        got_a, got_b = await asyncio.gather(events_until_done(a, accepted["turn_id"]),
-                                            events_until_done(b, accepted["turn_id"]))
-    assert got_a == got_b
-    assert [e["event"] for e in got_a].count("tok") >= 2
+        first_a, first_b = await asyncio.gather(events_until_tok(a), events_until_tok(b))
+        api_server.fake.release()
+        rest_a, rest_b = await asyncio.gather(events_until_done(a, accepted["turn_id"]),
+                                              events_until_done(b, accepted["turn_id"]))
+    got_a, got_b = first_a + rest_a, first_b + rest_b
+    assert first_a == first_b and merged_toks(got_a) == merged_toks(got_b)
+    assert "".join(e["data"]["text"] for e in got_a if e["event"] == "tok") == \
+        "one two three four five six seven eight nine ten eleven"
+    assert [e["event"] for e in rest_a].count("tok") >= 1 and got_a[-1]["data"]["turn_id"] == accepted["turn_id"]
 
 
 async def test_the_stream_sends_keep_alive_comments_while_idle(api_server_factory: ApiServerFactory) -> None:
@@ -426,13 +455,15 @@ async def test_a_session_deleting_itself_still_ends_its_message_with_done(api_se
 
 
 async def test_history_lists_a_message_sent_during_a_turn_after_that_turns_answer(api_server: ApiServer) -> None:
+    # The first answer is held at the fake, part-written, until the second question is in.
     api_server.fake.script(Reply.text("an earlier answer"),
-                           Reply.text("first answer", chunks=4, chunk_delay=0.2), Reply.text("second answer"))
+                           Reply.text("first answer", chunks=4, hold_after=2), Reply.text("second answer"))
     async with api_server.client() as agent, agent.stream("api-queue") as stream:
         assert (await agent.send("an earlier question", client_id="api-queue"))["status"] == "complete"
         first = await agent.submit("first question", client_id="api-queue")
-        await api_server.fake.wait_for_requests_async(2)
+        await api_server.fake.wait_for_held_async(1)
         second = await agent.submit("second question, sent meanwhile", client_id="api-queue")
+        api_server.fake.release()
         await events_until_done(stream, second["turn_id"])
         page = await agent.session("api-queue")
         messages = page["messages"]
@@ -462,7 +493,6 @@ async def test_deleting_a_session_ends_its_running_and_queued_turns_for_every_re
         await api_server.fake.wait_for_requests_async(1)
         queued = await agent.submit("and this waits behind it", client_id="api-del")
         waiting = asyncio.ensure_future(events_until_done(stream, queued["turn_id"]))
-        await asyncio.sleep(0.05)
         assert await agent.delete_session("api-del") == {"client_id": "api-del", "deleted": True}
         events = await waiting  # a reader waiting for the queued turn hears that it ended
         if not any(e["event"] == "done" and e["data"]["turn_id"] == running["turn_id"] for e in events):
@@ -1191,7 +1221,9 @@ async def test_a_stream_iterated_without_async_with_is_closed_when_the_loop_is_l
 async def test_an_opened_stream_is_read_in_several_loops_and_by_anext(api_server: ApiServer) -> None:
     """`await stream.open()` subscribes before the submit as `async with` does, and the stream is
     the caller's to close: leaving one loop does not end it."""
-    api_server.fake.script(Reply.text("one two three four", chunks=4, chunk_delay=0.02))  # four toks
+    # Held after the first piece (frame 0 is the role): the first loop's tok is that piece alone,
+    # so there is more for the second loop, however the rest is merged while queued.
+    api_server.fake.script(Reply.text("one two three four", chunks=4, hold_after=2))
     async with api_server.client() as agent:
         events = await agent.stream("api-loops").open()
         try:
@@ -1200,14 +1232,18 @@ async def test_an_opened_stream_is_read_in_several_loops_and_by_anext(api_server
             async for e in events:
                 seen.append(e)
                 break
+            api_server.fake.release()
             async for e in events:
                 seen.append(e)
                 break
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(30):
                 while seen[-1]["event"] != "done":
                     seen.append(await anext(events))
-            assert [e["event"] for e in seen] == ["tok"] * 4 + ["done"]  # nothing lost between the loops
-            assert "".join(e["data"]["text"] for e in seen[:4]) == "one two three four"
+            names = [e["event"] for e in seen]
+            assert seen[0]["data"]["text"] == split_text("one two three four", 4)[0] and names[1:-1] == ["tok"] * (len(seen) - 2)
+            assert names[-1] == "done" and len(seen) >= 3
+            # nothing lost between the loops
+            assert "".join(e["data"]["text"] for e in seen[:-1]) == "one two three four"
         finally:
             await events.aclose()
 

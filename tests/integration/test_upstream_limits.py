@@ -5,7 +5,6 @@ socket; the server's own health must stay responsive throughout."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -102,39 +101,45 @@ async def test_a_429_without_retry_after_fails_clearly(backend_for, fake_openai)
     assert "not retried: it named no Retry-After" in str(caught.value)
 
 
-async def _health_latencies(url: str, stop: asyncio.Event) -> list[float]:
-    latencies: list[float] = []
+async def _health_while(url: str, stop: asyncio.Event) -> list[int]:
+    """The status of each health request made until `stop` is set, one after another."""
+    statuses: list[int] = []
     async with aiohttp.ClientSession() as session:
         while not stop.is_set():
-            started = time.perf_counter()
             async with session.get(url + "/api/v1/health") as resp:
-                assert resp.status == 200
                 await resp.read()
-            latencies.append(time.perf_counter() - started)
-            await asyncio.sleep(0.01)
-    return latencies
+                statuses.append(resp.status)
+            await asyncio.sleep(0.01)  # a steady prober, not a synchronisation
+    return statuses
 
 
-async def test_health_answers_within_100_ms_while_a_long_line_streams_in(api_server_factory: ApiServerFactory,
-                                                                          fake_openai: FakeOpenAI):
-    # The bound is the issue's: one 50 MB line used to hold the event loop for a minute. Here
-    # 12 MiB arrive in 8 KiB reads; the default cap (8 MiB) ends the answer.
+async def test_health_answers_while_a_long_line_streams_in(api_server_factory: ApiServerFactory,
+                                                           fake_openai: FakeOpenAI):
+    # One 50 MB line used to hold the event loop for a minute. Here 12 MiB arrive in 8 KiB writes;
+    # the default cap (8 MiB) ends the answer. The line is held at the fake once 4 MiB of it are
+    # written (what the socket buffers do not hold, the server has read): with a line partly in,
+    # the server answers, and it answers throughout. How fast is for the benchmarks, not a test.
     srv = await api_server_factory(models={"local": openai_model_entry(fake_openai)})
-    # A first turn first: the one-time costs of a server's first turn (the model client, the
-    # system prompt's first read) are not what is measured here.
-    fake_openai.script(Reply.text("warm"))
-    assert (await srv.engine.run("api-warm", "hi", kind="api", timeout=30)).text == "warm"
-    fake_openai.script(Reply(long_line_bytes=12 * MiB, write_bytes=8192, write_pause=0))
+    fake_openai.script(Reply(long_line_bytes=12 * MiB, write_bytes=8192, write_pause=0, hold_after=512))
     stop = asyncio.Event()
-    poller = asyncio.create_task(_health_latencies(srv.url, stop))
-    await asyncio.sleep(0.05)
-    turn = await srv.engine.submit("api-long-line", "hi", kind="api")
-    result = await turn.wait(120)
+    prober = asyncio.create_task(_health_while(srv.url, stop))
+    try:
+        turn = await srv.engine.submit("api-long-line", "hi", kind="api")
+        await fake_openai.wait_for_held_async(1)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with asyncio.timeout(30), session.get(srv.url + "/api/v1/health") as resp:
+                    assert resp.status == 200 and (await resp.json())["status"] == "ok"
+        assert not turn.done
+        fake_openai.release()
+        result = await turn.wait(120)
+    except BaseException:
+        prober.cancel()
+        raise
     stop.set()
-    latencies = await poller
+    statuses = await prober
     assert result.status == "error" and "max_line_bytes" in result.error["message"]
-    assert len(latencies) >= 3
-    assert max(latencies) < 0.1, f"health took {max(latencies) * 1000:.0f} ms while the line streamed"
+    assert statuses and set(statuses) == {200}
     # The runaway answer is not kept: nothing of it goes back to the model as context.
     history = await srv.engine.history("api-long-line")
     assert not any(m.role == "assistant" for m in history)

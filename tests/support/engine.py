@@ -14,7 +14,7 @@ from aiops.engine.engine import Engine
 from aiops.engine.events import Event
 from aiops.engine.plugins import Plugin
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import WAIT_S, FakeOpenAI
 
 EngineFactory = Callable[..., Awaitable[Engine]]
 
@@ -46,7 +46,7 @@ async def engine_factory(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterat
             await e.stop()
 
 
-async def next_event(sub: Subscription, name: str, timeout: float = 10.0) -> Event:
+async def next_event(sub: Subscription, name: str, timeout: float = WAIT_S) -> Event:
     """The next event called `name` (others are skipped)."""
     import asyncio
 

@@ -23,7 +23,7 @@ from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
 from aiops.tui.app import AiopsApp
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.openai_server import WAIT_S, FakeOpenAI
 
 SIZE = (120, 40)
 
@@ -182,12 +182,12 @@ def chat_text(app: AiopsApp) -> str:
     return region_text(app, "#chat")
 
 
-async def wait_chat(pilot: Pilot[Any], text: str, timeout: float = 10.0) -> None:
+async def wait_chat(pilot: Pilot[Any], text: str, timeout: float = WAIT_S) -> None:
     await wait_for(pilot, lambda: text in chat_text(pilot.app), f"{text!r} in the chat", timeout)
 
 
 async def wait_for(pilot: Pilot[Any], condition: Callable[[], Any], what: str = "condition",
-                   timeout: float = 10.0) -> Any:
+                   timeout: float = WAIT_S) -> Any:
     """Poll `condition` between frames until it is truthy; fail with the screen when it never is."""
     deadline = time.monotonic() + timeout
     while True:
@@ -201,11 +201,11 @@ async def wait_for(pilot: Pilot[Any], condition: Callable[[], Any], what: str = 
         await pilot.pause(0.02)
 
 
-async def wait_text(pilot: Pilot[Any], text: str, timeout: float = 10.0) -> None:
+async def wait_text(pilot: Pilot[Any], text: str, timeout: float = WAIT_S) -> None:
     await wait_for(pilot, lambda: text in screen_text(pilot.app), f"{text!r} on screen", timeout)
 
 
-async def wait_gone(pilot: Pilot[Any], text: str, timeout: float = 10.0) -> None:
+async def wait_gone(pilot: Pilot[Any], text: str, timeout: float = WAIT_S) -> None:
     await wait_for(pilot, lambda: text not in screen_text(pilot.app), f"{text!r} to leave the screen", timeout)
 
 

@@ -7,7 +7,7 @@ from textual.geometry import Region
 
 from aiops.tui.widgets.chat import AssistantMessage, CommandOutput, EarlierButton, UserMessage
 from aiops.tui.widgets.chat_input import ChatInput
-from tests.fakes.openai_server import Reply, call_tool_when
+from tests.fakes.openai_server import Reply, call_tool_when, split_text
 from tests.tui.conftest import (
     SIZE,
     chat_text,
@@ -23,16 +23,18 @@ from tests.tui.conftest import (
 
 async def test_sending_a_message_streams_the_answer(make_app, fake_openai):
     answer = "The **disk** on db-2 is at 91 percent; the largest table is `events`."
-    fake_openai.script(Reply.text(answer, chunks=6, chunk_delay=0.15))
+    # Held at the fake after the first two pieces (frame 0 is the role) until they are on screen.
+    fake_openai.script(Reply.text(answer, chunks=6, hold_after=3))
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "how full is db-2?")
-        await wait_text(pilot, "how full is db-2?")
+        await wait_chat(pilot, "how full is db-2?")
         # Part of the answer is on screen while the rest is still coming, through one stream.
         msg = await wait_for(pilot, lambda: next(iter(app.chat.query(AssistantMessage)), None), "an answer")
-        await wait_for(pilot, lambda: msg.streaming and msg.text and msg.text != answer, "a partial answer")
-        assert app.chat_input.busy
+        await wait_chat(pilot, "The disk on db-2 is")
+        assert msg.streaming and msg.text == "".join(split_text(answer, 6)[:2]) and app.chat_input.busy
+        fake_openai.release()
         await wait_for(pilot, lambda: not msg.streaming, "the stream to end")
         # The final re-render shows the whole message, Markdown rendered (no ** or backticks).
         assert msg.markdown.source == answer
@@ -318,7 +320,9 @@ async def test_a_burst_typed_in_the_sessions_list_goes_to_the_input_and_opens_no
 
 
 async def test_a_running_turn_of_another_session_is_shown_live_when_selected(make_app, fake_openai):
-    fake_openai.script(Reply.text("one two three four five six seven eight", chunks=8, chunk_delay=0.2))
+    # Held at the fake after two pieces ("one two th"; frame 0 is the role) until the session is
+    # shown: the turn is still running when it is selected, however slow the machine.
+    fake_openai.script(Reply.text("one two three four five six seven eight", chunks=8, hold_after=3))
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -329,8 +333,10 @@ async def test_a_running_turn_of_another_session_is_shown_live_when_selected(mak
             e.name == "tok" for e in app.live_events["proxy-chat"]), "streamed text")
         await app.select_session("proxy-chat")
         await wait_chat(pilot, "› you count slowly")
-        await wait_chat(pilot, "one two")  # what streamed before it was selected
-        await turn.wait(10)
+        await wait_chat(pilot, "one two th")  # what streamed before it was selected
+        assert not turn.done
+        fake_openai.release()
+        await turn.wait(30)
         await wait_chat(pilot, "one two three four five six seven eight")
         # Nothing twice: the history of the live turn is replaced by its events, not added to them.
         assert [m.text for m in app.chat.query(UserMessage)] == ["count slowly"]
