@@ -12,6 +12,13 @@ Cases, each run `--runs` times from a fresh process (wall time from `Popen` to t
   "Palette" is on screen), and to interactive (a key typed then is on screen);
 each with an empty data dir and with the stored history of benchmarks.history (10,000 sessions of
 100 messages by default). The median and the worst of the runs are reported; `--json` writes all.
+
+For an A/B of the console: `--console-only` runs the floors and the console cases alone, `--no-empty`
+only with the stored history, and `--compare-ref REF` runs each console case also with the code of
+commit REF (exported with git archive, put first on PYTHONPATH), interleaved run by run with this one's, so
+both see the same minutes of a loaded machine. The console's CPU seconds at interactive (user +
+system, all its threads, from /proc) are reported beside the wall times: they move less with the
+machine's load.
 """
 
 from __future__ import annotations
@@ -106,8 +113,29 @@ def serve(cfg: Path, data: Path) -> dict[str, float]:
     return {"ready_line": t_ready, "health": t_health}
 
 
-def console(cfg: Path, data: Path) -> dict[str, float] | None:
-    """The console in a tmux pane: seconds to first paint and to interactive (None without tmux)."""
+def _child_pid(pid: int) -> int | None:
+    """The first child of process `pid` (the console under the pane's shell), from /proc."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` so far, all its threads (None if unknown)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def console(cfg: Path, data: Path, code: Path | None = None) -> dict[str, float] | None:
+    """The console in a tmux pane: seconds to first paint and to interactive, and its CPU seconds at
+    interactive (None without tmux). `code`: a checkout whose aiops runs instead (on PYTHONPATH)."""
     exe = shutil.which("tmux")
     if exe is None:
         return None
@@ -118,6 +146,8 @@ def console(cfg: Path, data: Path) -> dict[str, float] | None:
 
     env = {**_env(), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
     env.pop("TMUX", None)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     aiops = " ".join([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "console", "--port", "0"])
     t0 = time.perf_counter()
     subprocess.run([exe, "-L", sock, "new-session", "-d", "-s", "b", "-x", "120", "-y", "40", "sh", "-c",
@@ -135,7 +165,12 @@ def console(cfg: Path, data: Path) -> dict[str, float] | None:
         paint = until(lambda s: "Palette" in s, "its first paint")
         tmux("send-keys", "-t", "b", "-l", "qzx")
         interactive = until(lambda s: "qzx" in s, "interactive (a typed key shown)")
-        return {"first_paint": paint, "interactive": interactive}
+        shell = tmux("display-message", "-p", "-t", "b", "#{pane_pid}").strip()
+        cpu = _cpu_seconds(_child_pid(int(shell))) if shell.isdigit() else None
+        out = {"first_paint": paint, "interactive": interactive}
+        if cpu is not None:
+            out["cpu_at_interactive"] = cpu
+        return out
     finally:
         subprocess.run([exe, "-L", sock, "kill-server"], capture_output=True, timeout=20)
 
@@ -160,7 +195,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             def add(case: str, stored: int, samples: list[dict[str, float]] | list[float]) -> None:
                 if samples and isinstance(samples[0], dict):
                     for key in samples[0]:  # type: ignore[union-attr]
-                        add(f"{case}: to {key.replace('_', ' ')}", stored,
+                        what = "CPU s at interactive" if key == "cpu_at_interactive" else f"to {key.replace('_', ' ')}"
+                        add(f"{case}: {what}", stored,
                             [s[key] for s in samples])  # type: ignore[index]
                     return
                 row = {"case": case, "stored_sessions": stored, **_stats(samples)}  # type: ignore[arg-type]
@@ -169,21 +205,37 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                       f"max {row['max_s'] * 1000:7.0f} ms", flush=True)
 
             n = args.runs
+            other: Path | None = None  # the tree of --compare-ref, once exported
             add("python -c pass (floor)", 0, [to_exit([sys.executable, "-c", "pass"], root) for _ in range(n)])
             add("python -c 'import aiohttp' (floor)", 0,
                 [to_exit([sys.executable, "-c", "import aiohttp"], root) for _ in range(n)])
-            add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
-            for stored in (0, args.sessions):
+            if not args.console_only:
+                add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
+            for stored in ((args.sessions,) if args.no_empty else (0, args.sessions)):
                 def fresh(i: int, stored: int = stored) -> Path:
                     return history.data_dir(root / f"data-{stored}-{i}-{uuid.uuid4().hex[:6]}", stored,
                                             args.messages)
 
-                add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
-                add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
+                if not args.console_only:
+                    add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
+                    add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
                 if not args.no_console:
-                    samples = [c for i in range(n) if (c := console(cfg, fresh(i))) is not None]
-                    if samples:
-                        add("console (tmux)", stored, samples)
+                    # With --compare, this code and the other alternate run by run (same minutes).
+                    codes: list[tuple[str, Path | None]] = [("console (tmux)", None)]
+                    if args.compare_ref:
+                        if other is None:
+                            from benchmarks.run import _export
+
+                            other = _export(args.compare_ref, root / "compare-tree")
+                        codes.append((f"console (tmux) [{args.compare_ref}]", other))
+                    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
+                    for i in range(n):
+                        for label, code in (codes if i % 2 == 0 else codes[::-1]):
+                            if (c := console(cfg, fresh(i), code)) is not None:
+                                runs[label].append(c)
+                    for label, samples in runs.items():
+                        if samples:
+                            add(label, stored, samples)
                 for d in root.glob(f"data-{stored}-*"):
                     shutil.rmtree(d, ignore_errors=True)
     finally:
@@ -208,6 +260,10 @@ def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
         p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
         p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
     p.add_argument("--no-console", action="store_true", help="skip the console cases (tmux)")
+    p.add_argument("--console-only", action="store_true", help="only the floors and the console cases")
+    p.add_argument("--no-empty", action="store_true", help="only with the stored history, not the empty data dir")
+    p.add_argument("--compare-ref", metavar="REF",
+                   help="run each console case also with the aiops of commit REF, interleaved run by run")
 
 
 def quick(args: argparse.Namespace) -> None:
