@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Seconds after the services started (the sessions listed, the console session being read) before
+# the collector settles (gc_policy.settle).
+SETTLE_AFTER_S = 1.0
+
 
 class Services:
     """The engine and the server as the console starts and shows them."""
@@ -46,16 +50,20 @@ class Services:
 
     def failed(self, error: str) -> None:
         app = self.app
+        app.services_failed = error
+        if not app._drawing:  # quit while the engine was starting (it starts after the first frame)
+            return
         app.status.server = "engine failed"
         app.status.warning = one_line(error, 60)
         app.notify(f"the engine did not start: {error}", severity="error", timeout=30)
+        app.sessions.give_back_waiting()
 
     async def started(self, msg: ServicesStarted) -> None:
         app = self.app
         app.services_ready = True
-        if app.settle_gc:
-            gc_policy.settle()  # start-up is over: see gc_policy
         app.server_urls = msg.server_urls
+        if not app._drawing:  # quit while the engine was starting (it starts after the first frame)
+            return
         # Attached to another aiops: where, and as whom (remote_adapter.py).
         app.status.server = getattr(app.adapter, "label", None) or server_label(msg.server_urls, app.want_server)
         if msg.server_error:
@@ -71,7 +79,20 @@ class Services:
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
         await app.sessions.select_latest_console(sessions)
+        # The model SDKs, in a thread: imported now, not by the first turn on the loop. (Not
+        # earlier: imported while the console drew its first frame, they took the loop's time
+        # all the same, through the GIL.)
+        app.run_worker(app.adapter.warm_backends(), name="warm_backends", group="services", exit_on_error=False)
+        await app.sessions.send_waiting()
         app.probe_models()
+        if app.settle_gc:
+            # A full collection (~0.1 s of CPU on a year of history): once the console has drawn
+            # its session, not while it does.
+            app.set_timer(SETTLE_AFTER_S, self._settle)
+
+    def _settle(self) -> None:
+        if self.app._drawing:
+            gc_policy.settle()  # start-up is over: see gc_policy
 
     async def attach_state(self, msg: AttachState) -> None:
         """The link to the attached aiops: said in the header while it is down, and everything read
