@@ -2,8 +2,8 @@
 lock, the signals that quit it, and a bounded exit.
 
 Kept apart from the App (aiops/tui/app.py), which tests run headless: only `run_console` tunes the
-collector, catches SIGTERM/SIGHUP and arms the exit watchdog, so an app under test leaves the test
-runner's process alone.
+collector (`calm_collector`, once it knows it runs a console), catches SIGTERM/SIGHUP and arms the
+exit watchdog, so an app under test leaves the test runner's process alone.
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     """Run the console until quit. Another aiops holding the data dir: attached to it when it serves
     and this is a terminal (aiops/tui/attach.py); otherwise exit status 2, saying who holds it."""
     from aiops.engine.lock import AlreadyRunning, DataDirLock
+    from aiops.integrations.runtime import exit_if_left, run_to_exit
     from aiops.tui.app import AiopsApp  # the App imports this module for its driver
 
     lock = DataDirLock(cfg.paths.lock_path)
@@ -118,14 +119,13 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
         if url is not None and sys.stdin.isatty() and sys.stdout.isatty():
             from aiops.tui.attach import attach_to_holder
 
+            calm_collector()
             code = attach_to_holder(cfg, url)
             if code is not None:
                 return code
         # No server, no terminal to draw on, or a server that does not answer: say who holds it.
         print(f"aiops: {e}", file=sys.stderr)
         return 2
-    from aiops.integrations.runtime import exit_if_left, run_to_exit
-
     calm_collector()
     started = time.monotonic()
     code, left = 0, [0]
