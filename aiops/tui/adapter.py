@@ -316,9 +316,8 @@ class EngineAdapter:
 
         What takes long here is importing (the engine, the plugins, the server: ~0.4 s of CPU): done
         in a thread first, so the console's loop keeps drawing and taking keys meanwhile. The
-        model SDKs (another ~0.4 s) are left to `warm_backends`, once the sessions are listed:
-        imported in a thread during the first frame, they took the loop's time all the same
-        (the GIL)."""
+        model SDKs (another ~0.4 s) are left to `warm_backends`, once the console session is shown:
+        imported in a thread during start-up, they took the loop's time all the same (the GIL)."""
         await asyncio.to_thread(_import_for_start, self._engine is None, self._preload_plugins, server)
         await self.engine.start(warm=())
         await self.engine.close_left_open(lock)

@@ -8,6 +8,7 @@ failed start leaves the console up, saying why. Owned by the App.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING
@@ -25,9 +26,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Seconds after the services started (the sessions listed, the console session being read) before
-# the collector settles (gc_policy.settle).
-SETTLE_AFTER_S = 1.0
+
+# Seconds after the services started by which the rest of start-up (the model SDKs, the collector)
+# runs even if no session has been shown.
+REST_AFTER_S = 3.0
+
+
+def _import_shown_later() -> None:
+    """What the console shows once its engine is up, imported in a thread while the engine starts:
+    the first history page draws Markdown (markdown-it alone is ~0.06 s of CPU on the loop) and
+    highlights tool calls. A failure here is left for the widget that needs it to report."""
+    try:
+        import textual.highlight  # noqa: F401
+        from textual.widgets import Markdown  # noqa: F401 - textual.widgets imports it on first use
+    except Exception:  # noqa: BLE001
+        log.debug("could not pre-import the chat's widgets", exc_info=True)
 
 
 class Services:
@@ -35,11 +48,13 @@ class Services:
 
     def __init__(self, app: AiopsApp) -> None:
         self.app = app
+        self._rest_started = False
 
     async def start(self) -> None:
         """In a worker: start the engine and the server, and post how it went."""
         app = self.app
         try:
+            await asyncio.to_thread(_import_shown_later)
             started = await app.adapter.start(server=app.want_server, host=app.host, port=app.port,
                                               lock=app.lock)
         except Exception as e:  # noqa: BLE001 - shown in the console, which stays up
@@ -79,19 +94,26 @@ class Services:
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
         await app.sessions.select_latest_console(sessions)
-        # The model SDKs, in a thread: imported now, not by the first turn on the loop. (Not
-        # earlier: imported while the console drew its first frame, they took the loop's time
-        # all the same, through the GIL.)
-        app.run_worker(app.adapter.warm_backends(), name="warm_backends", group="services", exit_on_error=False)
         await app.sessions.send_waiting()
         app.probe_models()
-        if app.settle_gc:
-            # A full collection (~0.1 s of CPU on a year of history): once the console has drawn
-            # its session, not while it does.
-            app.set_timer(SETTLE_AFTER_S, self._settle)
+        app.set_timer(REST_AFTER_S, self.session_shown)
 
-    def _settle(self) -> None:
-        if self.app._drawing:
+    def session_shown(self) -> None:
+        """The console session is on screen (or REST_AFTER_S passed): the rest of start-up, out of
+        its way. The model SDKs (~0.4 s of CPU), imported in a thread, so that a turn does not
+        import its model's on the loop; in a thread all the same they take the loop's time
+        through the GIL, which the first frame, the sessions and the chat should not wait for.
+        Then the collector settles (a full collection, ~0.1 s on a year of history)."""
+        app = self.app
+        if self._rest_started or not app.services_ready or not app._drawing:
+            return
+        self._rest_started = True
+        app.run_worker(self._rest(), name="rest_of_start", group="services", exit_on_error=False)
+
+    async def _rest(self) -> None:
+        app = self.app
+        await app.adapter.warm_backends()
+        if app.settle_gc and app._drawing:
             gc_policy.settle()  # start-up is over: see gc_policy
 
     async def attach_state(self, msg: AttachState) -> None:

@@ -82,6 +82,7 @@ class SessionEvents:
             messages = [m for m in msg.messages if live is None or m.turn_id != live]
             await chat.show(msg.session_id, messages, has_more=msg.has_more,
                             live=list(app.live.events.get(msg.session_id, [])))
+            app.services.session_shown()
         elif chat.session_id == msg.session_id:
             await chat.prepend(msg.messages, has_more=msg.has_more)
 
