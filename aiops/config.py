@@ -1,4 +1,4 @@
-"""Configuration: TOML files validated by pydantic, and the paths they live in.
+"""Configuration: TOML files validated by pydantic (the paths they live in: aiops.paths).
 
 Each file is looked up in the chosen config dir first and falls back to the shipped default (the
 repository's `config/`, carried inside an installed wheel as `aiops/_defaults/config`). Validation
@@ -9,10 +9,8 @@ instead of a traceback.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import re
-import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,38 +23,22 @@ from aiops.gates.limits import LimitsConfig
 from aiops.gates.rules import GatesConfig
 from aiops.mcp_config import McpConfig
 
-log = logging.getLogger(__name__)
-
-APP_NAME = "aiops"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _shipped_dir(name: str) -> Path:
-    """Where a shipped default dir lives.
-
-    A wheel carries `config/` and `system_prompt/` inside the package as `aiops/_defaults/<name>`
-    (pyproject.toml maps them there); a source checkout or an editable install reads the top-level
-    dirs of the repository, the layout DESIGN.md describes.
-    """
-    from importlib.resources import files  # deferred: keeps `import aiops.config` cheap
-
-    packaged = files("aiops").joinpath("_defaults", name)
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return REPO_ROOT / name
-
-
-SHIPPED_CONFIG_DIR = _shipped_dir("config")
-SHIPPED_PROMPT_DIR = _shipped_dir("system_prompt")
+# Re-exported: the paths moved to aiops.paths (no pydantic there), where they were always imported from here.
+from aiops.paths import APP_NAME as APP_NAME
+from aiops.paths import REPO_ROOT as REPO_ROOT
+from aiops.paths import SHIPPED_CONFIG_DIR as SHIPPED_CONFIG_DIR
+from aiops.paths import SHIPPED_PROMPT_DIR as SHIPPED_PROMPT_DIR
+from aiops.paths import ConfigError as ConfigError
+from aiops.paths import Paths as Paths
+from aiops.paths import copy_tree as copy_tree
+from aiops.paths import load_env as load_env
+from aiops.paths import replace_tree as replace_tree
+from aiops.paths import resolve_paths as resolve_paths
 
 CONFIG_FILES = ("aiops.toml", "models.toml", "gates.toml", "limits.toml", "plugins.toml", "mcp.toml")
 
 
 _M = TypeVar("_M", bound=BaseModel)
-
-
-class ConfigError(Exception):
-    """A configuration problem, already phrased for the operator (file and key named)."""
 
 
 class _Strict(BaseModel):
@@ -310,120 +292,6 @@ class AppConfig(_Strict):
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
 
 
-# ---- paths ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Paths:
-    config_dir: Path
-    data_dir: Path
-    shipped_config_dir: Path = SHIPPED_CONFIG_DIR
-    shipped_prompt_dir: Path = SHIPPED_PROMPT_DIR
-
-    def config_file(self, name: str) -> Path:
-        """The user's copy when present, else the shipped default."""
-        user = self.config_dir / name
-        return user if user.exists() else self.shipped_config_dir / name
-
-    @property
-    def db_path(self) -> Path:
-        return self.data_dir / "aiops.sqlite3"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "aiops.log"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.data_dir / "aiops.lock"
-
-    def env_files(self) -> list[Path]:
-        return [Path.cwd() / ".env", self.config_dir / ".env"]
-
-    @property
-    def prompt_dir(self) -> Path:
-        """The user's system-prompt trees; edits (`!prompt edit`, update_system_prompt) land here."""
-        return self.config_dir / "system_prompt"
-
-    def prompt_folder(self, name: str) -> Path | None:
-        """The tree a `system_prompt_folder` names: `<config dir>/system_prompt/<name>`, or an
-        absolute path as given; None for "none". It may not exist yet (see ensure_prompt_folder)."""
-        if name.lower() == "none":
-            return None
-        p = Path(name).expanduser()
-        if p.is_absolute():
-            return p
-        return self.prompt_dir / name
-
-    def shipped_prompt_folder(self, name: str) -> Path | None:
-        """The shipped tree a relative `system_prompt_folder` is first copied from, if there is one."""
-        if name.lower() == "none" or Path(name).expanduser().is_absolute():
-            return None
-        src = self.shipped_prompt_dir / name
-        return src if src.is_dir() else None
-
-    def ensure_prompt_folder(self, name: str) -> Path | None:
-        """prompt_folder(name), first copied from the shipped default when the user has none yet.
-
-        The shipped tree is never used in place: edits would otherwise change the repository or
-        site-packages. If the copy cannot be made (a read-only config dir), the shipped tree is
-        returned so turns keep their system prompt, and the failure is logged.
-        """
-        folder = self.prompt_folder(name)
-        src = self.shipped_prompt_folder(name)
-        if folder is None or src is None or folder.exists():
-            return folder
-        try:
-            copy_tree(src, folder)
-        except OSError as e:
-            log.warning("cannot copy the default system prompt %s to %s (%s); using it read-only",
-                        src, folder, e.strerror or e)
-            return src
-        return folder
-
-
-def copy_tree(src: Path, dest: Path) -> None:
-    """Copy a directory so `dest` appears complete or not at all (a concurrent copy may win)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    try:
-        os.rename(tmp, dest)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not dest.is_dir():
-            raise
-
-
-def replace_tree(src: Path, dest: Path) -> None:
-    """Replace the directory `dest` with a copy of `src`; `dest` goes only once the copy is whole."""
-    staged = dest.parent / f".{dest.name}.new-{os.getpid()}"
-    old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-    shutil.rmtree(staged, ignore_errors=True)
-    try:
-        shutil.copytree(src, staged)
-    except OSError:
-        shutil.rmtree(staged, ignore_errors=True)  # no half copy left beside the user's tree
-        raise
-    os.rename(dest, old)
-    try:
-        os.rename(staged, dest)
-    except OSError:
-        os.rename(old, dest)
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def resolve_paths(config_dir: str | Path | None = None, data_dir: str | Path | None = None) -> Paths:
-    import platformdirs  # deferred: keeps `import aiops.config` cheap
-
-    cfg = config_dir or os.environ.get("AIOPS_CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME)
-    data = data_dir or os.environ.get("AIOPS_DATA_DIR") or platformdirs.user_data_dir(APP_NAME)
-    return Paths(config_dir=Path(cfg).expanduser().resolve(), data_dir=Path(data).expanduser().resolve())
-
-
 # ---- loading --------------------------------------------------------------------------------------
 
 
@@ -473,15 +341,6 @@ class Config:
 
     def plugin_settings(self, name: str) -> dict[str, Any]:
         return dict(self.plugins.get(name, {}))
-
-
-def load_env(paths: Paths) -> None:
-    """Secrets come from the environment or a .env file; the environment wins."""
-    from dotenv import load_dotenv
-
-    for p in paths.env_files():
-        if p.is_file():
-            load_dotenv(p, override=False)
 
 
 def load_config(paths: Paths, *, load_dotenv: bool = True) -> Config:

@@ -6,12 +6,20 @@ Cases, each run `--runs` times from a fresh process (wall time from `Popen` to t
 - floors: `python -c pass`, `python -c "import aiohttp"` (to exit);
 - `aiops --help` (to exit);
 - `aiops chat "hi"` against a local fake model (tests.fakes.openai_server, echo replies): to its
-  first token on stdout, and to exit;
+  first token on stdout, and to exit; and the CPU time (user + system) the process used;
+- the same through a running aiops: an `aiops serve` started once on the same config and data dir,
+  then `aiops chat hi` runs that find it by the data dir's run file (to first token, to exit, CPU;
+  the first chat after the server's start, which waits for its warm-up, reported apart);
 - `aiops serve --port 0`: to its ready line, and to the first `/api/v1/health` answer after it;
 - the console in a tmux pane (a real terminal; skipped without tmux): to first paint (the footer's
   "Palette" is on screen), and to interactive (a key typed then is on screen);
 each with an empty data dir and with the stored history of benchmarks.history (10,000 sessions of
 100 messages by default). The median and the worst of the runs are reported; `--json` writes all.
+
+Bytecode: aiops's own modules are compiled from source on every run when PYTHONDONTWRITEBYTECODE is
+set (it is on some machines, in CI images); an installed aiops has its .pyc files. `--cached-bytecode`
+measures that case: the children cache bytecode under a temporary PYTHONPYCACHEPREFIX, warmed by one
+run of each command first (the console's trees compiled). Without it the environment decides, as before.
 
 For an A/B of the console: `--console-only` runs the floors and the console cases alone, `--no-empty`
 only with the stored history, and `--compare-ref REF` runs each console case also with the code of
@@ -24,6 +32,7 @@ machine's load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -42,11 +52,28 @@ from benchmarks import history
 
 AIOPS = [sys.executable, "-m", "aiops.cli"]
 TARGET_CHAT_S = 0.9  # in-process `aiops chat` to its first token (issue 27)
+TARGET_REMOTE_CHAT_S = 0.3  # `aiops chat` through a running aiops to its first token (issue 27)
+REMOTE_CHAT = "aiops chat hi (through aiops serve)"
 TARGET_CONSOLE_S = 1.0  # console interactive with 10,000 sessions (issue 27)
 
 
+_pycache: Path | None = None  # --cached-bytecode: where the children keep their .pyc files
+
+
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    if _pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(_pycache)
+    return env
+
+
+def _cpu() -> float:
+    """CPU seconds (user + system) of the children waited for so far."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def write_config(root: Path, base_url: str, model_id: str = "fake-model") -> Path:
@@ -71,7 +98,9 @@ def to_exit(cmd: list[str], cwd: Path) -> float:
 
 
 def chat(cfg: Path, data: Path) -> dict[str, float]:
-    """`aiops chat hi`: seconds to the first byte on stdout (the first token) and to exit."""
+    """`aiops chat hi`: seconds to the first byte on stdout (the first token) and to exit, and the
+    CPU seconds it used (a child reaped here: nothing else is waited for meanwhile)."""
+    cpu0 = _cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "chat", "hi"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -84,7 +113,43 @@ def chat(cfg: Path, data: Path) -> dict[str, float]:
     if proc.returncode != 0 or not (first + rest).decode().strip().startswith("echo: hi"):
         raise SystemExit(f"startup: aiops chat failed ({proc.returncode}): {(first + rest).decode()}"
                          f"{err.decode()}")
-    return {"first_token": t_first, "exit": t_exit}
+    return {"first_token": t_first, "exit": t_exit, "cpu": _cpu() - cpu0}
+
+
+def remote_chats(cfg: Path, data: Path, runs: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """`aiops chat hi` through one `aiops serve` on the same config and data dir (found by the run
+    file, as a user's second terminal finds it), each as `chat` measures it: the first right after
+    the server is ready (it waits for the server's own warm-up: the model SDK's import), then
+    `runs` more (an aiops that has been running: the case of the target)."""
+    proc = subprocess.Popen([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "serve", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                            cwd=data.parent)
+    assert proc.stdout is not None
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if line.startswith("aiops serving on "):
+                break
+        else:
+            raise SystemExit(f"startup: aiops serve did not start: {''.join(seen)}")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # (its pipe must not fill)
+        first = chat(cfg, data)
+        samples = [chat(cfg, data) for _ in range(runs)]
+        if not _went_through(data):
+            raise SystemExit("startup: aiops chat did not go through the running aiops")
+        return first, samples
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _went_through(data: Path) -> bool:
+    """Whether the chats reached the server: their sessions (`chat-…`, the remote path's ids) are in its store."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(data / history.DB_NAME)) as db:
+        return bool(db.execute("SELECT count(*) FROM sessions WHERE id LIKE 'chat-%'").fetchone()[0])
 
 
 def serve(cfg: Path, data: Path) -> dict[str, float]:
@@ -146,11 +211,6 @@ def console(cfg: Path, data: Path, code: Path | None = None) -> dict[str, float]
 
     env = {**_env(), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
     env.pop("TMUX", None)
-    # An installed aiops runs from bytecode compiled once (pip compiles it; a checkout writes its
-    # __pycache__ on the first run): with PYTHONDONTWRITEBYTECODE set, as in some shells and CI,
-    # every run compiled the console's ~60 modules again, ~0.15-0.35 s of CPU no operator pays.
-    # `measure` compiles them before the first run.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if code is not None:
         env["PYTHONPATH"] = str(code)
     aiops = " ".join([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "console", "--port", "0"])
@@ -181,9 +241,9 @@ def console(cfg: Path, data: Path, code: Path | None = None) -> dict[str, float]
 
 
 def _compile(tree: Path) -> None:
-    """Bytecode for the aiops of `tree` (a checkout), written where Python looks for it."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "aiops")], check=True, env=env,
+    """Bytecode for the aiops of `tree` (a checkout), written where the children look for it (the
+    PYTHONPYCACHEPREFIX of --cached-bytecode): the console's first run pays no compilation."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "aiops")], check=True, env=_env(),
                    stdout=subprocess.DEVNULL, timeout=300)
 
 
@@ -211,13 +271,22 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         add(f"{case}: {what}", stored,
                             [s[key] for s in samples])  # type: ignore[index]
                     return
-                row = {"case": case, "stored_sessions": stored, **_stats(samples)}  # type: ignore[arg-type]
+                row = {"case": case.replace(": to cpu", ": CPU (user+sys)"), "stored_sessions": stored,
+                       **_stats(samples)}  # type: ignore[arg-type]
                 rows.append(row)
-                print(f"  {case:<42} {stored:>6} stored: median {row['median_s'] * 1000:7.0f} ms, "
+                print(f"  {row['case']:<76} {stored:>6} stored: median {row['median_s'] * 1000:7.0f} ms, "
                       f"max {row['max_s'] * 1000:7.0f} ms", flush=True)
 
             n = args.runs
             other: Path | None = None  # the tree of --compare-ref, once exported
+            global _pycache
+            if getattr(args, "cached_bytecode", False):
+                _pycache = root / "pycache"
+                if not args.console_only:
+                    warm = history.data_dir(root / "warm", 0, 0)
+                    chat(cfg, warm)  # compiles what the in-process chat imports (the rest: the remote one)
+                    remote_chats(cfg, warm, 1)
+                    to_exit([*AIOPS, "--help"], root)
             add("python -c pass (floor)", 0, [to_exit([sys.executable, "-c", "pass"], root) for _ in range(n)])
             add("python -c 'import aiohttp' (floor)", 0,
                 [to_exit([sys.executable, "-c", "import aiohttp"], root) for _ in range(n)])
@@ -230,6 +299,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
                 if not args.console_only:
                     add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
+                    first, samples = remote_chats(cfg, fresh(0), n)
+                    add(REMOTE_CHAT, stored, samples)
+                    add(f"{REMOTE_CHAT}, the first after its start", stored, [first])
                     add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
                 if not args.no_console:
                     # With --compare, this code and the other alternate run by run (same minutes).
@@ -240,8 +312,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
                             other = _export(args.compare_ref, root / "compare-tree")
                         codes.append((f"console (tmux) [{args.compare_ref}]", other))
-                    for _, code in codes:
-                        _compile(code or Path(__file__).resolve().parents[1])
+                    if _pycache is not None:  # --cached-bytecode: both trees compiled before the first run
+                        for _, code in codes:
+                            _compile(code or Path(__file__).resolve().parents[1])
+                            console(cfg, fresh(n), code)  # and what they import (Textual...), not measured
                     runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
                     for i in range(n):
                         for label, code in (codes if i % 2 == 0 else codes[::-1]):
@@ -260,6 +334,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 def targets(rows: list[dict[str, Any]], sessions: int) -> list[dict[str, Any]]:
     out = []
     for case, limit in (("aiops chat hi: to first token", TARGET_CHAT_S),
+                        (f"{REMOTE_CHAT}: to first token", TARGET_REMOTE_CHAT_S),
                         ("console (tmux): to interactive", TARGET_CONSOLE_S)):
         for r in rows:
             if r["case"] == case and (r["stored_sessions"] == sessions or case.startswith("aiops chat")):
@@ -274,6 +349,9 @@ def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
         p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
         p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
     p.add_argument("--no-console", action="store_true", help="skip the console cases (tmux)")
+    p.add_argument("--cached-bytecode", action="store_true",
+                   help="children keep .pyc files (as an installed aiops has them) even where "
+                        "PYTHONDONTWRITEBYTECODE is set; warmed by one run of each command")
     p.add_argument("--console-only", action="store_true", help="only the floors and the console cases")
     p.add_argument("--no-empty", action="store_true", help="only with the stored history, not the empty data dir")
     p.add_argument("--compare-ref", metavar="REF",

@@ -1,7 +1,5 @@
 """`python -m aiops.cli`: the `aiops` command."""
 
-import sys
+from aiops.cli import run
 
-from aiops.cli import main
-
-sys.exit(main())
+run()

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from aiops.cli.common import CliError, load, setup_file_logging
+from aiops.cli.common import CliError, setup_file_logging
 
 if TYPE_CHECKING:
     from aiops.engine.events import GateInfo, GateOpened
@@ -38,13 +38,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
         args.text = sys.stdin.read()
         if not args.text.strip():
             raise CliError("aiops chat -: nothing to send (stdin was empty)")
-    cfg = load(args)
-    setup_file_logging(cfg, args.verbose)
+    from aiops.paths import load_env, resolve_paths
+
     # An aiops running on this data dir (or --url): the message goes to it (aiops/cli/remote_chat.py).
+    # It needs the paths (for the run file) and `.env` (for a token), not the configuration: that
+    # is the running aiops's, and validating it here would cost pydantic's import and more.
+    paths = resolve_paths(args.config_dir, args.data_dir)
+    load_env(paths)
     from aiops.cli.remote_chat import chat_remote, remote_url
 
-    if (url := remote_url(cfg, args)) is not None:
+    if (url := remote_url(paths, args)) is not None:
         return chat_remote(args, url)
+    from aiops.config import load_config
+
+    cfg = load_config(paths, load_dotenv=False)
+    setup_file_logging(cfg, args.verbose)
     from aiops.engine.lock import AlreadyRunning, DataDirLock
 
     # Another aiops on this data dir owns its sessions and gates: talk to it, don't share its files.
@@ -92,13 +100,14 @@ class _TerminalAsker:
             self._lines = lines
         return self._lines
 
-    async def ask(self, gate: GateInfo) -> tuple[Literal["approved", "denied"], Literal["once", "session"]]:
-        """(decision, scope) from the operator; EOF or anything but y/s is a denial."""
+    async def ask(self, tool: str) -> tuple[Literal["approved", "denied"], Literal["once", "session"]]:
+        """(decision, scope) from the operator about a gate of `tool`; EOF or anything but y/s is a
+        denial. (A tool name, not the gate: the remote path has the gate as JSON, not as GateInfo.)"""
         async with self._lock:
             lines = self._start()
             while not lines.empty():  # typed ahead, before this question was shown
                 lines.get_nowait()
-            print(f"approve {gate.tool}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
+            print(f"approve {tool}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
                   flush=True)
             answer = (await lines.get()).strip().lower()
         if answer in ("y", "yes"):
@@ -156,7 +165,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         if asker is None:
             decision, scope, by = "denied", "once", "aiops chat (no terminal)"
         else:
-            decision, scope = await asker.ask(gate)
+            decision, scope = await asker.ask(gate.tool)
             by = "aiops chat (terminal)"
         try:
             engine.resolve_gate(gate.id, decision, scope, by=by)

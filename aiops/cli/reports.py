@@ -18,12 +18,16 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps([{"key": k, **m.model_dump(), "default": k == models.default_model,
                            "key_status": m.key_status()} for k, m in models.models.items()], indent=2))
         return 0
-    print(f"{'':2} {'key':<14} {'type':<7} {'model_id':<30} {'enabled':<8} {'api key':<11} url")
+    print(f"{'':2}{'key':<14} {'type':<7} {'model_id':<30} {'enabled':<8} {'api key':<11} {'delegation':<11} url")
     for k, m in models.models.items():
         mark = "* " if k == models.default_model else "  "
+        # The answer bound only matters for a target: "yes 60s" says both, "no" stays short.
+        delegation = f"yes {m.delegation_timeout:g}s" if m.delegation else "no"
         print(f"{mark}{k:<14} {m.type:<7} {m.model_id:<30} {'yes' if m.enabled else 'no':<8} "
-              f"{m.key_status():<11} {m.display_url()}")
-    print("\n* default model. Keys come from the environment or .env (api_key_env in models.toml).")
+              f"{m.key_status():<11} {delegation:<11} {m.display_url()}")
+    print("\n* default model. Keys come from the environment or .env (api_key_env in models.toml).\n"
+          "delegation: a target of llm_clean_text / llm_clean_tool (delegation = true), with its "
+          "delegation_timeout.")
     return 0
 
 

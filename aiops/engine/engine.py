@@ -275,16 +275,11 @@ class Engine:
             out.append(d)
         return out
 
-    def history_stamp(self, session_id: str) -> int:
-        """Changes whenever the session's stored history does (a message added, a reset, a
-        delete). Read it before reading the history: what was read is current while it holds."""
-        return self.cache.history_stamp(session_id)
-
     def watch_history(self, fn: Callable[[str], None]) -> Callable[[], None]:
-        """Call `fn(session_id)` whenever a session's stored history changes (as its stamp does),
-        synchronously: it must be cheap and never raise. Returns the function that stops it. (A
-        cache of something derived from histories learns which entries went stale without
-        comparing the stamps of all of them.)"""
+        """Call `fn(session_id)` whenever a session's stored history changes (a message added, a
+        reset, a delete), synchronously: it must be cheap and never raise. Returns the function
+        that stops it. (A cache of something derived from histories learns which entries went
+        stale without re-reading all of them.)"""
         watchers = self.cache.history_watchers
         watchers.append(fn)
         return lambda: watchers.remove(fn) if fn in watchers else None
@@ -525,8 +520,7 @@ class Engine:
         return [ev.GateInfo.from_dict(g.to_dict()) for g in self.gatekeeper.broker.pending(session_id)]
 
     def rate_usage(self, session_id: str | None = None) -> list[ev.RateInfo]:
-        return [ev.RateInfo(u.session_id, u.tool_type, u.used, u.limit, u.window_seconds, u.disabled)
-                for u in self.gatekeeper.limiter.usage(session_id)]
+        return self.gatekeeper.limiter.usage(session_id)
 
     def models(self) -> Mapping[str, ModelConfig]:
         return self.config.models.models

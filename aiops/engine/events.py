@@ -5,9 +5,11 @@ stream, the proxy, `aiops chat`, Slack, MCP) `match` on them or handle one type 
 form — the SSE event name and its JSON body — comes from one place: `Event.name` and
 `Event.payload()`, and `from_wire` reads it back (an attached console, a swarm peer).
 
-The names of DESIGN.md are also the SSE event names of the API stream:
-`tok thinking tool_call tool_result gate gate_resolved notice error done`; `user`, `turn`,
-`session` and `rate` are extra events for views that draw more than one conversation.
+The names are also the SSE event names of the API stream (docs/API.md):
+`tok thinking tool_call tool_result gate gate_resolved notice error done` are the contract's;
+`user`, `turn`, `session` and `rate` are extra events for views that draw more than one
+conversation; `models` (what the server knows of its models' reachability) is published by the
+server, not the engine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
+
+# One rate-limited tool type's use in one session: the limiter's own rows travel in `RateChanged`.
+from aiops.gates.rate_usage import RateUsage as RateInfo
 
 # The wire names (kept as constants: tests and older plugins name events by them).
 TOK = "tok"
@@ -32,6 +37,7 @@ USER = "user"
 TURN = "turn"
 SESSION = "session"
 RATE = "rate"
+MODELS = "models"
 CONTRACT_EVENTS: frozenset[str] = frozenset(
     {TOK, THINKING, TOOL_CALL, TOOL_RESULT, GATE, GATE_RESOLVED, NOTICE, ERROR, DONE}
 )
@@ -158,7 +164,7 @@ class ToolReturned(_EventBase):
 
 @dataclass(frozen=True, slots=True)
 class GateInfo:
-    """The gate object of DESIGN.md, with its resolution once it has one."""
+    """The gate object (docs/API.md, "Gates"), with its resolution once it has one."""
 
     id: str
     session_id: str
@@ -383,22 +389,6 @@ class SessionChanged(_EventBase):
         return {"change": self.change, **self.session}
 
 
-@dataclass(frozen=True, slots=True)
-class RateInfo:
-    """One rate-limited tool type's use in one session."""
-
-    session_id: str
-    tool_type: str
-    used: int
-    limit: int
-    window_seconds: float
-    disabled: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "tool_type": self.tool_type, "used": self.used,
-                "limit": self.limit, "window_seconds": self.window_seconds, "disabled": self.disabled}
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RateChanged(_EventBase):
     """A session's rate-limit use changed."""
@@ -410,13 +400,44 @@ class RateChanged(_EventBase):
         return {"usage": [u.to_dict() for u in self.usage]}
 
 
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Whether one configured model answers, as last seen: by a probe (a cheap list-models request)
+    or a turn (a model error marks it unreachable, a whole answer reachable again)."""
+
+    key: str
+    ok: bool
+    reason: str = ""  # why it is unreachable
+    checked_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "ok": self.ok, "reason": self.reason, "checked_at": self.checked_at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelState:
+        return cls(str(d.get("key", "")), bool(d.get("ok")), str(d.get("reason") or ""),
+                   float(d.get("checked_at") or 0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelsChanged(_EventBase):
+    """The reachability of the enabled models changed (every model's, not only the changed one's).
+    Published by the server that probes them (aiops/integrations/server/model_health.py)."""
+
+    name: ClassVar[Literal["models"]] = "models"
+    models: tuple[ModelState, ...]
+
+    def body(self) -> dict[str, Any]:
+        return {"models": [m.to_dict() for m in self.models]}
+
+
 Event = (Tok | Thinking | ToolCalled | ToolReturned | GateOpened | GateResolved | Notice | ErrorEvent
-         | Done | UserPosted | TurnStarted | SessionChanged | RateChanged)
+         | Done | UserPosted | TurnStarted | SessionChanged | RateChanged | ModelsChanged)
 """Every event the engine publishes."""
 
 EVENT_TYPES: dict[str, type[_EventBase]] = {
     t.name: t for t in (Tok, Thinking, ToolCalled, ToolReturned, GateOpened, GateResolved, Notice,
-                        ErrorEvent, Done, UserPosted, TurnStarted, SessionChanged, RateChanged)
+                        ErrorEvent, Done, UserPosted, TurnStarted, SessionChanged, RateChanged, ModelsChanged)
 }
 
 
@@ -480,4 +501,7 @@ def from_wire(name: str, payload: Mapping[str, Any], *, ts: float | None = None)
             return SessionChanged(change=change, session=p, **ids)
         case "rate":
             return RateChanged(usage=tuple(RateInfo(**u) for u in p.get("usage") or ()), **ids)
+        case "models":
+            return ModelsChanged(models=tuple(ModelState.from_dict(m) for m in p.get("models") or ()
+                                              if isinstance(m, Mapping)), **ids)
     raise ValueError(f"unknown event {name!r}")

@@ -71,8 +71,7 @@ class Gatekeeper:
         self.broker = GateBroker(publish=self._publish, record=self._record)
 
     def _rate_changed(self, session_id: str) -> None:
-        usage = tuple(ev.RateInfo(u.session_id, u.tool_type, u.used, u.limit, u.window_seconds, u.disabled)
-                      for u in self.limiter.usage(session_id))
+        usage = tuple(self.limiter.usage(session_id))
         self.engine.bus.publish(ev.RateChanged(session_id=session_id, usage=usage))
 
     def _publish(self, name: str, data: dict[str, Any]) -> None:

@@ -1,5 +1,5 @@
-"""The live-session cache: the sessions in memory, their admission and eviction, and the history
-stamps that tell a cache of something derived from a history whether it is still current.
+"""The live-session cache: the sessions in memory, their admission and eviction, and the watchers
+told when a session's stored history changes.
 
 The store is the truth; a `LiveSession` is a copy the cache may drop while the session is idle.
 Code that holds one across an await and then changes it pins it first (`SessionCache.pinned`), so
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
 # `cli`: `aiops chat` (one turn from a shell), apart from the console so that the console opens on
 # its own sessions, not on the last one a script ran.
 SESSION_KINDS = ("console", "cli", "api", "proxy", "slack", "swarm", "mcp")
-# History stamps kept before those of sessions not in memory are forgotten (see history_changed).
-_HISTORY_STAMPS_MAX = 10_000
 
 
 class _Configured(Protocol):
@@ -112,13 +110,6 @@ class SessionCache:
         self._sessions: OrderedDict[str, LiveSession] = OrderedDict()
         self.size = size
         self._store = store
-        # A stamp per session whose history this process changed, from one counter: a cache of
-        # something derived from a history (the proxy's conversation views) is current while the
-        # stamp it was made under still is. Kept through eviction and deletion, so a session
-        # deleted and created again never matches a stamp of the old one.
-        self._history_stamps: dict[str, int] = {}
-        self._history_counter = 0
-        self._history_floor = 0  # the stamp of every session not in _history_stamps
         # Told the id of each session whose history changed (see Engine.watch_history).
         self.history_watchers: list[Callable[[str], None]] = []
 
@@ -216,20 +207,9 @@ class SessionCache:
         finally:
             live.pins -= 1
 
-    def history_stamp(self, session_id: str) -> int:
-        return self._history_stamps.get(session_id, self._history_floor)
-
     def history_changed(self, session_id: str) -> None:
-        self._history_counter += 1
-        self._history_stamps[session_id] = self._history_counter
         for fn in self.history_watchers:
             fn(session_id)
-        if len(self._history_stamps) > _HISTORY_STAMPS_MAX:
-            # Forget the stamps of sessions not in memory: they all read as one new stamp, which
-            # no cached view was made under, so each is read afresh once (the safe direction).
-            self._history_counter += 1
-            self._history_floor = self._history_counter
-            self._history_stamps = {sid: n for sid, n in self._history_stamps.items() if sid in self._sessions}
 
 
 class HeldDeletions:

@@ -1,7 +1,7 @@
 """One agent turn: stream the model, run tool calls, feed results back, until a plain answer.
 
-The turn is bounded by `max_tool_iterations` and a repeat detector, every step publishes the events
-of DESIGN.md, and each assistant and tool message is committed as soon as it is complete. A stop
+The turn is bounded by `max_tool_iterations` and a repeat detector, every step publishes its events
+(aiops/engine/events.py), and each assistant and tool message is committed as soon as it is complete. A stop
 cancels the turn's task: the partial answer is recorded as cancelled, its pending gates are
 cancelled, and every call still without a result gets a cancelled one, so history says what was cut
 short. A failure does the same, marked as an error.

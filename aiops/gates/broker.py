@@ -123,7 +123,7 @@ class Gate:
         return grant_scope(self.tool, self.operation, self.tables, self.kinds) + " pass without asking"
 
     def to_dict(self) -> dict[str, Any]:
-        """The DESIGN.md gate object, plus `session_grant`."""
+        """The gate object as docs/API.md ("Gates") documents it, `session_grant` included."""
         return {
             "id": self.id,
             "session_id": self.session_id,

@@ -11,10 +11,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from aiops.gates.rate_usage import RateUsage
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +63,6 @@ class LimitsConfig(_Strict):
             w = rule["window_seconds"]
             rule["window_seconds"] = int(w) if float(w).is_integer() else w
         return data
-
-
-@dataclass(frozen=True, slots=True)
-class RateUsage:
-    session_id: str
-    tool_type: str
-    used: int
-    limit: int
-    window_seconds: float
-    disabled: bool
 
 
 def _fmt_seconds(s: float) -> str:

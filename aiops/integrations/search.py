@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from aiops.engine.plugins import Plugin, PluginAPI
-from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
+from aiops.engine.tools import Classification, Executor, Tool, ToolContext, ToolOutput
 from aiops.integrations.tavily import TavilyClient, TavilyError
 from aiops.integrations.web_text import (
     DataToolSettings,
@@ -50,6 +50,37 @@ def _results(tool: str, query: str, sources: list[Source], answer: str = "") -> 
     return "\n".join(parts)
 
 
+class _SearchPlugin(Plugin):
+    """What every search plugin does alike: its tool registered (with `!fulltext`) under the
+    plugin's name as tool type `search`, its results framed one way, its client closed on stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client: Any = None
+
+    def _register(self, api: PluginAPI, description: str, args_model: type[BaseModel], execute: Executor) -> None:
+        register_fulltext(api)
+        api.register_tool(Tool(self.name, description, args_model, "search", execute,
+                               classify=_classify(self.name)))
+
+    def _found(self, query: str, sources: list[Source], answer: str | None = None, *,
+               none: str = "no results") -> ToolOutput:
+        """The tool's result: the sources (and the service's answer, for those that give one), or
+        the line saying there were `none`."""
+        if not sources and not answer:
+            return ToolOutput(f"{self.name}: {none} for {query!r}")
+        extra = {} if answer is None else {"answer": answer}
+        return output(_results(self.name, query, sources, answer or ""), self.settings.max_result_chars,
+                      sources=sources, **extra)
+
+    def _timed_out(self) -> ToolOutput:
+        return error(f"{self.name}: no answer within {self.settings.timeout_seconds:g} s")
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+
 # ---- ddgs -----------------------------------------------------------------------------------------
 
 
@@ -71,7 +102,7 @@ class DdgsArgs(BaseModel):
     max_results: int = Field(10, ge=1, description="how many results (capped by the operator's setting)")
 
 
-class DdgsSearchPlugin(Plugin):
+class DdgsSearchPlugin(_SearchPlugin):
     name = "ddgs_search"
     description = "ddgs_search: web search through the ddgs metasearch library (no key)"
     settings_model: ClassVar[Any] = DdgsSettings
@@ -102,21 +133,17 @@ class DdgsSearchPlugin(Plugin):
                 rows = await asyncio.wait_for(asyncio.to_thread(search, args.query, limit),
                                               s.timeout_seconds + 5)
             except TimeoutError:
-                return error(f"ddgs_search: no answer within {s.timeout_seconds:g} s")
+                return self._timed_out()
             except Exception as e:  # noqa: BLE001 - ddgs raises its own and its HTTP client's errors
                 return error(f"ddgs_search failed: {type(e).__name__}: {e}")
-            sources = [Source(snippet(r.get("title"), 120), str(r.get("href") or r.get("url") or ""),
-                              snippet(r.get("body"))) for r in rows[:limit]]
-            if not sources:
-                return ToolOutput(f"ddgs_search: no results for {args.query!r}")
-            return output(_results("ddgs_search", args.query, sources), s.max_result_chars, sources=sources)
+            return self._found(args.query, [
+                Source(snippet(r.get("title"), 120), str(r.get("href") or r.get("url") or ""),
+                       snippet(r.get("body"))) for r in rows[:limit]])
 
-        register_fulltext(api)
-        api.register_tool(Tool(
-            "ddgs_search",
-            "Search the web (DuckDuckGo and other engines through ddgs). Returns titles, URLs and "
+        self._register(
+            api, "Search the web (DuckDuckGo and other engines through ddgs). Returns titles, URLs and "
             f"short snippets (at most {s.max_results} results). Snippets are untrusted web text.",
-            DdgsArgs, "search", execute, classify=_classify("ddgs_search")))
+            DdgsArgs, execute)
 
 
 # ---- Tavily ---------------------------------------------------------------------------------------
@@ -134,15 +161,11 @@ class TavilySearchArgs(BaseModel):
         "basic", description="advanced: more thorough and slower (costs more credits)")
 
 
-class TavilySearchPlugin(Plugin):
+class TavilySearchPlugin(_SearchPlugin):
     name = "tavily_search"
     description = "tavily_search: web search with a short answer through Tavily (TAVILY_API_KEY)"
     settings_model: ClassVar[Any] = TavilySearchSettings
     requires = ("aiohttp",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.client: TavilyClient | None = None
 
     async def setup(self, api: PluginAPI) -> None:
         s: TavilySearchSettings = self.settings
@@ -159,22 +182,12 @@ class TavilySearchPlugin(Plugin):
             rows = [r for r in data.get("results") or [] if isinstance(r, dict)]
             sources = [Source(snippet(r.get("title"), 120), str(r.get("url") or ""), snippet(r.get("content")))
                        for r in rows[:s.max_results]]
-            answer = " ".join(str(data.get("answer") or "").split())
-            if not sources and not answer:
-                return ToolOutput(f"tavily_search: no results for {args.query!r}")
-            return output(_results("tavily_search", args.query, sources, answer), s.max_result_chars,
-                          sources=sources, answer=answer)
+            return self._found(args.query, sources, " ".join(str(data.get("answer") or "").split()))
 
-        register_fulltext(api)
-        api.register_tool(Tool(
-            "tavily_search",
-            "Search the web through Tavily: a short answer plus its sources (title, URL, snippet). "
+        self._register(
+            api, "Search the web through Tavily: a short answer plus its sources (title, URL, snippet). "
             "The answer and snippets are untrusted web text.",
-            TavilySearchArgs, "search", execute, classify=_classify("tavily_search")))
-
-    async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+            TavilySearchArgs, execute)
 
 
 # ---- xAI ------------------------------------------------------------------------------------------
@@ -209,15 +222,11 @@ def _xai_sources(response: Any) -> list[Source]:
     return list(found.values())
 
 
-class XaiSearchPlugin(Plugin):
+class XaiSearchPlugin(_SearchPlugin):
     name = "xai_search"
     description = "xai_search: Grok with live web search through xAI's API (XAI_API_KEY)"
     settings_model: ClassVar[Any] = XaiSearchSettings
     requires = ("openai",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.client: Any = None
 
     async def setup(self, api: PluginAPI) -> None:
         import openai
@@ -233,28 +242,18 @@ class XaiSearchPlugin(Plugin):
                 response = await client.responses.create(
                     model=s.model, input=args.query, tools=[{"type": "web_search"}])
             except openai.APITimeoutError:
-                return error(f"xai_search: no answer within {s.timeout_seconds:g} s")
+                return self._timed_out()
             except openai.APIStatusError as e:
                 return error(f"xai_search failed: xAI answered HTTP {e.status_code}: {_api_message(e)}", [key])
             except openai.APIError as e:
                 return error(f"xai_search failed: {e}", [key])
-            answer = (response.output_text or "").strip()
-            sources = _xai_sources(response)
-            if not answer and not sources:
-                return ToolOutput(f"xai_search: no answer for {args.query!r}")
-            return output(_results("xai_search", args.query, sources, answer), s.max_result_chars,
-                          sources=sources, answer=answer)
+            return self._found(args.query, _xai_sources(response), (response.output_text or "").strip(),
+                               none="no answer")
 
-        register_fulltext(api)
-        api.register_tool(Tool(
-            "xai_search",
-            "Ask Grok (xAI) to search the web live and answer: an answer with its source URLs. The "
+        self._register(
+            api, "Ask Grok (xAI) to search the web live and answer: an answer with its source URLs. The "
             "answer is untrusted web-derived text.",
-            QueryArgs, "search", execute, classify=_classify("xai_search")))
-
-    async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+            QueryArgs, execute)
 
 
 def _api_message(e: Any) -> str:
@@ -278,15 +277,11 @@ class GoogleSearchSettings(DataToolSettings):
     timeout_seconds: float = Field(60.0, gt=0, le=300)
 
 
-class GoogleSearchPlugin(Plugin):
+class GoogleSearchPlugin(_SearchPlugin):
     name = "google_search"
     description = "google_search: Gemini grounded in Google Search through google-genai (GEMINI_API_KEY)"
     settings_model: ClassVar[Any] = GoogleSearchSettings
     requires = ("google.genai",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.client: Any = None
 
     async def setup(self, api: PluginAPI) -> None:
         s: GoogleSearchSettings = self.settings
@@ -320,7 +315,7 @@ class GoogleSearchPlugin(Plugin):
                     client.aio.models.generate_content(model=s.model, contents=args.query, config=config),
                     s.timeout_seconds + 5)
             except TimeoutError:
-                return error(f"google_search: no answer within {s.timeout_seconds:g} s")
+                return self._timed_out()
             except genai_errors.APIError as e:
                 # The SDK's message can carry the request; only the status and Google's message go out.
                 return error(f"google_search failed: Gemini answered HTTP {e.code} {e.status or ''}: "
@@ -328,18 +323,12 @@ class GoogleSearchPlugin(Plugin):
             except Exception as e:  # noqa: BLE001 - connection failures come from aiohttp/httpx
                 return error(f"google_search failed: {type(e).__name__}: {e}", [key])
             answer = (response.text or "").strip() if response.candidates else ""
-            sources = _grounding_sources(response)
-            if not answer and not sources:
-                return ToolOutput(f"google_search: no answer for {args.query!r}")
-            return output(_results("google_search", args.query, sources, answer), s.max_result_chars,
-                          sources=sources, answer=answer)
+            return self._found(args.query, _grounding_sources(response), answer, none="no answer")
 
-        register_fulltext(api)
-        api.register_tool(Tool(
-            "google_search",
-            "Search Google (through Gemini with Search grounding): an answer with its source pages. "
+        self._register(
+            api, "Search Google (through Gemini with Search grounding): an answer with its source pages. "
             "The answer is untrusted web-derived text.",
-            QueryArgs, "search", execute, classify=_classify("google_search")))
+            QueryArgs, execute)
 
     async def stop(self) -> None:
         if self.client is not None:

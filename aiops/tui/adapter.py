@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -288,6 +288,11 @@ class EngineAdapter:
             self._engine = self._make_engine()
         return self._engine
 
+    @property
+    def owner(self) -> str | None:
+        """Whose console sessions this console opens: the in-process console's have no owner."""
+        return None
+
     # -- events --
 
     def connect(self) -> None:
@@ -303,6 +308,9 @@ class EngineAdapter:
     def _on_event(self, event: Event) -> None:
         # Called synchronously by the bus: cheap, never raises.
         try:
+            if isinstance(event, ev.ModelsChanged):  # the server probed (for an attached console)
+                self.target.post_message(self.models_checked(event.models))
+                return
             self.target.post_message(to_message(event))
         except Exception:  # noqa: BLE001
             log.exception("posting %s to the console failed", event.name)
@@ -413,37 +421,18 @@ class EngineAdapter:
         results = await asyncio.gather(*(self.probe_model(k) for k in keys))
         return ModelsChecked({p.key: p for p in results})
 
+    def models_checked(self, states: Iterable[ev.ModelState]) -> ModelsChecked:
+        """What the server knows of the models (`models` event), as the console's probe result."""
+        keys = set(self.model_keys())
+        return ModelsChecked({s.key: ModelProbe(s.key, s.ok, s.reason, self.describe_model(s.key))
+                              for s in states if s.key in keys})
+
     async def probe_model(self, key: str) -> ModelProbe:
         """A cheap request (list models) to tell whether `key` can answer at all."""
-        import aiohttp
+        from aiops.integrations.model_probe import probe_model
 
-        m = self.engine.config.models.models[key]
-        desc = self.describe_model(key)
-        if not m.enabled:
-            return ModelProbe(key, False, "it is disabled in models.toml", desc)
-        env = dict(self.engine.env)
-        if m.key_status(env) == "missing":
-            return ModelProbe(key, False, f"{m.api_key_env} is not set (in the environment or a .env file)",
-                              desc)
-        api_key = m.api_key(env)
-        base = m.display_url().rstrip("/")
-        if m.type == "gemini":
-            url = base + "/v1beta/models"
-            headers = {"x-goog-api-key": api_key} if api_key else {}
-        else:
-            url = base + "/models"
-            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        try:
-            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT)
-            async with aiohttp.ClientSession(timeout=timeout) as http, http.get(url, headers=headers) as r:
-                status = r.status
-        except TimeoutError:
-            return ModelProbe(key, False, f"{base} did not answer within {PROBE_TIMEOUT:g} s", desc)
-        except aiohttp.ClientError as e:
-            return ModelProbe(key, False, f"cannot connect to {base} ({type(e).__name__})", desc)
-        if status in (401, 403):
-            return ModelProbe(key, False, f"{base} refused the API key (HTTP {status})", desc)
-        return ModelProbe(key, True, "", desc)
+        why = await probe_model(self.engine.config.models.models[key], self.engine.env, PROBE_TIMEOUT)
+        return ModelProbe(key, why is None, why or "", self.describe_model(key))
 
     # -- sessions and turns --
 

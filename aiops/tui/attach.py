@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
-import time
 from typing import TYPE_CHECKING
-
-from aiops.watchdog import ExitWatchdog
 
 if TYPE_CHECKING:
     from aiops.config import Config
@@ -54,9 +50,8 @@ def run_attached(cfg: Config, url: str, token: str | None) -> int:
     """The console on the aiops at `url` until quit. Exit status 2 when it cannot be reached or
     refuses the token (said on stderr, before the screen is taken)."""
     from aiops.integrations.remote import RemoteEngine, RemoteError
-    from aiops.integrations.runtime import exit_if_left, run_to_exit
     from aiops.tui.app import AiopsApp
-    from aiops.tui.running import terminal_quiet
+    from aiops.tui.running import run_until_quit
 
     try:
         who = asyncio.run(_check(url, token))
@@ -65,18 +60,5 @@ def run_attached(cfg: Config, url: str, token: str | None) -> int:
         print(f"aiops: cannot attach to {url}: {e.message}{hint}", file=sys.stderr)
         return 2
     log.info("attaching to %s as %s", url, who)
-    started = time.monotonic()
-    code, left = 0, [0]
-    try:
-        with terminal_quiet(cfg):
-            app = AiopsApp(cfg, remote=RemoteEngine(url, token), server=False)
-            app.quit_on_signals = True
-            app.watchdog = ExitWatchdog()
-            code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0
-        log.info("attached console closed after %.0f s", time.monotonic() - started)
-        return code
-    finally:
-        for name in ("SIGTERM", "SIGHUP"):
-            if (sig := getattr(signal, name, None)) is not None:
-                signal.signal(sig, signal.SIG_IGN)
-        exit_if_left(left[0], code)
+    return run_until_quit(cfg, lambda: AiopsApp(cfg, remote=RemoteEngine(url, token), server=False),
+                          "attached console")

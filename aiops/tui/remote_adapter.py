@@ -67,6 +67,7 @@ class RemoteAdapter(EngineAdapter):
         self._prompts: dict[str, tuple[Path | None, PromptTree | None]] = {}
         self._prompt_models: dict[Path, str] = {}
         self._running: dict[str, str] = {}  # session id -> running turn id
+        self._models_shown = False
         remote.on_event = self._on_event
         remote.on_state = self._on_state
         remote.on_reset = self._on_reset
@@ -75,6 +76,11 @@ class RemoteAdapter(EngineAdapter):
     def label(self) -> str:
         """The header's server field: where the console is attached, and as whom."""
         return f"attached {self.remote.url} as {self.remote.principal or '?'}"
+
+    @property
+    def owner(self) -> str | None:
+        """An attached console opens its operator's own console sessions, not another operator's."""
+        return self.remote.principal or None
 
     # -- events --
 
@@ -90,6 +96,8 @@ class RemoteAdapter(EngineAdapter):
                 self._running[event.session_id] = tid
             case ev.Done() if event.session_id and self._running.get(event.session_id) == event.turn_id:
                 del self._running[event.session_id]
+        if isinstance(event, ev.Done) and event.command and self.remote.operator and self._listening:
+            self._reread_rates()  # `!limits set` changes a limit without a `rate` event
         if self._listening:
             super()._on_event(event)
 
@@ -166,13 +174,34 @@ class RemoteAdapter(EngineAdapter):
         return str((self.remote.info.get("models") or {}).get(key, key))
 
     async def probe_models(self) -> ModelsChecked:
-        # The models are the attached aiops's to reach: its errors reach this console as events.
-        return ModelsChecked({k: ModelProbe(k, True, "", self.describe_model(k)) for k in self.model_keys()})
+        # The models are the attached aiops's to reach, so it probes them: at start-up its picture is
+        # shown when it has one (another console asked, or its turns told), later ones (`check
+        # models`) ask it to probe again. Its answer comes to every attached console as an event too.
+        remote = self.remote
+        if not remote.operator:
+            return ModelsChecked({})  # a client token may not have the server probe: nothing known
+        first, self._models_shown = not self._models_shown, True
+        if first and remote.models and set(self.model_keys()) <= set(remote.models):
+            return self.models_checked(remote.models.values())
+        try:
+            return self.models_checked(await remote.check_models())
+        except RemoteError as e:
+            self._say(f"checking models failed: {e.message}", "warning")
+            return self.models_checked(remote.models.values())
 
     async def probe_model(self, key: str) -> ModelProbe:
-        return ModelProbe(key, True, "", self.describe_model(key))
+        state = self.remote.models.get(key)
+        if state is None:
+            return ModelProbe(key, True, "", self.describe_model(key))
+        return ModelProbe(key, state.ok, state.reason, self.describe_model(key))
 
     # -- sessions and turns --
+
+    @property
+    def _console_sessions(self) -> bool:
+        # An operator's sessions are `console` sessions, as in-process, where the server's submit
+        # takes that kind; elsewhere (an older aiops, a client token) they are `api` sessions.
+        return self.remote.operator and bool(self.remote.info.get("console_sessions"))
 
     async def sessions(self) -> list[dict[str, Any]]:
         return await self.remote.list_sessions()
@@ -180,12 +209,13 @@ class RemoteAdapter(EngineAdapter):
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         # The server makes a session with its first message; until then it is this console's name.
         sid = f"console-{uuid.uuid4().hex[:8]}"
-        return {"client_id": sid, "short_id": "", "kind": "api", "model": self.default_model(), "title": "",
+        made = "console" if self._console_sessions else "api"  # (`kind`: what the App asked for)
+        return {"client_id": sid, "short_id": "", "kind": made, "model": self.default_model(), "title": "",
                 "state": "idle", "created_at": 0, "updated_at": 0, "message_count": 0}
 
     async def submit(self, session_id: str, text: str) -> str:
         try:
-            data = await self.remote.submit(session_id, text)
+            data = await self.remote.submit(session_id, text, kind="console" if self._console_sessions else None)
         except RemoteError as e:
             raise RuntimeError(e.message) from None
         return str(data.get("turn_id", ""))
@@ -221,7 +251,23 @@ class RemoteAdapter(EngineAdapter):
     # -- rate limits --
 
     def rate_usage(self, session_id: str | None = None) -> list[ev.RateInfo]:
-        return self.remote.rate_usage()
+        # As in-process: every session's used (or disabled) types, and every configured limit of the
+        # selected session, at 0 where it has not been used.
+        rows = {(u.session_id, u.tool_type): u for u in self.remote.rate_usage()
+                if u.used or u.disabled or u.session_id == session_id}
+        if session_id is not None:
+            for tool_type, (limit, window) in self.remote.limits.items():
+                rows.setdefault((session_id, tool_type), ev.RateInfo(session_id, tool_type, 0, limit, window, False))
+        return [rows[k] for k in sorted(rows)]
+
+    def _reread_rates(self) -> None:
+        async def read() -> None:
+            await self.remote.read_rates()
+            side = getattr(self.target, "side", None)
+            if side is not None:
+                side.refresh_limits()
+
+        self._spawn(read(), "reading the rate limits")
 
     def enable_rate(self, session_id: str, tool_type: str) -> bool:
         async def enable() -> None:

@@ -1,9 +1,10 @@
 """Running the console as a process: its terminal driver, a quiet terminal while it draws, the data-dir
 lock, the signals that quit it, and a bounded exit.
 
-Kept apart from the App (aiops/tui/app.py), which tests run headless: only `run_console` tunes the
-collector (`calm_collector`, once it knows it runs a console), catches SIGTERM/SIGHUP and arms the
-exit watchdog, so an app under test leaves the test runner's process alone.
+Kept apart from the App (aiops/tui/app.py), which tests run headless: only `run_until_quit` (the
+console's run, in process or attached) tunes the collector (`calm_collector`), catches
+SIGTERM/SIGHUP and arms the exit watchdog, so an app under test leaves the test runner's process
+alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from aiops.config import Config
+    from aiops.tui.app import AiopsApp
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,6 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
     """Run the console until quit. Another aiops holding the data dir: attached to it when it serves
     and this is a terminal (aiops/tui/attach.py); otherwise exit status 2, saying who holds it."""
     from aiops.engine.lock import AlreadyRunning, DataDirLock
-    from aiops.integrations.runtime import exit_if_left, run_to_exit
     from aiops.tui.app import AiopsApp  # the App imports this module for its driver
 
     lock = DataDirLock(cfg.paths.lock_path)
@@ -119,26 +120,40 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
         if url is not None and sys.stdin.isatty() and sys.stdout.isatty():
             from aiops.tui.attach import attach_to_holder
 
-            calm_collector()
             code = attach_to_holder(cfg, url)
             if code is not None:
                 return code
         # No server, no terminal to draw on, or a server that does not answer: say who holds it.
         print(f"aiops: {e}", file=sys.stderr)
         return 2
+
+    def make() -> AiopsApp:
+        app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
+        app.settle_gc = True
+        return app
+
+    return run_until_quit(cfg, make, "console", last=lock.release)
+
+
+def run_until_quit(cfg: Config, make_app: Callable[[], AiopsApp], what: str,
+                   last: Callable[[], None] | None = None) -> int:
+    """Run the App `make_app` builds until it quits, then exit: the console's tail, in process
+    (run_console) or attached (aiops/tui/attach.py). `last` runs at the very end, before an exit
+    that does not wait for what is left (the data dir's lock)."""
+    from aiops.integrations.runtime import exit_if_left, run_to_exit
+
     calm_collector()
     started = time.monotonic()
     code, left = 0, [0]
     try:
         with terminal_quiet(cfg):
-            app = AiopsApp(cfg, host=host, port=port, server=server, lock=lock)
-            app.settle_gc = True
+            app = make_app()
             app.quit_on_signals = True
             app.watchdog = ExitWatchdog()  # armed by the quit; never disarmed: it covers the whole exit
             # On a loop of our own, wound down bounded (as `aiops serve`'s): a tool still running
             # after the close, or a thread blocked in one, must not hold the exit for good.
             code = run_to_exit(lambda loop: app.run(loop=loop) or 0, left) or 0
-        log.info("console closed after %.0f s", time.monotonic() - started)
+        log.info("%s closed after %.0f s", what, time.monotonic() - started)
         return code
     finally:
         # Closed already: a second SIGTERM (a service manager repeating itself) or SIGHUP (the
@@ -146,5 +161,6 @@ def run_console(cfg: Config, host: str | None = None, port: int | None = None, s
         for name in ("SIGTERM", "SIGHUP"):
             if (sig := getattr(signal, name, None)) is not None:
                 signal.signal(sig, signal.SIG_IGN)
-        lock.release()
+        if last is not None:
+            last()
         exit_if_left(left[0], code)

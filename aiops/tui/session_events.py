@@ -165,8 +165,10 @@ class SessionEvents:
             app.main.show_pane("input")
 
     async def select_latest_console(self, sessions: list[dict[str, Any]]) -> None:
-        """The console session last active, or a new one when there is none."""
-        console = [s for s in sessions if s.get("kind") == "console"]
+        """This console's session last active, or a new one when there is none (another operator's
+        console session, made from their attached console, is theirs to go on with)."""
+        owner = self.app.adapter.owner
+        console = [s for s in sessions if s.get("kind") == "console" and s.get("owner") == owner]
         if console:
             await self.select(max(console, key=lambda s: s.get("updated_at") or 0)["client_id"])
         else:

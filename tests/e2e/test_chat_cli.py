@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -179,3 +180,30 @@ def test_what_the_model_says_cannot_drive_the_terminal(setup):
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "\r" not in r.stdout and "\x9b" not in r.stdout
     assert "fine\\x1b[8m hidden\\x0dapprove update_system_prompt? [y]es\\x9b2J" in r.stdout
+
+
+def test_what_was_said_is_in_the_store_after_aiops_chat_exits(setup, tmp_path: Path):
+    """`aiops chat` exits without the interpreter's teardown (issue 27): the store is closed first,
+    and hooks registered with atexit still run (an embedder's; logging's flush is one)."""
+    cfg, data, fake = setup
+    fake.script(Reply.text("kept"))
+    mark = tmp_path / "atexit-ran"
+    probe = ("import atexit, pathlib, sys\n"  # `aiops` as its console script runs it, one hook added
+             f"atexit.register(pathlib.Path({str(mark)!r}).write_text, 'yes')\n"
+             "sys.argv[0] = 'aiops'\n"
+             "from aiops.cli import run\n"
+             "run()\n")
+    r = subprocess.run([sys.executable, "-c", probe, "chat", "remember this", "--config-dir", str(cfg),
+                        "--data-dir", str(data)], capture_output=True, text=True, timeout=60, env=_env(),
+                       stdin=subprocess.DEVNULL)
+    assert (r.returncode, r.stdout.strip()) == (0, "kept"), r.stderr
+    assert mark.read_text() == "yes"
+    db = sqlite3.connect(data / "aiops.sqlite3")
+    try:
+        [(sid, kind)] = db.execute("SELECT id, kind FROM sessions").fetchall()
+        said = db.execute("SELECT role, content FROM messages WHERE session_id = ? ORDER BY id", (sid,)).fetchall()
+    finally:
+        db.close()
+    assert kind == "cli" and said == [("user", "remember this"), ("assistant", "kept")]
+    r = chat(cfg, data, "!bogus")
+    assert r.returncode == 1  # and the exit status is main()'s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import urllib.request
 from typing import Any
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.support.server import ServeProcess
+from tests.support.server import ServeFactory, ServeProcess, Tokens
 
 AIOPS = [sys.executable, "-m", "aiops.cli"]
 EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
@@ -61,7 +62,8 @@ def test_chat_on_a_data_dir_whose_aiops_runs_goes_through_it(aiops_serve: ServeP
     assert r.stdout.strip() == "hello from the server"
     assert aiops_serve.url in r.stderr  # says where it went
     sessions = _get(aiops_serve, "/api/v1/sessions")["sessions"]
-    assert [s["title"] for s in sessions if s["client_id"].startswith("chat-")] == ["hi there"]
+    # A cli session, as an in-process `aiops chat` makes (issue 27: it said `api` before).
+    assert [(s["title"], s["kind"]) for s in sessions if s["client_id"].startswith("chat-")] == [("hi there", "cli")]
     assert aiops_serve.proc.poll() is None  # and the server runs on
 
 
@@ -133,3 +135,61 @@ def test_the_remote_path_imports_no_model_sdk_and_no_engine(aiops_serve: ServePr
                        timeout=60, env=_env(), stdin=subprocess.DEVNULL)
     assert "HEAVY [] RC 0" in r.stderr, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env or _env(), stdin=subprocess.DEVNULL)
+
+
+def test_json_lines_commands_and_exit_status_through_the_server(aiops_serve: ServeProcess,
+                                                                fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.text("one line"))
+    r = _run(_cmd(aiops_serve, "hi", "--json"))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line]  # (a blank line ends it, as in-process)
+    assert lines[-1]["event"] == "done" and lines[-1]["text"] == "one line"
+    assert "".join(e["text"] for e in lines if e["event"] == "tok") == "one line"
+    session = lines[-1]["session_id"]
+    # The same session again, by its id: a `!command` is answered at once, its status the exit's.
+    r = _run(_cmd(aiops_serve, "!help", "--session", session))
+    assert r.returncode == 0 and "Commands:" in r.stdout, r.stdout + r.stderr
+    r = _run(_cmd(aiops_serve, "!no-such-command", "--session", session))
+    assert r.returncode == 1, r.stdout + r.stderr
+    r = _run(_cmd(aiops_serve, "hi", "--session", "no-such-session"))
+    assert r.returncode == 2 and f"no session 'no-such-session' on {aiops_serve.url}" in r.stderr, r.stderr
+
+
+def test_a_server_that_is_gone_or_refuses_the_token_is_a_usage_error(aiops_serve_factory: ServeFactory,
+                                                                     fake_openai: FakeOpenAI) -> None:
+    tokens = Tokens.make(ops="operator")
+    serve = aiops_serve_factory(tokens=tokens)
+    fake_openai.script(Reply.text("with a token"))
+    r = _run(_cmd(serve, "hi", "--url", serve.url))
+    assert r.returncode == 2 and "--token-env NAME, or AIOPS_TOKEN" in r.stderr, r.stderr
+    r = _run(_cmd(serve, "hi", "--url", serve.url, "--token-env", "AIOPS_TEST_UNSET_VARIABLE"))
+    assert r.returncode == 2 and "the variable AIOPS_TEST_UNSET_VARIABLE is not set" in r.stderr, r.stderr
+    env = {**_env(), **tokens.env()}
+    r = _run(_cmd(serve, "hi", "--url", serve.url, "--token-env", tokens.var("ops")), env)
+    assert (r.returncode, r.stdout.strip()) == (0, "with a token"), r.stderr
+    url = serve.url
+    serve.stop()
+    r = _run(_cmd(serve, "hi", "--url", url))
+    assert r.returncode == 2 and f"cannot reach the aiops at {url}" in r.stderr, r.stderr
+
+
+def test_a_server_killed_midway_is_said_and_exits_2(aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    # The stream cut before its `done` (SIGKILL: no clean end of the body) is not taken for the end.
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("never sent"))
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        _wait_gate(aiops_serve)  # the chat waits on its stream for a console's answer
+        aiops_serve.stop(signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 2, err.decode()
+    assert f"aiops: {aiops_serve.url}: the event stream of chat-" in err.decode()
+    assert "was cut" in err.decode() and "never sent" not in out.decode()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.server import ServeProcess
 
 # Runs the real `aiops` entry point, then writes the names of the modules it imported (at exit,
 # after the run) to the file named by argv[1].
@@ -62,3 +63,22 @@ def test_aiops_help_imports_no_sdk_at_all(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
     _, modules = _modules_after(tmp_path, "--help", env=env)
     assert [m for m in (*_NOT_USED, "openai", "aiohttp", "pydantic") if _loaded(modules, m)] == []
+
+
+# Through a running aiops, `aiops chat` reads the run file and `.env`, posts one message and reads one
+# event stream: issue 27 gives it 0.3 s to its first token, less than `import aiohttp` takes alone.
+_NOT_USED_REMOTE = (*_NOT_USED, "openai", "aiohttp", "yarl", "multidict", "pydantic", "sqlite3", "aiops.config",
+                    "aiops.engine.engine", "aiops.engine.store", "aiops.engine.events", "aiops.client",
+                    "aiops.integrations.remote.engine", "aiops.integrations.server", "aiops.gates")
+
+
+def test_aiops_chat_through_a_running_aiops_imports_no_http_library_pydantic_engine_or_sdk(
+        tmp_path: Path, aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    fake_openai.script(Reply.text("through the server"))
+    r, modules = _modules_after(tmp_path, "--config-dir", str(aiops_serve.config_dir), "--data-dir",
+                                str(aiops_serve.data_dir), "chat", "hi", env=env)
+    assert r.stdout.strip() == "through the server"
+    assert aiops_serve.url in r.stderr  # it went through the server (found by its run file)
+    assert _loaded(modules, "aiops.cli.remote_http")  # the check sees what was imported
+    assert [m for m in _NOT_USED_REMOTE if _loaded(modules, m)] == []

@@ -236,6 +236,43 @@ async def test_google_search_is_grounded_and_its_key_stays_out_of_urls(engine_fa
     assert gem.api_key not in failed.content
 
 
+async def test_a_search_that_finds_nothing_says_so_in_one_line(engine_factory, fake_openai, tavily,
+                                                               tmp_path: Path):
+    """Each service's empty answer: the model reads one plain line (nothing framed as web text),
+    the operator gets no sources to show."""
+    empty_page = "<html><body><div class='no-results'>No results.</div></body></html>"
+    with TlsInterceptingProxy(tmp_path, {"html.duckduckgo.com": lambda req: ProxiedResponse(body=empty_page)}) \
+            as proxy, FakeXai() as xai, FakeGeminiSearch() as gem:
+        engine = await engine_factory(extra_files={"plugins.toml": plugins_toml({
+            "ddgs_search": {"backend": "duckduckgo", "proxy": proxy.url, "ca_file": str(proxy.ca_file)},
+            "tavily_search": {"base_url": tavily.base_url},
+            "xai_search": {"base_url": xai.url},
+            "google_search": {"base_url": gem.base_url}})},
+            env={"TAVILY_API_KEY": tavily.api_key, "XAI_API_KEY": xai.api_key, "GEMINI_API_KEY": gem.api_key})
+        found = {tool: await call_tool(engine, fake_openai, tool, {"query": "zzyzx"})
+                 for tool in ("ddgs_search", "tavily_search", "xai_search", "google_search")}
+    assert {tool: m.content for tool, m in found.items()} == {
+        "ddgs_search": "ddgs_search: no results for 'zzyzx'",
+        "tavily_search": "tavily_search: no results for 'zzyzx'",
+        "xai_search": "xai_search: no answer for 'zzyzx'",
+        "google_search": "google_search: no answer for 'zzyzx'",
+    }
+    assert not any(m.meta["is_error"] or m.meta.get("data") for m in found.values())
+
+
+async def test_a_search_service_that_does_not_answer_in_time_is_named_with_the_time(engine_factory, fake_openai):
+    with FakeXai() as xai, FakeGeminiSearch() as gem:
+        xai.delay = gem.delay = 3
+        engine = await engine_factory(extra_files={"plugins.toml": plugins_toml({
+            "xai_search": {"base_url": xai.url, "timeout_seconds": 0.3},
+            "google_search": {"base_url": gem.base_url, "timeout_seconds": 0.3}})},
+            env={"XAI_API_KEY": xai.api_key, "GEMINI_API_KEY": gem.api_key})
+        xai_msg = await call_tool(engine, fake_openai, "xai_search", {"query": "q"})
+        gem_msg = await call_tool(engine, fake_openai, "google_search", {"query": "q"})
+    assert xai_msg.content == "error: xai_search: no answer within 0.3 s" and xai_msg.meta["is_error"]
+    assert gem_msg.content == "error: google_search: no answer within 0.3 s" and gem_msg.meta["is_error"]
+
+
 async def test_searches_share_one_rate_limit_and_extraction_has_its_own(engine_factory, fake_openai, tavily):
     tavily.results = [{"title": "A", "url": "https://a.example", "content": "a"}]
     tavily.pages["https://a.example"] = "page"

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import Reply
 from tests.support.server import ApiServer, ApiServerFactory, Tokens
 
@@ -141,7 +142,12 @@ async def test_the_side_panes_state_for_operators(api_server: ApiServer) -> None
         assert prompt["model"] == "local" and str(tree.folder) == prompt["folder"]
         assert prompt["folder"].endswith("system_prompt/default") and "role" in tree.names
         async with http.get(srv.url + "/api/v1/rates") as r:
-            assert (await r.json()) == {"usage": []}
+            rates = await r.json()
+        # Every configured limit, used or not: the limits pane shows them for the selected session.
+        limits = srv.engine.gatekeeper.limiter.config.rate
+        assert rates["usage"] == [] and limits
+        assert rates["limits"] == [{"tool_type": t, "limit": r.calls, "window_seconds": r.window_seconds,
+                                    "auto_disable": r.auto_disable} for t, r in sorted(limits.items())]
         async with http.get(srv.url + "/api/v1/prompt", params={"model": "nosuch"}) as r:
             assert r.status == 400 and "nosuch" in (await r.json())["error"]["message"]
 
@@ -159,3 +165,57 @@ def test_the_ring_is_bounded_by_count_and_by_size_and_says_when_a_reader_is_beyo
                           is_error=False, duration_ms=1.0)
     feed.publish(big)
     assert list(feed.ring) == [big] and feed.bytes <= 20_000
+
+
+async def test_the_servers_picture_of_its_models_reachability_and_its_changes(
+        api_server_factory: ApiServerFactory) -> None:
+    """What an attached console shows instead of probing itself: the server probes when asked, says
+    which models answer, and publishes every change (a probe, a turn's model error, a whole answer)."""
+    import socket
+
+    from tests.fakes.openai_server import FakeOpenAI
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with FakeOpenAI() as other:
+        srv = await api_server_factory(models={"gone": {"type": "openai", "model_id": "m", "timeout": 5,
+                                                        "base_url": gone},
+                                               "local": openai_model_entry(other)})
+        async with aiohttp.ClientSession() as http:
+            async with http.get(srv.url + "/api/v1/console") as r:
+                assert (await r.json())["model_status"] == []  # nobody asked: the server has not probed
+            resp, reader = await open_events(http, srv)
+            await reader.frame()  # hello
+            async with http.post(srv.url + "/api/v1/models/check") as r:
+                assert r.status == 200
+                checked = {m["key"]: m for m in (await r.json())["models"]}
+            assert checked["local"]["ok"] is True and checked["local"]["reason"] == ""
+            assert checked["gone"]["ok"] is False
+            assert checked["gone"]["reason"] == f"cannot connect to {gone} (ClientConnectorError)"
+            _, _, event = (await reader.until("models"))[-1]
+            assert {m["key"]: m["ok"] for m in event["models"]} == {"gone": False, "local": True}
+
+            # A model error in a turn marks its model unreachable, a whole answer reachable again.
+            other.script(Reply.error(401, "invalid api key"), Reply.text("back"))
+            async with http.post(srv.url + "/api/v1/submit", json={"text": "hi", "client_id": "api-m"}) as r:
+                assert r.status in (200, 202)
+            _, _, event = (await reader.until("models"))[-1]
+            local = next(m for m in event["models"] if m["key"] == "local")
+            assert local["ok"] is False and "invalid api key" in local["reason"]
+            async with http.get(srv.url + "/api/v1/console") as r:
+                status = {m["key"]: m for m in (await r.json())["model_status"]}
+            assert status["local"]["ok"] is False and status["gone"]["ok"] is False
+            await submit(http, srv, "again", "api-m")
+            _, _, event = (await reader.until("models"))[-1]
+            assert {m["key"]: m["ok"] for m in event["models"]} == {"gone": False, "local": True}
+            resp.close()
+
+
+async def test_a_client_token_neither_probes_nor_reads_the_models_state(api_server_factory: ApiServerFactory) -> None:
+    srv = await api_server_factory(tokens=Tokens.make(ops="operator", ci="client"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(srv.url + "/api/v1/models/check", headers=srv.headers("ci")) as r:
+            assert r.status == 403
+        async with http.get(srv.url + "/api/v1/console", headers=srv.headers("ci")) as r:
+            assert (await r.json())["model_status"] is None  # its reasons name the servers behind aiops

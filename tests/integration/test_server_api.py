@@ -124,6 +124,53 @@ async def test_submit_with_wait_answers_with_the_text_and_creates_an_api_session
     assert [(s["client_id"], s["kind"]) for s in listed] == [(body["client_id"], "api")]
 
 
+async def test_a_client_may_say_it_is_the_cli_and_its_session_is_a_cli_session(api_server: ApiServer) -> None:
+    # `aiops chat` through a running aiops: its sessions are `cli` sessions, as in-process ones are.
+    api_server.fake.script(Reply.text("from the cli"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(api_server.url + "/api/v1/submit",
+                             json={"text": "hi", "client_id": "chat-1", "kind": "cli", "wait": True}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["text"] == "from the cli"
+    async with api_server.client() as agent:
+        assert [(s["client_id"], s["kind"]) for s in await agent.sessions()] == [("chat-1", "cli")]
+        assert [s["client_id"] for s in await agent.sessions(kind="cli")] == ["chat-1"]
+
+
+async def test_an_operator_may_start_a_console_session_and_a_client_token_may_not(
+        api_server_factory: ApiServerFactory) -> None:
+    # An attached console's sessions are the operator's console sessions, as the in-process console's are.
+    tokens = Tokens.make(ops="operator", bot="client")
+    srv = await api_server_factory(tokens=tokens)
+    srv.fake.script(Reply.text("from the console"))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(srv.url + "/api/v1/submit", headers=tokens.header("bot"),
+                             json={"text": "hi", "client_id": "bot-console", "kind": "console"}) as r:
+            assert r.status == 403, await r.text()
+            assert "operator" in (await r.json())["error"]["message"]
+        async with http.post(srv.url + "/api/v1/submit", headers=tokens.header("ops"),
+                             json={"text": "hi", "client_id": "ops-console", "kind": "console",
+                                   "wait": True}) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["text"] == "from the console"
+        async with http.get(srv.url + "/api/v1/sessions", headers=tokens.header("ops")) as r:
+            rows = (await r.json())["sessions"]
+    assert [(s["client_id"], s["kind"]) for s in rows] == [("ops-console", "console")]
+
+
+async def test_a_client_may_not_claim_a_kind_the_server_assigns(api_server: ApiServer) -> None:
+    # The proxies, Slack, swarm and MCP are what the server says they are, never a client.
+    async with aiohttp.ClientSession() as http:
+        for kind in ("proxy", "swarm", "mcp", "slack", "CLI", "", 1, None):
+            async with http.post(api_server.url + "/api/v1/submit",
+                                 json={"text": "hi", "client_id": "claims", "kind": kind}) as r:
+                assert r.status == 400, (kind, await r.text())
+                err = (await r.json())["error"]
+                assert err["message"].startswith("invalid request: kind: "), err
+    async with api_server.client() as agent:
+        assert await agent.sessions() == []  # nothing was taken in
+
+
 async def test_an_answer_cut_at_the_models_output_limit_says_so(api_server: ApiServer) -> None:
     api_server.fake.script(Reply.text("Steps one to", finish_reason="length"))
     async with api_server.client() as agent, agent.stream("api-cut-short") as stream:
@@ -437,7 +484,7 @@ async def test_a_gate_is_resolved_by_an_operator_token_and_refused_to_a_client_t
         assert (gate["tool"], gate["operation"], gate["session_id"]) == ("write_note", "write", "api-gated")
         assert gate["args"] == {"text": "hello"} and gate["client_kind"] == "api"
         assert [g["id"] for g in await bot.gates()] == [gate["id"]]  # pending, visible to every role
-        # The same object as the event's (which adds only the turn), as DESIGN.md has it.
+        # The same object as the event's (which adds only the turn), as docs/API.md has it.
         assert await ops.gates() == [{k: v for k, v in gate.items() if k != "turn_id"}]
 
         with pytest.raises(AgentError) as e:
@@ -582,7 +629,8 @@ async def test_the_openapi_document_matches_the_routes(api_server: ApiServer) ->
     submit = doc["paths"]["/api/v1/submit"]["post"]
     body = schemas[submit["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
     assert body["required"] == ["text"]
-    assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout"}
+    assert set(body["properties"]) == {"text", "client_id", "model", "wait", "timeout", "kind"}
+    assert body["properties"]["kind"]["enum"] == ["api", "cli", "console"]
     assert doc["paths"]["/api/v1/health"]["get"]["security"] == []
     assert "403" in doc["paths"]["/api/v1/gates/{id}"]["post"]["responses"]
     history = doc["paths"]["/api/v1/sessions/{id}"]["get"]["parameters"]

@@ -2,7 +2,9 @@
 
 A proxy client's gate reaches the attached console's inbox and is approved there; two attached
 consoles see each other's answers (who answered); the server restarted under an attached console,
-which says it lost the link, reconnects and shows the history once.
+which says it lost the link, reconnects and shows the history once. What the in-process console
+shows, attached too: which models answer (the server's picture, and its changes in every console),
+every configured limit, and the operator's sessions as console sessions where the server allows.
 """
 
 from __future__ import annotations
@@ -263,3 +265,103 @@ async def test_a_network_drop_is_shown_and_the_missed_events_are_caught_up_once(
         text = chat_text(app)
         assert text.count("asked while you were away") == 1 and text.count("during the drop") == 1
         assert text.count("before the drop") == 1 and text.count("you first question") == 1
+
+
+async def test_the_attached_console_shows_the_servers_model_reachability_and_every_configured_limit(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """What the in-process console shows (tests/tui/test_panes.py): which models answer, said as the
+    server sees them (it probes, not the attached console), and the limits pane's every limit of the
+    selected session, used or not."""
+    from tests.fakes.fixtures import openai_model_entry
+
+    models = {"gpt": {"type": "openai", "model_id": "gpt-x", "api_key_env": "AIOPS_TEST_UNSET_KEY"},
+              "local": openai_model_entry(fake_openai)}
+    serve = aiops_serve_factory(models=models, default="gpt",
+                                extra_files={"limits.toml": "[rate.notes]\ncalls = 3\nwindow_seconds = 600\n"
+                                                           "[rate.db]\ncalls = 20\nwindow_seconds = 60\n"})
+    app = attached_app(serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: "not reachable" in region_text(app, "#guidance"), "the guidance", 20)
+        guidance = region_text(app, "#guidance")
+        assert "Model gpt (openai gpt-x at https://api.openai.com/v1) is not reachable" in guidance
+        assert "AIOPS_TEST_UNSET_KEY is not set" in guidance and "Reachable now: local." in guidance
+        assert "model gpt unreachable" in region_text(app, "StatusBar")
+        app.main.show_pane("limits")
+        rules = app.cfg.limits.rate
+        assert sorted(rules) == ["db", "notes"]
+        await wait_for(pilot, lambda: all(f"{t} 0/{r.calls} in {r.window_seconds:g}s" in region_text(app, "LimitsTable")
+                                          for t, r in rules.items()), "every configured limit at 0", 20)
+        # A limit changed on the attached aiops (no `rate` event says so) is shown once the command ran.
+        app.main.show_pane("input")
+        await send(pilot, "!limits set notes 5 900")
+        await wait_for(pilot, lambda: "notes 0/5 in 900s" in region_text(app, "LimitsTable"), "the new limit", 20)
+
+
+async def test_a_session_started_from_the_attached_console_is_the_operators_console_session(
+        aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
+    """As in-process: a `console` session owned by the operator's name (the server's submit takes that
+    kind from an operator, and `/api/v1/console` says so: against an older server that does not, the
+    attached console sends no kind and its sessions are `api` ones)."""
+    fake_openai.script(Reply.text("hello back"))
+    app = attached_app(aiops_serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        remote = app.adapter.remote  # type: ignore[attr-defined]
+        assert remote.info["console_sessions"] is True
+        expected = "console"
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: "hello back" in chat_text(app), "the answer", 20)
+        rows = await remote.list_sessions()
+        assert [(r["client_id"], r["kind"]) for r in rows] == [(app.chat.session_id, expected)]
+        assert rows[0]["owner"] == remote.principal  # the name the header shows
+        await wait_for(pilot, lambda: app.sessions_list.sessions[app.chat.session_id].get("kind") == expected,
+                       "the sessions list says its kind", 20)
+
+
+async def test_a_model_check_from_one_attached_console_is_shown_in_every_other(
+        aiops_serve_factory: ServeFactory) -> None:
+    """The server's picture changes (a probe finds its model gone): a console that did not ask says so
+    too, from the `models` event, as the one that asked does."""
+    from tests.fakes.fixtures import openai_model_entry
+
+    with FakeOpenAI() as other:
+        serve = aiops_serve_factory(models={"second": openai_model_entry(other)}, default="second")
+        one, two = attached_app(serve), attached_app(serve)
+        async with one.run_test(size=(160, 48)) as p1, two.run_test(size=(160, 48)) as p2:
+            await ready(p1)
+            await ready(p2)
+            await wait_for(p2, lambda: two.guidance.probes.get("second") is not None, "the first picture", 20)
+            assert "unreachable" not in region_text(two, "StatusBar")
+            await asyncio.to_thread(other.stop)  # the model's server goes away
+            one.action_check_models()
+            for pilot, app in ((p1, one), (p2, two)):
+                await wait_for(pilot, lambda app=app: "no model reachable" in region_text(app, "StatusBar")
+                               and "cannot connect to" in region_text(app, "#guidance"), "the model gone", 20)
+
+
+async def test_an_attached_console_opens_its_own_operators_console_session_not_anothers(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """A console opens on its last console session: an attached one on its operator's, since alice's
+    console sessions are hers to go on with — bob's console starts one of its own beside them."""
+    from tests.support.server import Tokens
+
+    tokens = Tokens.make(alice="operator", bob="operator")
+    serve = aiops_serve_factory(tokens=tokens)
+    fake_openai.script(Reply.text("hello alice"))
+    alice = attached_app(serve, tokens.secrets["alice"])
+    async with alice.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: "hello alice" in chat_text(alice), "alice's answer", 20)
+        hers = alice.chat.session_id
+    bob = attached_app(serve, tokens.secrets["bob"])
+    async with bob.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        assert bob.chat.session_id != hers
+        assert "hello alice" not in chat_text(bob)
+    again = attached_app(serve, tokens.secrets["alice"])
+    async with again.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: again.chat.session_id == hers and "hello alice" in chat_text(again),
+                       "alice's console back on her session", 20)

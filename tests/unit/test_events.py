@@ -98,6 +98,8 @@ def _every_kind() -> list:
         e.SessionChanged(change="updated", session={"client_id": "s", "short_id": 101, "title": "t"},
                          session_id="s"),
         e.RateChanged(usage=(e.RateInfo("s", "db", 1, 5, 10.0, False),), session_id="s"),
+        e.ModelsChanged(models=(e.ModelState("local", True, "", 5.0),
+                                e.ModelState("gpt", False, "OPENAI_API_KEY is not set", 6.0)), session_id=None),
     ]
 
 

@@ -2,7 +2,8 @@
 
 It follows the operator event stream (`GET /api/v1/events`) in a task of its own and hands every
 event, typed again with `events.from_wire`, to `on_event`; it keeps the pending gates and the rate
-usage the events describe, so views can ask for them without waiting; its other operations are the
+usage the events describe, so views can ask for them without waiting; it keeps what the server knows of its models' reachability (`models`, from `/api/v1/console` and
+the `models` events) and of the configured rate limits (`limits`); its other operations are the
 API's calls. A dropped stream is said (`on_state("disconnected", reason)`), retried with backoff
 (0.5 s doubling to 10 s), and resumed with `Last-Event-ID`: the server replays what was missed, so
 nothing is lost or doubled. When the server cannot (it restarted, or the reader was away longer than
@@ -81,6 +82,8 @@ class RemoteEngine:
         self.info: dict[str, Any] = {}
         self.gates: dict[str, ev.GateInfo] = {}
         self.rates: dict[tuple[str, str], ev.RateInfo] = {}
+        self.limits: dict[str, tuple[int, float]] = {}  # tool type -> (calls, window seconds)
+        self.models: dict[str, ev.ModelState] = {}
         self.connected = False
         self.epoch: str | None = None
         self.last_seq = 0
@@ -127,9 +130,17 @@ class RemoteEngine:
     async def _read_state(self) -> None:
         data = await self._call("GET", "/api/v1/gates")
         self.gates = {g["id"]: ev.GateInfo.from_dict(g) for g in data.get("gates") or ()}
+        self.models = {m["key"]: ev.ModelState.from_dict(m) for m in self.info.get("model_status") or ()}
         if self.operator:
-            rates = await self._call("GET", "/api/v1/rates")
-            self.rates = {(u["session_id"], u["tool_type"]): ev.RateInfo(**u) for u in rates.get("usage") or ()}
+            await self.read_rates()
+
+    async def read_rates(self) -> None:
+        """Read the rate usage and the configured limits again (`!limits set` changes the limits
+        without a `rate` event)."""
+        rates = await self._call("GET", "/api/v1/rates")
+        self.rates = {(u["session_id"], u["tool_type"]): ev.RateInfo(**u) for u in rates.get("usage") or ()}
+        self.limits = {str(r["tool_type"]): (int(r["limit"]), float(r["window_seconds"]))
+                       for r in rates.get("limits") or ()}
 
     # -- HTTP --
 
@@ -243,6 +254,7 @@ class RemoteEngine:
             self.epoch = epoch
             self._advance(pos[1] if pos else 0, force=True)
             if reset and not first:
+                self.info = await self._call("GET", "/api/v1/console")  # (a restarted server knows anew)
                 await self._read_state()
                 if self.on_reset is not None:
                     result = self.on_reset()
@@ -268,6 +280,8 @@ class RemoteEngine:
             case ev.SessionChanged(change="deleted") if event.session_id is not None:
                 for key in [k for k in self.rates if k[0] == event.session_id]:
                     del self.rates[key]
+            case ev.ModelsChanged(models=models):
+                self.models = {m.key: m for m in models}
         self.on_event(event)
         pos = _seq(event_id)
         if pos is not None:
@@ -327,12 +341,17 @@ class RemoteEngine:
         await self.caught_up(position)
         return [message_from_wire(m) for m in data.get("messages") or ()]
 
-    async def submit(self, client_id: str | None, text: str, *, model: str | None = None) -> dict[str, Any]:
+    async def submit(self, client_id: str | None, text: str, *, model: str | None = None,
+                     kind: str | None = None) -> dict[str, Any]:
+        """`kind`: the kind of a session this message creates (`console`: an operator's console, where
+        `/api/v1/console` says `console_sessions`)."""
         body: dict[str, Any] = {"text": text}
         if client_id is not None:
             body["client_id"] = client_id
         if model is not None:
             body["model"] = model
+        if kind is not None:
+            body["kind"] = kind
         return await self._call("POST", "/api/v1/submit", body=body)
 
     async def stop_turn(self, ref: str) -> bool:
@@ -360,6 +379,12 @@ class RemoteEngine:
         """Every limited tool type of one session, used or not (the server's limiter knows them)."""
         data = await self._call("GET", "/api/v1/rates", params={"session": session_id})
         return [ev.RateInfo(**u) for u in data.get("usage") or ()]
+
+    async def check_models(self) -> list[ev.ModelState]:
+        """Have the server probe every enabled model now; the picture it answers (and publishes)."""
+        data = await self._call("POST", "/api/v1/models/check")
+        self.models = {m["key"]: ev.ModelState.from_dict(m) for m in data.get("models") or ()}
+        return list(self.models.values())
 
     async def enable_rate(self, session_id: str, tool_type: str) -> bool:
         data = await self._call("POST", "/api/v1/rates/enable", body={"session_id": session_id, "tool_type": tool_type})

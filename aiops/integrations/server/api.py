@@ -86,6 +86,15 @@ class SubmitRequest(_Body):
     wait: bool = Field(False, description="Answer when the turn ends (or `timeout` passes) instead of at once.")
     timeout: float = Field(120, gt=0, le=3600, description="Seconds to wait with `wait`; the turn goes on "
                                                            "after a timeout.")
+    # Only kinds a client may say it is: `cli` (`aiops chat` through a running aiops) changes how
+    # long its gates wait (gates.toml [wait]) and how the console groups it, nothing it may do;
+    # `console` is an attached console's own session, for an operator's token only. The proxies,
+    # Slack, swarm and MCP are kinds the server itself assigns.
+    kind: Literal["api", "cli", "console"] = Field(
+        "api", description="The client's kind, for a session this message creates and for its turn: `cli` is "
+                           "`aiops chat` (as its in-process sessions are), `console` an attached console's "
+                           "(operator tokens only; 403 `forbidden` otherwise). A call from another aiops "
+                           "(X-Aiops-Agent-Hops) is `swarm` whatever this says.")
 
 
 class GateDecisionRequest(_Body):
@@ -382,7 +391,10 @@ async def _submit(engine: Engine, client_id: str, body: SubmitRequest, who: Call
 async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, who: Caller,
                            hops: Hops | None) -> Turn:
     # A call from another aiops's agent is a `swarm` session here, its turn at the call's depth.
-    kind = "api" if hops is None else "swarm"
+    kind = body.kind if hops is None else "swarm"
+    if kind == "console" and not who.operator:
+        # A console session is the operator's own: its commands and gates are the operator's.
+        raise HttpError(403, "forbidden", "only an operator's token may start a console session")
     live = await engine.session(client_id)
     if live is not None:
         check_access(who, live, client_id)

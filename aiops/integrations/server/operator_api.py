@@ -1,5 +1,6 @@
 """What an attached console needs of `/api/v1` beyond the per-session API: one resumable event
-stream of every session and gate, and the side panes' state (rate limits, plugins, the prompt tree).
+stream of every session and gate, and the side panes' state (rate limits, plugins, the prompt tree,
+which models answer: model_health.py).
 
 `EventFeed` is a bus listener that numbers every event (`<epoch>-<seq>`: the epoch changes with every
 start of the server, the seq is the engine's publication order) and keeps the latest `RING_SIZE` in
@@ -32,6 +33,7 @@ from aiops.engine import events as ev
 from aiops.integrations.server.bodies import parse_body, validate
 from aiops.integrations.server.context import CONFIG_KEY, get_engine, prepare_stream, server_state
 from aiops.integrations.server.errors import HttpError
+from aiops.integrations.server.model_health import ModelHealth
 from aiops.integrations.server.openapi import ApiRoute
 from aiops.integrations.server.owners import caller, owner_of
 
@@ -140,6 +142,7 @@ class EventFeed:
 
 
 FEED_KEY = web.AppKey("aiops_event_feed", EventFeed)
+HEALTH_KEY = web.AppKey("aiops_model_health", ModelHealth)
 
 
 def setup_feed(app: web.Application, engine: Engine) -> EventFeed:
@@ -147,6 +150,9 @@ def setup_feed(app: web.Application, engine: Engine) -> EventFeed:
     feed = EventFeed()
     app[FEED_KEY] = feed
     unlisten = engine.bus.add_listener(feed.publish)
+    # Before any event: a turn's model error is known to the picture an attached console reads.
+    health = app[HEALTH_KEY] = ModelHealth(engine)
+    unlisten_health = engine.bus.add_listener(health.on_event)
 
     async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
         if request.path.startswith(PREFIX):
@@ -157,6 +163,8 @@ def setup_feed(app: web.Application, engine: Engine) -> EventFeed:
 
     async def on_cleanup(_app: web.Application) -> None:
         unlisten()
+        unlisten_health()
+        health.close()
 
     app.on_response_prepare.append(on_prepare)
     app.on_shutdown.append(on_shutdown)
@@ -184,10 +192,6 @@ class RateOut(BaseModel):
     disabled: bool
 
 
-class RateList(BaseModel):
-    usage: list[RateOut]
-
-
 class RatesQuery(_Query):
     session: str | None = Field(None, max_length=128, description="Also every limited tool type of this "
                                 "session (used or not), as the console shows the selected session.")
@@ -202,6 +206,30 @@ class RateEnabled(BaseModel):
     enabled: bool = Field(description="The tool type was disabled for the session and is enabled again.")
 
 
+class LimitOut(BaseModel):
+    tool_type: str
+    limit: int = Field(description="Calls allowed in the window.")
+    window_seconds: float
+    auto_disable: bool = Field(description="A session that exceeds it has the tool type disabled.")
+
+
+class RateList(BaseModel):
+    usage: list[RateOut]
+    limits: list[LimitOut] = Field(description="Every configured limit (limits.toml), used or not: a session "
+                                               "that has not used a type is at 0 of its limit.")
+
+
+class ModelStateOut(BaseModel):
+    key: str
+    ok: bool = Field(description="The model answered its last probe, or its last turn.")
+    reason: str = Field(description="Why it is unreachable (empty when it answers).")
+    checked_at: float = Field(description="When this was last seen (Unix time).")
+
+
+class ModelStates(BaseModel):
+    models: list[ModelStateOut]
+
+
 class ConsoleInfo(BaseModel):
     """Who the caller is and what an attached console offers (completions, model descriptions)."""
 
@@ -214,6 +242,13 @@ class ConsoleInfo(BaseModel):
     commands: list[str]
     tools: list[str]
     plugins: list[dict[str, str]] | None = None
+    console_sessions: bool = Field(False, description="An operator's `POST /api/v1/submit` may say `kind: "
+                                   "\"console\"`: the session it creates is a console session, as the "
+                                   "in-process console's are (an attached console does so).")
+    model_status: list[ModelStateOut] | None = Field(
+        None, description="Operators: what the server knows of each enabled model's reachability (its last "
+                          "probe, then its turns); empty until something asked it to probe "
+                          "(`POST /api/v1/models/check`). Changes come as `models` events.")
 
 
 class PromptQuery(_Query):
@@ -244,7 +279,8 @@ class PromptSaved(BaseModel):
 
 class FeedEvent(BaseModel):
     """The data of one event of `/api/v1/events`: the wire body of the event named by `event:`
-    (every engine event: the stream's names plus `user`, `turn`, `session`, `rate`)."""
+    (every engine event: the stream's names plus `user`, `turn`, `session`, `rate`, and `models`, the
+    server's picture of its models' reachability)."""
 
     model_config = ConfigDict(extra="allow")
     session_id: str | None = None
@@ -337,8 +373,19 @@ async def console_info(request: web.Request) -> web.Response:
     info = ConsoleInfo(principal=who.principal, role="operator" if who.operator else "client",
                        epoch=feed.epoch, last_event_id=feed.position, default_model=cfg.models.default_model,
                        models=models, commands=engine.commands.names(), tools=engine.tools.names(),
-                       plugins=[p.to_dict() for p in engine.plugin_status] if who.operator else None)
+                       plugins=[p.to_dict() for p in engine.plugin_status] if who.operator else None,
+                       console_sessions=True,
+                       model_status=_model_states(request.app[HEALTH_KEY].snapshot()) if who.operator else None)
     return _json(info)
+
+
+def _model_states(states: list[ev.ModelState]) -> list[ModelStateOut]:
+    return [ModelStateOut.model_validate(s.to_dict()) for s in states]
+
+
+async def check_models(request: web.Request) -> web.Response:
+    states = await request.app[HEALTH_KEY].check()
+    return _json(ModelStates(models=_model_states(states)))
 
 
 async def rates(request: web.Request) -> web.Response:
@@ -349,7 +396,9 @@ async def rates(request: web.Request) -> web.Response:
         live = await engine.session(q.session)
         if live is not None:
             rows.update({(u.session_id, u.tool_type): u for u in engine.rate_usage(live.id)})
-    return _json(RateList(usage=[RateOut.model_validate(rows[k].to_dict()) for k in sorted(rows)]))
+    limits = [LimitOut(tool_type=t, limit=r.calls, window_seconds=r.window_seconds, auto_disable=r.auto_disable)
+              for t, r in sorted(engine.gatekeeper.limiter.config.rate.items())]
+    return _json(RateList(usage=[RateOut.model_validate(rows[k].to_dict()) for k in sorted(rows)], limits=limits))
 
 
 async def enable_rate(request: web.Request) -> web.Response:
@@ -423,6 +472,10 @@ ROUTES: tuple[ApiRoute, ...] = (
              description="The caller's name and role, the event stream's position, models, !commands, tools; "
                          "operators also get every plugin's state.",
              response=ConsoleInfo),
+    ApiRoute("POST", f"{PREFIX}/models/check", check_models, "checkModels", "Probe every enabled model", "server",
+             description="One cheap request (list models) per enabled model, as the console's `check models`; "
+                         "answers every model's state and publishes it as a `models` event.",
+             response=ModelStates, operator_only=True),
     ApiRoute("GET", f"{PREFIX}/rates", rates, "rateUsage", "Rate-limit usage", "server",
              query=RatesQuery, response=RateList, operator_only=True),
     ApiRoute("POST", f"{PREFIX}/rates/enable", enable_rate, "enableRate",
