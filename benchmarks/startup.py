@@ -19,7 +19,14 @@ each with an empty data dir and with the stored history of benchmarks.history (1
 Bytecode: aiops's own modules are compiled from source on every run when PYTHONDONTWRITEBYTECODE is
 set (it is on some machines, in CI images); an installed aiops has its .pyc files. `--cached-bytecode`
 measures that case: the children cache bytecode under a temporary PYTHONPYCACHEPREFIX, warmed by one
-run of each command first. Without it the environment decides, as before.
+run of each command first (the console's trees compiled). Without it the environment decides, as before.
+
+For an A/B of the console: `--console-only` runs the floors and the console cases alone, `--no-empty`
+only with the stored history, and `--compare-ref REF` runs each console case also with the code of
+commit REF (exported with git archive, put first on PYTHONPATH), interleaved run by run with this one's, so
+both see the same minutes of a loaded machine. The console's CPU seconds at interactive (user +
+system, all its threads, from /proc) are reported beside the wall times: they move less with the
+machine's load.
 """
 
 from __future__ import annotations
@@ -171,8 +178,29 @@ def serve(cfg: Path, data: Path) -> dict[str, float]:
     return {"ready_line": t_ready, "health": t_health}
 
 
-def console(cfg: Path, data: Path) -> dict[str, float] | None:
-    """The console in a tmux pane: seconds to first paint and to interactive (None without tmux)."""
+def _child_pid(pid: int) -> int | None:
+    """The first child of process `pid` (the console under the pane's shell), from /proc."""
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process `pid` so far, all its threads (None if unknown)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def console(cfg: Path, data: Path, code: Path | None = None) -> dict[str, float] | None:
+    """The console in a tmux pane: seconds to first paint and to interactive, and its CPU seconds at
+    interactive (None without tmux). `code`: a checkout whose aiops runs instead (on PYTHONPATH)."""
     exe = shutil.which("tmux")
     if exe is None:
         return None
@@ -183,6 +211,8 @@ def console(cfg: Path, data: Path) -> dict[str, float] | None:
 
     env = {**_env(), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
     env.pop("TMUX", None)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     aiops = " ".join([*AIOPS, "--config-dir", str(cfg), "--data-dir", str(data), "console", "--port", "0"])
     t0 = time.perf_counter()
     subprocess.run([exe, "-L", sock, "new-session", "-d", "-s", "b", "-x", "120", "-y", "40", "sh", "-c",
@@ -200,9 +230,21 @@ def console(cfg: Path, data: Path) -> dict[str, float] | None:
         paint = until(lambda s: "Palette" in s, "its first paint")
         tmux("send-keys", "-t", "b", "-l", "qzx")
         interactive = until(lambda s: "qzx" in s, "interactive (a typed key shown)")
-        return {"first_paint": paint, "interactive": interactive}
+        shell = tmux("display-message", "-p", "-t", "b", "#{pane_pid}").strip()
+        cpu = _cpu_seconds(_child_pid(int(shell))) if shell.isdigit() else None
+        out = {"first_paint": paint, "interactive": interactive}
+        if cpu is not None:
+            out["cpu_at_interactive"] = cpu
+        return out
     finally:
         subprocess.run([exe, "-L", sock, "kill-server"], capture_output=True, timeout=20)
+
+
+def _compile(tree: Path) -> None:
+    """Bytecode for the aiops of `tree` (a checkout), written where the children look for it (the
+    PYTHONPYCACHEPREFIX of --cached-bytecode): the console's first run pays no compilation."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "aiops")], check=True, env=_env(),
+                   stdout=subprocess.DEVNULL, timeout=300)
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -225,7 +267,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             def add(case: str, stored: int, samples: list[dict[str, float]] | list[float]) -> None:
                 if samples and isinstance(samples[0], dict):
                     for key in samples[0]:  # type: ignore[union-attr]
-                        add(f"{case}: to {key.replace('_', ' ')}", stored,
+                        what = "CPU s at interactive" if key == "cpu_at_interactive" else f"to {key.replace('_', ' ')}"
+                        add(f"{case}: {what}", stored,
                             [s[key] for s in samples])  # type: ignore[index]
                     return
                 row = {"case": case.replace(": to cpu", ": CPU (user+sys)"), "stored_sessions": stored,
@@ -235,31 +278,52 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                       f"max {row['max_s'] * 1000:7.0f} ms", flush=True)
 
             n = args.runs
+            other: Path | None = None  # the tree of --compare-ref, once exported
             global _pycache
             if getattr(args, "cached_bytecode", False):
                 _pycache = root / "pycache"
-                warm = history.data_dir(root / "warm", 0, 0)
-                chat(cfg, warm)  # compiles what the in-process chat imports (the rest: the remote one)
-                remote_chats(cfg, warm, 1)
-                to_exit([*AIOPS, "--help"], root)
+                if not args.console_only:
+                    warm = history.data_dir(root / "warm", 0, 0)
+                    chat(cfg, warm)  # compiles what the in-process chat imports (the rest: the remote one)
+                    remote_chats(cfg, warm, 1)
+                    to_exit([*AIOPS, "--help"], root)
             add("python -c pass (floor)", 0, [to_exit([sys.executable, "-c", "pass"], root) for _ in range(n)])
             add("python -c 'import aiohttp' (floor)", 0,
                 [to_exit([sys.executable, "-c", "import aiohttp"], root) for _ in range(n)])
-            add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
-            for stored in (0, args.sessions):
+            if not args.console_only:
+                add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
+            for stored in ((args.sessions,) if args.no_empty else (0, args.sessions)):
                 def fresh(i: int, stored: int = stored) -> Path:
                     return history.data_dir(root / f"data-{stored}-{i}-{uuid.uuid4().hex[:6]}", stored,
                                             args.messages)
 
-                add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
-                first, samples = remote_chats(cfg, fresh(0), n)
-                add(REMOTE_CHAT, stored, samples)
-                add(f"{REMOTE_CHAT}, the first after its start", stored, [first])
-                add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
+                if not args.console_only:
+                    add("aiops chat hi", stored, [chat(cfg, fresh(i)) for i in range(n)])
+                    first, samples = remote_chats(cfg, fresh(0), n)
+                    add(REMOTE_CHAT, stored, samples)
+                    add(f"{REMOTE_CHAT}, the first after its start", stored, [first])
+                    add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
                 if not args.no_console:
-                    samples = [c for i in range(n) if (c := console(cfg, fresh(i))) is not None]
-                    if samples:
-                        add("console (tmux)", stored, samples)
+                    # With --compare, this code and the other alternate run by run (same minutes).
+                    codes: list[tuple[str, Path | None]] = [("console (tmux)", None)]
+                    if args.compare_ref:
+                        if other is None:
+                            from benchmarks.run import _export
+
+                            other = _export(args.compare_ref, root / "compare-tree")
+                        codes.append((f"console (tmux) [{args.compare_ref}]", other))
+                    if _pycache is not None:  # --cached-bytecode: both trees compiled before the first run
+                        for _, code in codes:
+                            _compile(code or Path(__file__).resolve().parents[1])
+                            console(cfg, fresh(n), code)  # and what they import (Textual...), not measured
+                    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
+                    for i in range(n):
+                        for label, code in (codes if i % 2 == 0 else codes[::-1]):
+                            if (c := console(cfg, fresh(i), code)) is not None:
+                                runs[label].append(c)
+                    for label, samples in runs.items():
+                        if samples:
+                            add(label, stored, samples)
                 for d in root.glob(f"data-{stored}-*"):
                     shutil.rmtree(d, ignore_errors=True)
     finally:
@@ -288,6 +352,10 @@ def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
     p.add_argument("--cached-bytecode", action="store_true",
                    help="children keep .pyc files (as an installed aiops has them) even where "
                         "PYTHONDONTWRITEBYTECODE is set; warmed by one run of each command")
+    p.add_argument("--console-only", action="store_true", help="only the floors and the console cases")
+    p.add_argument("--no-empty", action="store_true", help="only with the stored history, not the empty data dir")
+    p.add_argument("--compare-ref", metavar="REF",
+                   help="run each console case also with the aiops of commit REF, interleaved run by run")
 
 
 def quick(args: argparse.Namespace) -> None:

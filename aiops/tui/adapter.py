@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -228,17 +228,65 @@ class ModelsChecked(Message):
         self.probes = probes
 
 
+# ---- start-up imports, in a thread ---------------------------------------------------------------------
+
+
+def _import_for_start(engine: bool, plugins: bool, server: bool) -> None:
+    """Import what starting the engine (and its server) imports, so that the start itself, on
+    the loop, finds it all loaded. An import that fails is left for the start to report."""
+    import importlib
+
+    names = (["aiops.engine.engine"] if engine else []) + (
+        ["aiops.integrations.server.run", "aiops.integrations.server.app", "aiops.integrations.mcp.endpoint"]
+        if server else [])
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the start reports it where the operator looks
+            log.debug("could not pre-import %s", name, exc_info=True)
+    if plugins:
+        from aiops.engine.plugins import discover
+
+        discover()  # loads every plugin's module; a broken one is reported by the start
+
+
+def _import_backends(types: set[str]) -> None:
+    import importlib
+
+    for t in sorted(types):
+        try:
+            importlib.import_module(f"aiops.engine.backends.{t}_backend")
+        except Exception:  # noqa: BLE001 - the turn that needs it reports the real error
+            log.debug("could not pre-import the %s backend", t, exc_info=True)
+
+
 # ---- the adapter --------------------------------------------------------------------------------------
 
 
 class EngineAdapter:
     """The console's only door to the engine (and to the HTTP server it runs)."""
 
-    def __init__(self, engine: Engine, target: MessagePump) -> None:
-        self.engine = engine
+    def __init__(self, engine: Engine | None, target: MessagePump, *,
+                 make_engine: Callable[[], Engine] | None = None, preload_plugins: bool = False) -> None:
+        """`engine`, or None and `make_engine`, which makes it when it is first needed: `start`
+        imports the engine's modules in a thread first, so the console draws while they load.
+        `preload_plugins`: the engine's start will load the plugins' entry points (imported in
+        that thread too)."""
+        if engine is None and make_engine is None:
+            raise ValueError("an engine, or a function that makes it")
+        self._engine = engine
+        self._make_engine = make_engine
+        self._preload_plugins = preload_plugins
         self.target = target
         self.server: Any = None
         self._unlisten: Any = None
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            assert self._make_engine is not None
+            self._engine = self._make_engine()
+        return self._engine
 
     @property
     def owner(self) -> str | None:
@@ -272,8 +320,14 @@ class EngineAdapter:
     async def start(self, *, server: bool, host: str | None, port: int | None,
                     lock: DataDirLock | None = None) -> ServicesStarted:
         """Start the engine, then the server; a server failure leaves the engine running.
-        `lock`: this data dir's, which says whether the last aiops on it died without stopping."""
-        await self.engine.start()
+        `lock`: this data dir's, which says whether the last aiops on it died without stopping.
+
+        What takes long here is importing (the engine, the plugins, the server: ~0.4 s of CPU): done
+        in a thread first, so the console's loop keeps drawing and taking keys meanwhile. The
+        model SDKs (another ~0.4 s) are left to `warm_backends`, once the console session is shown:
+        imported in a thread during start-up, they took the loop's time all the same (the GIL)."""
+        await asyncio.to_thread(_import_for_start, self._engine is None, self._preload_plugins, server)
+        await self.engine.start(warm=())
         await self.engine.close_left_open(lock)
         self.connect()
         urls: list[str] = []
@@ -307,8 +361,8 @@ class EngineAdapter:
             except Exception:  # noqa: BLE001
                 log.exception("closing the server's listeners failed")
         try:
-            if self.engine.started:
-                await self.engine.stop()
+            if self._engine is not None and self._engine.started:
+                await self._engine.stop()
         finally:
             self.disconnect()
             if server is not None:
@@ -319,7 +373,13 @@ class EngineAdapter:
 
     @property
     def started(self) -> bool:
-        return bool(self.engine.started)
+        return self._engine is not None and bool(self._engine.started)
+
+    async def warm_backends(self) -> None:
+        """Import the enabled models' provider SDKs in a thread (a turn would otherwise import its
+        model's on the loop)."""
+        types: set[str] = {m.type for m in self.engine.config.models.enabled().values()}
+        await asyncio.to_thread(_import_backends, types)
 
     def connected_clients(self) -> int | None:
         """Clients streaming from the server right now (API streams, proxy and MCP requests in

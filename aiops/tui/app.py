@@ -53,7 +53,6 @@ from aiops.tui.live import LiveTurns
 from aiops.tui.running import console_driver, quit_on_signals, run_console
 from aiops.tui.running import terminal_quiet as _terminal_quiet
 from aiops.tui.screens.main import MainScreen
-from aiops.tui.screens.modals import HelpScreen
 from aiops.tui.services import Services
 from aiops.tui.session_events import SessionEvents
 from aiops.tui.side_panes import SidePanes
@@ -133,11 +132,14 @@ class AiopsApp(App[int]):
 
             self.adapter = RemoteAdapter(remote, self, cfg)
         else:
-            if engine is None:
+            def make_engine() -> Engine:
                 from aiops.engine.engine import Engine
 
-                engine = Engine(cfg, plugins=plugins, discover_plugins=discover_plugins)
-            self.adapter = EngineAdapter(engine, self)
+                return Engine(cfg, plugins=plugins, discover_plugins=discover_plugins)
+
+            # Made when the services start, after the first frame (its modules load in a thread).
+            self.adapter = EngineAdapter(engine, self, make_engine=make_engine,
+                                         preload_plugins=engine is None and discover_plugins)
         self.host = host
         self.port = port
         self.want_server = server
@@ -156,6 +158,7 @@ class AiopsApp(App[int]):
         self.history_page = console.history_page
         self.bells = 0  # how often the console rang (a new gate)
         self.services_ready = False
+        self.services_failed: str | None = None  # why the engine did not start
         self.server_urls: list[str] = []
         self.selected: str | None = None
         # The console's state by concern; the handlers below delegate to these.
@@ -258,6 +261,11 @@ class AiopsApp(App[int]):
         self.set_interval(2, self.services.refresh_clients)
         if self.quit_on_signals:
             quit_on_signals(self._signalled)
+
+    def on_ready(self) -> None:
+        # The first frame is on screen and keys are taken: only now start the engine and the
+        # server, whose start (imports, the store, 10,000 sessions read) would otherwise come
+        # before the console's first paint. What is typed meanwhile waits for them (Services).
         self.run_worker(self.services.start(), name="services", group="services", exit_on_error=False)
 
     def _signalled(self, sig: int) -> None:
@@ -453,6 +461,8 @@ class AiopsApp(App[int]):
         return True
 
     def action_help(self) -> None:
+        from aiops.tui.screens.modals import HelpScreen  # (Markdown: imported when first needed)
+
         help_text = pane_help(self.screen.focused, OVERVIEW_HELP)
         self.push_screen(HelpScreen(focused_pane(self.screen.focused), render_help(help_text, self.keymap_overrides),
                                     self.keymap_overrides))

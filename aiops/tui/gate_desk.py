@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 from aiops.engine import events as ev
 from aiops.tui.format import gate_outcome, one_line
-from aiops.tui.screens.modals import GateDetailsScreen
 from aiops.tui.widgets.gates import GatesInbox
 
 if TYPE_CHECKING:
     from textual.widget import Widget
 
     from aiops.tui.app import AiopsApp
+    from aiops.tui.screens.modals import GateDetailsScreen
 
 GATE_TOAST_SECONDS = 4  # the header badge stays as long as the gate does
 
@@ -137,6 +137,8 @@ class GateDesk:
             context += f"\n(streaming) {one_line(partial, 300)}"
         if not app._drawing or gate_id not in app.inbox.gates:
             return  # closing, or answered elsewhere while the context was read
+        from aiops.tui.screens.modals import GateDetailsScreen  # imported when first needed
+
         screen = GateDetailsScreen(gate, app.sessions_list.short_id(sid), context)
         self.details = screen
 

@@ -149,6 +149,9 @@ class RemoteAdapter(EngineAdapter):
     def started(self) -> bool:
         return self.remote._http is not None
 
+    async def warm_backends(self) -> None:
+        """The attached aiops runs the models: no SDK is needed here."""
+
     def connected_clients(self) -> int | None:
         return None
 

@@ -8,6 +8,7 @@ failed start leaves the console up, saying why. Owned by the App.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import TYPE_CHECKING
@@ -26,16 +27,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Seconds after the services started by which the rest of start-up (the model SDKs, the collector)
+# runs even if no session has been shown.
+REST_AFTER_S = 3.0
+
+
+def _import_shown_later() -> None:
+    """What the console shows once its engine is up, imported in a thread while the engine starts:
+    the first history page draws Markdown (markdown-it alone is ~0.06 s of CPU on the loop) and
+    highlights tool calls. A failure here is left for the widget that needs it to report."""
+    try:
+        import textual.highlight  # noqa: F401
+        from textual.widgets import Markdown  # noqa: F401 - textual.widgets imports it on first use
+    except Exception:  # noqa: BLE001
+        log.debug("could not pre-import the chat's widgets", exc_info=True)
+
+
 class Services:
     """The engine and the server as the console starts and shows them."""
 
     def __init__(self, app: AiopsApp) -> None:
         self.app = app
+        self._rest_started = False
 
     async def start(self) -> None:
         """In a worker: start the engine and the server, and post how it went."""
         app = self.app
         try:
+            await asyncio.to_thread(_import_shown_later)
             started = await app.adapter.start(server=app.want_server, host=app.host, port=app.port,
                                               lock=app.lock)
         except Exception as e:  # noqa: BLE001 - shown in the console, which stays up
@@ -46,16 +65,20 @@ class Services:
 
     def failed(self, error: str) -> None:
         app = self.app
+        app.services_failed = error
+        if not app._drawing:  # quit while the engine was starting (it starts after the first frame)
+            return
         app.status.server = "engine failed"
         app.status.warning = one_line(error, 60)
         app.notify(f"the engine did not start: {error}", severity="error", timeout=30)
+        app.sessions.give_back_waiting()
 
     async def started(self, msg: ServicesStarted) -> None:
         app = self.app
         app.services_ready = True
-        if app.settle_gc:
-            gc_policy.settle()  # start-up is over: see gc_policy
         app.server_urls = msg.server_urls
+        if not app._drawing:  # quit while the engine was starting (it starts after the first frame)
+            return
         # Attached to another aiops: where, and as whom (remote_adapter.py).
         app.status.server = getattr(app.adapter, "label", None) or server_label(msg.server_urls, app.want_server)
         if msg.server_error:
@@ -71,7 +94,27 @@ class Services:
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
         await app.sessions.select_latest_console(sessions)
+        await app.sessions.send_waiting()
         app.probe_models()
+        app.set_timer(REST_AFTER_S, self.session_shown)
+
+    def session_shown(self) -> None:
+        """The console session is on screen (or REST_AFTER_S passed): the rest of start-up, out of
+        its way. The model SDKs (~0.4 s of CPU), imported in a thread, so that a turn does not
+        import its model's on the loop; in a thread all the same they take the loop's time
+        through the GIL, which the first frame, the sessions and the chat should not wait for.
+        Then the collector settles (a full collection, ~0.1 s on a year of history)."""
+        app = self.app
+        if self._rest_started or not app.services_ready or not app._drawing:
+            return
+        self._rest_started = True
+        app.run_worker(self._rest(), name="rest_of_start", group="services", exit_on_error=False)
+
+    async def _rest(self) -> None:
+        app = self.app
+        await app.adapter.warm_backends()
+        if app.settle_gc and app._drawing:
+            gc_policy.settle()  # start-up is over: see gc_policy
 
     async def attach_state(self, msg: AttachState) -> None:
         """The link to the attached aiops: said in the header while it is down, and everything read

@@ -23,11 +23,18 @@ if TYPE_CHECKING:
     from aiops.tui.app import AiopsApp
 
 
+WAITING_END = "for the engine to start"
+WAITING = "{n} message{s} waiting " + WAITING_END
+
+
 class SessionEvents:
     """The selected session, its history and live events, and the sessions list."""
 
     def __init__(self, app: AiopsApp) -> None:
         self.app = app
+        # Sent from the input before the engine had started: sent, in order, once it has (the
+        # console takes keys from its first frame; the engine starts after it).
+        self.waiting: list[str] = []
 
     async def select(self, session_id: str) -> None:
         app = self.app
@@ -75,6 +82,7 @@ class SessionEvents:
             messages = [m for m in msg.messages if live is None or m.turn_id != live]
             await chat.show(msg.session_id, messages, has_more=msg.has_more,
                             live=list(app.live.events.get(msg.session_id, [])))
+            app.services.session_shown()
         elif chat.session_id == msg.session_id:
             await chat.prepend(msg.messages, has_more=msg.has_more)
 
@@ -90,17 +98,44 @@ class SessionEvents:
     async def submit(self, text: str) -> None:
         """The input's text, sent to the selected session as the operator."""
         app = self.app
-        if not app.services_ready or app.selected is None:
-            app.notify("the engine is still starting; try again in a moment", severity="warning", timeout=4)
+        if app.services_failed is not None:
+            app.notify(f"not sent: the engine did not start ({app.services_failed})", severity="error", timeout=8)
             app.chat_input.put_back(text)
             return
+        if not app.services_ready or app.selected is None or self.waiting:
+            self.waiting.append(text)
+            n = len(self.waiting)
+            app.chat_input.border_subtitle = WAITING.format(n=n, s="s" if n > 1 else "")
+            app.notify("sent once the engine has started", timeout=3)
+            return
+        await self._send(text)
+
+    async def _send(self, text: str) -> None:
+        app = self.app
         try:
             sid = app.selected
+            assert sid is not None
             app.live.typed(await app.adapter.submit(sid, text), sid, text)
         except Exception as e:  # noqa: BLE001 - EngineError and friends: say it where the user looks
             if app._drawing:
                 app.notify(str(e), severity="error", timeout=8)
                 app.chat_input.put_back(text)
+
+    async def send_waiting(self) -> None:
+        """The engine has started and a session is selected: what was typed meanwhile is sent."""
+        app = self.app
+        while self.waiting and app.services_ready and app.selected is not None and app._drawing:
+            await self._send(self.waiting.pop(0))
+        if not self.waiting and str(app.chat_input.border_subtitle or "").endswith(WAITING_END):
+            app.chat_input.border_subtitle = ""
+
+    def give_back_waiting(self) -> None:
+        """The engine did not start: what waited for it goes back to the input, unsent."""
+        app = self.app
+        if self.waiting:
+            text, self.waiting = "\n".join(self.waiting), []
+            app.chat_input.border_subtitle = ""
+            app.chat_input.put_back(text)
 
     def cancel(self) -> None:
         """Esc in the input: stop the selected session's turn."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from aiops.tui.screens.modals import PromptEditScreen
 from aiops.tui.widgets.limits import LimitsTable
 from aiops.tui.widgets.prompt_tree import PromptPane
 
@@ -63,6 +62,8 @@ class SidePanes:
                 # wants a zero-argument callable; Textual runs a partial's coroutine all the same).
                 self.app.run_worker(partial(self._save_section, msg.folder, msg.section, text),  # type: ignore[arg-type]
                                     name="_save_section", group="prompt", exit_on_error=False)
+
+        from aiops.tui.screens.modals import PromptEditScreen  # imported when first needed
 
         self.app.push_screen(PromptEditScreen(msg.section, msg.body), saved)
 

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from textual import on
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
-from textual.highlight import highlight
 from textual.message import Message
 from textual.widget import Widget
-from textual.widgets import Button, Collapsible, Markdown, Static
+from textual.widgets import Button, Collapsible, Static
 
 from aiops.engine import events as ev
 from aiops.engine.client_tools import CLIENT_CALLS
@@ -28,6 +27,7 @@ from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
 from aiops.tui.widgets.fitted import HangingText
 
 if TYPE_CHECKING:
+    from textual.widgets import Markdown
     from textual.widgets.markdown import MarkdownStream
 
     from aiops.engine.events import Event
@@ -79,7 +79,10 @@ class AssistantMessage(Vertical):
                  model: str | None = None) -> None:
         super().__init__(classes="msg assistant" + (" cancelled" if status == "cancelled" else ""))
         self.text = text
-        self.markdown = Markdown(text, classes="answer")
+        # Imported on first use (markdown-it: 60 modules): the console's first frame has none.
+        from textual.widgets import Markdown
+
+        self.markdown: Markdown = Markdown(text, classes="answer")
         self.thinking_block: ThinkingBlock | None = ThinkingBlock(thinking) if thinking else None
         self._stream: MarkdownStream | None = None
         self.status = status
@@ -98,7 +101,7 @@ class AssistantMessage(Vertical):
 
     async def write(self, text: str) -> None:
         if self._stream is None:
-            self._stream = Markdown.get_stream(self.markdown)
+            self._stream = type(self.markdown).get_stream(self.markdown)
         self.text += text
         await self._stream.write(text)
 
@@ -116,6 +119,37 @@ class AssistantMessage(Vertical):
             await self.markdown.update(self.text)
 
 
+class ToolArgs(Widget):
+    """A tool call's arguments, highlighted when first drawn: a collapsed block (every block of a
+    history page, until opened) never is, and highlighting was a third of showing a page."""
+
+    DEFAULT_CSS = "ToolArgs { height: auto; }"
+
+    def __init__(self, arguments: Any) -> None:
+        super().__init__(classes="tool-args")
+        self.arguments = arguments
+        self._content: Content | None = None
+
+    def render(self) -> Content:
+        if self._content is None:
+            self._content = self.highlighted(self.arguments)
+        return self._content
+
+    @staticmethod
+    def highlighted(arguments: Any) -> Content:
+        # Textual's highlighter styles tokens with theme variables: a theme change recolours them.
+        from textual.highlight import highlight  # (pygments: imported on first use)
+
+        sql = sql_of(arguments)
+        if sql is not None:
+            rest = {k: v for k, v in arguments.items() if v is not sql}
+            body = highlight(sql, language="sql")
+            if not rest:
+                return body
+            return Content("\n").join([body, highlight(pretty_json(rest), language="json")])
+        return highlight(pretty_json(arguments), language="json")
+
+
 class ToolCallBlock(Collapsible):
     """A tool call and, once it finished, its result (arguments, preview, duration)."""
 
@@ -126,23 +160,11 @@ class ToolCallBlock(Collapsible):
         self.result: dict[str, Any] | None = None
         # Set while a gate holds the call: the block says so instead of "running…".
         self.waiting: str | None = None
-        self.args_view = Static(self._args_renderable(arguments), classes="tool-args")
+        self.args_view = ToolArgs(arguments)
         self.result_view = Static("", classes="tool-result")
         self.result_view.display = False
         super().__init__(self.args_view, self.result_view, title=self._title_text(), collapsed=True,
                          classes="tool")
-
-    @staticmethod
-    def _args_renderable(arguments: Any) -> Content:
-        # Textual's highlighter styles tokens with theme variables: a theme change recolours them.
-        sql = sql_of(arguments)
-        if sql is not None:
-            rest = {k: v for k, v in arguments.items() if v is not sql}
-            body = highlight(sql, language="sql")
-            if not rest:
-                return body
-            return Content("\n").join([body, highlight(pretty_json(rest), language="json")])
-        return highlight(pretty_json(arguments), language="json")
 
     def _title_text(self) -> str:
         from textual.markup import escape

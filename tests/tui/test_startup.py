@@ -1,0 +1,123 @@
+"""Start-up (issue 27): the console draws and takes keys before its engine has started; what is
+sent meanwhile waits, said under the input, and goes out in order once the engine is up, or comes
+back to the input when it cannot start. The header says "starting…" until then."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiops.config import load_config, resolve_paths
+from aiops.engine.plugins import Plugin
+from aiops.integrations.remote import RemoteEngine
+from aiops.tui.app import AiopsApp
+from tests.fakes.openai_server import FakeOpenAI
+from tests.tui.conftest import (
+    SIZE,
+    NotesPlugin,
+    console_config,
+    region_text,
+    screen_text,
+    send,
+    wait_for,
+    wait_text,
+)
+
+
+class HeldStart(Plugin):
+    """A plugin whose start waits until the test lets it go: the engine's start waits with it
+    (the plugins start before the engine reports itself started)."""
+
+    name = "heldstart"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def start(self) -> None:
+        self.reached.set()
+        await self.release.wait()
+
+
+async def test_messages_sent_while_the_engine_starts_go_out_in_order_once_it_has(
+        tmp_path: Path, fake_openai: FakeOpenAI, notes: NotesPlugin) -> None:
+    cfg = console_config(tmp_path, fake_openai, extra_files={
+        "plugins.toml": "[notes]\nenabled = true\n\n[heldstart]\nenabled = true\n"})
+    held = HeldStart()
+    app = AiopsApp(cfg, plugins=[notes, held], discover_plugins=False, server=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, held.reached.is_set, "the engine's start to reach the plugins")
+        # Drawn and taking keys, the engine not started: the header says so.
+        assert "starting…" in region_text(app, "#status")
+        assert app.focused is app.chat_input
+        await send(pilot, "typed at once")
+        await send(pilot, "and another")
+        await wait_text(pilot, "2 messages waiting for the engine to start")
+        assert app.chat_input.text == ""
+        assert fake_openai.requests == []
+
+        held.release.set()
+        await wait_text(pilot, "echo: and another")
+        await wait_text(pilot, "echo: typed at once")
+        sent = [r.json["messages"][-1]["content"] for r in fake_openai.requests]
+        assert sent == ["typed at once", "and another"]
+        assert "waiting for the engine" not in screen_text(app)
+        assert "starting…" not in region_text(app, "#status")
+        # Sent once each, into the console session the start selected.
+        history = [m.content for m in await app.adapter.engine.history(app.selected) if m.role == "user"]
+        assert history == ["typed at once", "and another"]
+
+
+class HangingServer:
+    """An endpoint that accepts connections and answers nothing until `drop` closes them: an
+    aiops hung at start-up, then gone."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+        self.connected = asyncio.Event()
+
+    async def start(self) -> str:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.writers.append(writer)
+            self.connected.set()
+
+        self.server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def drop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for w in self.writers:
+            w.transport.abort()
+        await self.server.wait_closed()
+
+
+async def test_what_was_sent_comes_back_to_the_input_when_the_engine_cannot_start(
+        tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    hanging = HangingServer()
+    url = await hanging.start()
+    cfg = load_config(resolve_paths(console_config(tmp_path, fake_openai).paths.config_dir, tmp_path / "attached"),
+                      load_dotenv=False)
+    app = AiopsApp(cfg, remote=RemoteEngine(url), server=False)
+    try:
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await wait_for(pilot, hanging.connected.is_set, "the console to reach the server")
+            assert "starting…" in region_text(app, "#status")
+            await send(pilot, "first line")
+            await send(pilot, "second line")
+            await wait_text(pilot, "2 messages waiting for the engine to start")
+
+            await hanging.drop()
+            await wait_for(pilot, lambda: "engine failed" in region_text(app, "#status"), "the failure shown")
+            # Nothing was sent; both are back in the input, in order, ready to send again.
+            assert app.chat_input.text == "first line\nsecond line"
+            assert "waiting for the engine" not in screen_text(app)
+            # A later Enter says why instead of queueing it for an engine that will not come.
+            await pilot.press("enter")
+            await wait_text(pilot, "not sent:")
+            assert app.chat_input.text == "first line\nsecond line"
+    finally:
+        if hanging.server is not None and hanging.server.is_serving():
+            await hanging.drop()
