@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                            "command": "python -m benchmarks.operator " + " ".join(argv if argv is not None
                                                                                    else sys.argv[1:]),
                            "stored_history": {"sessions": args.sessions, "messages": args.messages},
+                           # Start-up runs with aiops's .pyc files kept (as installed) unless told otherwise.
+                           "cached_bytecode": args.cached_bytecode,
                            # The machine is shared: its load says how far to trust the hour's figures.
                            "load_average_at_start": os.getloadavg()}
     targets: list[dict[str, Any]] = []

@@ -17,9 +17,10 @@ each with an empty data dir and with the stored history of benchmarks.history (1
 100 messages by default). The median and the worst of the runs are reported; `--json` writes all.
 
 Bytecode: aiops's own modules are compiled from source on every run when PYTHONDONTWRITEBYTECODE is
-set (it is on some machines, in CI images); an installed aiops has its .pyc files. `--cached-bytecode`
-measures that case: the children cache bytecode under a temporary PYTHONPYCACHEPREFIX, warmed by one
-run of each command first (the console's trees compiled). Without it the environment decides, as before.
+set (it is on some machines, in CI images, and on the machines of this project's sessions); an installed
+aiops has its .pyc files. So by default (`--cached-bytecode`, since 2026-11-28) the children cache
+bytecode under a temporary PYTHONPYCACHEPREFIX, warmed by one run of each command first (the console's
+trees compiled); `--no-cached-bytecode` lets the environment decide, as the runs before that date did.
 
 For an A/B of the console: `--console-only` runs the floors and the console cases alone, `--no-empty`
 only with the stored history, and `--compare-ref REF` runs each console case also with the code of
@@ -349,9 +350,10 @@ def add_arguments(p: argparse.ArgumentParser, *, history: bool = True) -> None:
         p.add_argument("--sessions", type=int, default=10_000, help="stored sessions (default 10,000)")
         p.add_argument("--messages", type=int, default=100, help="messages per stored session (default 100)")
     p.add_argument("--no-console", action="store_true", help="skip the console cases (tmux)")
-    p.add_argument("--cached-bytecode", action="store_true",
-                   help="children keep .pyc files (as an installed aiops has them) even where "
-                        "PYTHONDONTWRITEBYTECODE is set; warmed by one run of each command")
+    p.add_argument("--cached-bytecode", action=argparse.BooleanOptionalAction, default=True,
+                   help="children keep .pyc files, as an installed aiops has them, even where "
+                        "PYTHONDONTWRITEBYTECODE is set; warmed by one run of each command (the default: "
+                        "what an operator's machine does; --no-cached-bytecode lets the environment decide)")
     p.add_argument("--console-only", action="store_true", help="only the floors and the console cases")
     p.add_argument("--no-empty", action="store_true", help="only with the stored history, not the empty data dir")
     p.add_argument("--compare-ref", metavar="REF",
