@@ -341,6 +341,13 @@ async def _streaming(url: str) -> int:
     return sum(1 for s in sessions if s["client_id"].startswith("busy-") and s["state"] == "running")
 
 
+def _lock_info(data: Path) -> dict[str, Any]:
+    try:
+        return json.loads((data / "aiops.lock").read_text() or "{}")
+    except (OSError, ValueError):  # not written yet, or being written
+        return {}
+
+
 def _console(pane: Pane, cfg: Path, data: Path, env: dict[str, str], cwd: Path) -> tuple[str, int]:
     """Start the console in `pane` on `data`; its URL and pid once it answers keys."""
     tenv = {**env, "TERM": "xterm-256color", "COLORTERM": "truecolor"}
@@ -352,7 +359,13 @@ def _console(pane: Pane, cfg: Path, data: Path, env: dict[str, str], cwd: Path) 
     pane.wait(PREFIX, 60)
     pane.keys("-N", str(len(PREFIX)), "BSpace")
     pane.wait(PLACEHOLDER)
-    info = json.loads((data / "aiops.lock").read_text())
+    # The console takes keys before its engine and server start (issue 27): the URL is in the lock file
+    # once the server listens.
+    deadline = time.monotonic() + 60
+    while not (info := _lock_info(data)).get("url"):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"busy_console: the console's server did not start: {info}")
+        time.sleep(0.05)  # polling a condition with a deadline
     return info["url"], int(info["pid"])
 
 
