@@ -33,10 +33,11 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
+
+from aiops.api_errors import AgentError, error_from, segment
 
 Decision = str | tuple[str, str] | None
 GatePolicy = Callable[[dict[str, Any]], "Decision | Awaitable[Decision]"]
@@ -45,40 +46,8 @@ DEFAULT_URL = "http://127.0.0.1:8765"
 MAX_WAIT = 3600.0  # the server's limit on a waited submit's `timeout`
 
 
-class AgentError(Exception):
-    """The server answered with an error (`status`, and our `code` and `message`), or it could not
-    be reached, went away or did not answer in time (`status` 0, code `connection_error`, on a
-    stream `stream_cut`, or `timeout`)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def _segment(value: str) -> str:
-    """One path segment, whatever the id holds: `x/../y` or `a?b` must not name another route."""
-    quoted = quote(str(value), safe="")
-    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
-
-
 def _unreachable(base_url: str, e: Exception) -> AgentError:
     return AgentError(0, "connection_error", f"{base_url}: {type(e).__name__}: {e}")
-
-
-def _error_from(status: int, body: str) -> AgentError:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        return AgentError(status, str(err.get("code") or err.get("type") or "error"),
-                          str(err.get("message", "")))
-    if isinstance(err, str):
-        return AgentError(status, "error", err)
-    return AgentError(status, "http_error", body.strip()[:500] or f"HTTP {status}")
 
 
 class EventStream:
@@ -114,7 +83,7 @@ class EventStream:
             return self
         http = self._client._require_session()
         try:
-            resp = await http.get(self._client._url("/api/v1/stream/" + _segment(self.client_id)),
+            resp = await http.get(self._client._url("/api/v1/stream/" + segment(self.client_id)),
                                   headers={"Accept": "text/event-stream"},
                                   timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._client.timeout))
         except aiohttp.ClientError as e:
@@ -122,7 +91,7 @@ class EventStream:
         if resp.status != 200:
             body = await resp.text()
             resp.release()
-            raise _error_from(resp.status, body)
+            raise error_from(resp.status, body)
         if resp.content_type != "text/event-stream":
             resp.release()
             raise AgentError(resp.status, "not_an_event_stream",
@@ -276,7 +245,7 @@ class AgentClient:
                 raw = await resp.read()
                 text = raw.decode("utf-8", "replace")
                 if resp.status >= 400:
-                    raise _error_from(resp.status, text)
+                    raise error_from(resp.status, text)
                 try:
                     data = json.loads(raw) if raw else {}
                 except ValueError:  # (UnicodeDecodeError included)
@@ -405,7 +374,7 @@ class AgentClient:
     async def session(self, client_id: str, limit: int | None = None,
                       before: int | None = None) -> dict[str, Any]:
         """`{session, messages, has_more, next_before}`: the latest `limit` messages (before `before`)."""
-        return await self._call("GET", "/api/v1/sessions/" + _segment(client_id),
+        return await self._call("GET", "/api/v1/sessions/" + segment(client_id),
                                 params={"limit": limit, "before": before},
                                 expect=("session", "messages", "has_more", "next_before"))
 
@@ -422,11 +391,11 @@ class AgentClient:
             before = got["next_before"]
 
     async def delete_session(self, client_id: str) -> dict[str, Any]:
-        return await self._call("DELETE", "/api/v1/sessions/" + _segment(client_id))
+        return await self._call("DELETE", "/api/v1/sessions/" + segment(client_id))
 
     async def stop(self, client_id: str) -> dict[str, Any]:
         """Cancel the session's running turn: `{client_id, stopped}`."""
-        return await self._call("POST", f"/api/v1/sessions/{_segment(client_id)}/stop")
+        return await self._call("POST", f"/api/v1/sessions/{segment(client_id)}/stop")
 
     # -- gates --
 
@@ -437,7 +406,7 @@ class AgentClient:
 
     async def resolve_gate(self, gate_id: str, decision: str, scope: str = "once") -> dict[str, Any]:
         """Approve or deny a gate (operator token); returns the resolved gate."""
-        return (await self._call("POST", "/api/v1/gates/" + _segment(gate_id),
+        return (await self._call("POST", "/api/v1/gates/" + segment(gate_id),
                                  body={"decision": decision, "scope": scope}, expect=("gate",)))["gate"]
 
     # -- server --

@@ -14,42 +14,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
+
+from aiops.api_errors import AgentError, error_from, segment
 
 MAX_HEADER_LINES = 100
 MAX_BODY = 64 * 1024 * 1024  # a JSON answer, or one event's line: beyond this the server is not aiops
 
 
-class ApiError(Exception):
-    """What aiops.client's AgentError says: the server's `status`, `code` and `message`; status 0
-    with code `connection_error` (unreachable), `stream_cut` or `timeout`."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def segment(value: str) -> str:
-    """One path segment, whatever the id holds: `x/../y` or `a?b` must not name another route."""
-    quoted = quote(str(value), safe="")
-    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
-
-
-def error_from(status: int, body: bytes) -> ApiError:
-    """Our error object (`{"error": {"code", "message"}}`), or whatever else answered, as an ApiError."""
-    text = body.decode("utf-8", "replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        return ApiError(status, str(err.get("code") or err.get("type") or "error"), str(err.get("message", "")))
-    if isinstance(err, str):
-        return ApiError(status, "error", err)
-    return ApiError(status, "http_error", text.strip()[:500] or f"HTTP {status}")
+# (the library client's error, under the name this module has always used)
+ApiError = AgentError
 
 
 class _Response:
