@@ -259,13 +259,20 @@ def test_a_terminal_that_vanishes_ends_the_console_in_time(tmp_path):
         try:
             shown = b""
             deadline = time.monotonic() + 60
-            while b"Palette" not in shown:  # reading, as a terminal does, until the console is up
+
+            def server_url() -> str | None:
+                try:
+                    return json.loads((data / "aiops.lock").read_text() or "{}").get("url")
+                except (OSError, ValueError):  # not written yet, or being written
+                    return None
+
+            # Reading, as a terminal does, until the console is up and its server too (the console
+            # draws and takes keys before its engine and server start).
+            while b"Palette" not in shown or not server_url():
                 assert proc.poll() is None and time.monotonic() < deadline, shown[-2000:]
                 with contextlib.suppress(BlockingIOError):
                     shown += os.read(master, 65536)
                 time.sleep(0.02)
-            info = json.loads((data / "aiops.lock").read_text())
-            assert info["url"]
             os.close(master)  # the terminal vanishes
             master = -1
             proc.wait(5)  # raises if it runs on

@@ -71,7 +71,17 @@ class Tmux:
         """Wait for the console with its server, return what its lock file says (pid, url)."""
         self.wait_for(lambda s: "http://127.0.0.1:" in s and "Palette" in s, "the console and its server",
                       timeout)
-        return json.loads((data / "aiops.lock").read_text())
+        deadline = time.monotonic() + timeout
+        while True:  # the header may show the URL a moment before the lock file has it
+            try:
+                info: dict[str, Any] = json.loads((data / "aiops.lock").read_text() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            if info.get("url"):
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the console's lock file names no server: {info}")
+            time.sleep(0.05)  # polling a condition with a deadline
 
     @property
     def server_pid(self) -> int:
