@@ -119,7 +119,7 @@ class MainScreen(Screen[None]):
                 continue
             styles = pane.styles
             if focused is not None and pane in focused.ancestors_with_self:
-                if styles.inline.get_rule("border_title_color") != accent:
+                if styles.inline.get_rule("border_title_color", None) != accent:
                     styles.border = ("round", accent)
                     styles.border_title_color = accent
                     # (The CSS declaration sets this too: TabbedContent's own CSS has an auto colour.)
