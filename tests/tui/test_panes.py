@@ -6,6 +6,7 @@ import logging
 import socket
 import sys
 
+from textual.color import Color
 from textual.command import CommandPalette
 from textual.widgets import OptionList, TextArea
 
@@ -432,6 +433,31 @@ async def test_every_pane_is_framed_and_the_side_pane_names_itself_when_alone(ma
         await pilot.resize_terminal(80, 24)
         await pilot.press("f5")  # the side pane's prompt tab, alone on a narrow terminal
         await wait_for(pilot, lambda: region_lines(app, "#side")[0].startswith("╭─ Prompt"), "the framed tab")
+
+
+async def test_the_frame_of_the_pane_holding_the_focus_is_drawn_in_the_accent_colour(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+
+        def accented() -> set[str]:
+            accent = Color.parse(app.theme_variables["accent"]).rgb
+            return {pane for pane in ("#sessions-pane", "#chat", "#side")
+                    if tuple(color_of(app, "╭", pane).triplet) == accent}
+
+        assert accented() == set()  # the input (below the chat's frame) has the focus
+        await pilot.press("ctrl+g")  # to the gates inbox, in the side pane
+        await wait_for(pilot, lambda: accented() == {"#side"}, "the side pane's frame lit")
+        app.chat.focus()
+        await wait_for(pilot, lambda: accented() == {"#chat"}, "only the chat's frame lit")
+        app.sessions_list.focus()
+        await wait_for(pilot, lambda: accented() == {"#sessions-pane"}, "only the sessions pane's frame lit")
+        before = color_of(app, "╭", "#sessions-pane")
+        app.theme = "nord"  # the lit frame follows the theme (its accent is not textual-dark's)
+        await wait_for(pilot, lambda: color_of(app, "╭", "#sessions-pane") != before
+                       and accented() == {"#sessions-pane"}, "the new theme's accent")
+        app.chat_input.focus()
+        await wait_for(pilot, lambda: accented() == set(), "no frame lit")
 
 
 async def test_session_rows_use_the_width_they_get(make_app, fake_openai):

@@ -12,6 +12,7 @@ from typing import Any
 
 from textual import on
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.reactive import reactive
@@ -33,6 +34,8 @@ NARROW_WIDTH = 100
 SIDE_TABS = ("gates", "prompt", "limits", "log")
 VIEWS = ("chat", "sessions", *SIDE_TABS)
 MIN_WIDTH, MAX_WIDTH = 16, 90
+# The panes whose frame turns $accent while the focus is in them (app.tcss draws them unfocused).
+FRAMED = ("#sessions-pane", "#chat", "#side")
 
 
 class SidePane(TabbedContent):
@@ -90,7 +93,41 @@ class MainScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self._apply_layout(self.size.width)
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._frame_focus(self.focused))
         self.query_one(ChatInput).focus()
+
+    # -- the focused pane's frame --
+
+    def watch_focused(self, focused: Widget | None) -> None:
+        self._frame_focus(focused)
+
+    def _frame_focus(self, focused: Widget | None) -> None:
+        """The frame of the pane holding the focus in $accent, the others as app.tcss draws them.
+
+        Inline styles, not a `:focus-within` rule: a pseudo-class (or a class) change restyles the
+        node's every descendant, and for the side pane and the chat that was tens of milliseconds
+        per focus move (a jump to a gate and the return from it make two). An inline rule
+        changes the frame alone."""
+        if not self.is_mounted:
+            return
+        variables = self.app.theme_variables or self.app.get_css_variables()
+        accent = Color.parse(variables["accent"])
+        for selector in FRAMED:
+            try:
+                pane = self.query_one(selector)
+            except NoMatches:
+                continue
+            styles = pane.styles
+            if focused is not None and pane in focused.ancestors_with_self:
+                if styles.inline.get_rule("border_title_color", None) != accent:
+                    styles.border = ("round", accent)
+                    styles.border_title_color = accent
+                    # (The CSS declaration sets this too: TabbedContent's own CSS has an auto colour.)
+                    styles.auto_border_title_color = False
+            elif styles.inline.has_rule("border_title_color"):
+                styles.border = None
+                styles.border_title_color = None
+                styles.clear_rule("auto_border_title_color")
 
     def on_resize(self, event: Any) -> None:
         self._apply_layout(event.size.width)
