@@ -93,8 +93,9 @@ class Services:
         app.sessions_list.set_sessions(sessions)
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
+        # What was typed while the engine started goes out once the session's history is shown
+        # (`history_loaded`): sent before, its turn raced the history page and could be drawn twice.
         await app.sessions.select_latest_console(sessions)
-        await app.sessions.send_waiting()
         app.probe_models()
         app.set_timer(REST_AFTER_S, self.session_shown)
 

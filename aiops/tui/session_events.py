@@ -83,6 +83,7 @@ class SessionEvents:
             await chat.show(msg.session_id, messages, has_more=msg.has_more,
                             live=list(app.live.events.get(msg.session_id, [])))
             app.services.session_shown()
+            await self.send_waiting()  # typed while the engine started: sent now, drawn once
         elif chat.session_id == msg.session_id:
             await chat.prepend(msg.messages, has_more=msg.has_more)
 

@@ -63,6 +63,10 @@ async def test_messages_sent_while_the_engine_starts_go_out_in_order_once_it_has
         sent = [r.json["messages"][-1]["content"] for r in fake_openai.requests]
         assert sent == ["typed at once", "and another"]
         assert "waiting for the engine" not in screen_text(app)
+        # Drawn once each in the chat (sent before the history page was shown, the first was drawn
+        # twice now and then: from the page and from its live events).
+        shown = screen_text(app)
+        assert shown.count("▌ typed at once") == 1 and shown.count("▌ and another") == 1, shown
         assert "starting…" not in region_text(app, "#status")
         # Sent once each, into the console session the start selected.
         history = [m.content for m in await app.adapter.engine.history(app.selected) if m.role == "user"]
