@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 # state and gain unread marks many times a second, and each redraw is one for the whole list.
 REDRAW_EVERY = 0.1
 
+# After a key moves the cursor the order holds this long (seconds), rows still redrawn in place:
+# while sessions stream the order changes at every redraw, and the row the operator saw below the
+# cursor would no longer be the one the next key moves to.
+SETTLE = 1.0
+
 
 class SessionRow(Visual):
     """A session's two lines, built from the list's data when drawn (a row scrolled out of sight
@@ -105,6 +110,8 @@ to the message input.
         # last activity, kind).
         self._moved: set[str] = set()
         self._reset = False  # the next redraw sets every option again (a new list of sessions)
+        self._moving_until = 0.0  # the cursor moved: the order holds until then (monotonic)
+        self._settled: Timer | None = None  # the held order is shown then
         self._pending: Timer | bool = False  # a redraw is scheduled
         self._last = 0.0  # when the list was last redrawn (monotonic)
         # Sessions whose rows show something new since the last redraw: a redraw in the same order
@@ -211,6 +218,10 @@ to the message input.
         self._pending = False
         self.rebuild_now()
 
+    def _settle(self) -> None:
+        self._settled = None
+        self.rebuild()  # holds again (a new timer) when a key came meanwhile
+
     def rebuild_now(self, highlight: str | None = None) -> None:
         """Redraw now; the cursor stays on its session (or moves to `highlight`). Rows are drawn
         when shown (`SessionRow`), so a change that keeps the order only redraws what is on screen;
@@ -226,9 +237,16 @@ to the message input.
         if isinstance(self._pending, Timer):
             self._pending.stop()
         self._pending = False
+        changed, self._changed = self._changed, set()
+        wait = self._moving_until - self._last
+        if wait > 0 and highlight is None and not self._reset:
+            # The operator is moving the cursor: the rows keep their places until they stop.
+            if self._moved and self._settled is None:
+                self._settled = self.set_timer(wait, self._settle)
+            self._redraw_rows(changed)
+            return
         moved, self._moved = self._moved, set()
         kinds = self._order.update(self.sessions, moved)
-        changed, self._changed = self._changed, set()
         reset, self._reset = self._reset, False
         if reset or self._order.kinds() != list(self._shown) or not self._move_rows(kinds, changed):
             self._set_order(highlight)
@@ -321,6 +339,33 @@ to the message input.
             pass
 
     # -- actions --
+
+    def _moving(self) -> None:
+        self._moving_until = time.monotonic() + SETTLE
+
+    def action_cursor_up(self) -> None:
+        self._moving()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self._moving()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._moving()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._moving()
+        super().action_page_down()
+
+    def action_first(self) -> None:
+        self._moving()
+        super().action_first()
+
+    def action_last(self) -> None:
+        self._moving()
+        super().action_last()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
