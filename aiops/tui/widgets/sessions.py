@@ -75,7 +75,8 @@ class SessionsList(TypesAway, OptionList):
 Every session of every client: the console, `aiops chat` (kind cli), API scripts, chat UIs through the proxy, Slack
 threads, swarm peers and MCP clients, grouped by kind. Each shows its shorthand id, title, model,
 state (`·` idle, `▶` running, `⚑` waiting on a gate), last activity, and `●` when it has output
-you have not seen.
+you have not seen. Within a kind the session last active is on top; while you move the cursor the
+rows hold their places until a second after your last key.
 
 **{sessions.open}** shows a session in the chat pane, live, and puts the cursor in the input.
 **{sessions.new}** (or **{app.new_session}** anywhere) opens a new console session;
@@ -300,17 +301,29 @@ to the message input.
         are dropped from OptionList's cache of rendered options, keyed by (option, style, padding).
         Dropping them all (`_clear_caches`, as the public `replace_option_prompt` does) redrew every
         row on screen and measured every option's height again: with fifty sessions changing state
-        it was most of each frame, and a gate's row in the inbox waited for it."""
-        # OptionList's private cache, checked against Textual 8.2.8.
+        it was most of each frame, and a gate's row in the inbox waited for it.
+
+        Only the lines of those rows that are in sight are painted again: the whole list's lines
+        were, at every redraw (ten a second while sessions stream), most often for sessions
+        scrolled out of sight."""
+        # OptionList's private cache and index, checked against Textual 8.2.8.
         cache = self._option_render_cache
         if session_ids is None:
             cache.clear()
-        elif session_ids:
-            for key in [k for k in cache.keys() if k[0].id in session_ids]:
-                cache.discard(key)
-        else:
+            self.refresh()
             return
-        self.refresh()
+        if not session_ids:
+            return
+        for key in [k for k in cache.keys() if k[0].id in session_ids]:
+            cache.discard(key)
+        top, height = self.scroll_offset.y, self.scrollable_content_region.height
+        lines = self._index_to_line
+        for sid in session_ids:
+            option = self._rows.get(sid)
+            index = self._option_to_index.get(option) if option is not None else None
+            y = lines.get(index) if index is not None else None
+            if y is not None and top - 2 < y < top + height:
+                self.refresh_lines(y, 2)
 
     def _set_order(self, highlight: str | None) -> None:
         highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
