@@ -623,3 +623,30 @@ async def test_rows_that_trade_places_open_the_session_they_show_by_key_and_by_c
         await pilot.click("#sessions", offset=(3, y))
         await wait_chat(pilot, "again from script-0")
         assert app.selected == "script-0"
+
+
+async def test_a_session_out_of_sight_that_speaks_leaves_the_rows_in_sight_where_they_are(make_app, fake_openai):
+    # The operator has scrolled down the list; a session above what they see speaks and rises to
+    # the top of its kind: the rows they are looking at stay put, the cursor on its session.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        ids = [f"script-{i:02d}" for i in range(30)]  # more rows than the pane shows
+        for sid in ids:
+            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
+        await wait_text(pilot, "api (30)")
+        sessions = app.sessions_list
+        sessions.focus()
+        await pilot.press("end")  # the oldest, at the bottom
+        for _ in range(4):
+            await pilot.press("up")  # the cursor a few rows above the bottom: nothing scrolls
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
+        seen = session_rows(app)
+        assert "api (30)" not in " ".join(seen)  # the group's heading is scrolled out of sight
+        await engine.run("script-28", "again", kind="api", timeout=10)  # second from the top
+        await wait_for(pilot, lambda: sessions.get_option_index("script-28") < sessions.get_option_index("script-29"),
+                       "the session that spoke on top")
+        await pilot.pause()
+        assert session_rows(app) == seen
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
