@@ -189,7 +189,8 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             elif name == "done":
                 if data.get("status") == "error":
                     status = 1
-                out.write("\n")
+                if not args.json:  # (a JSON line ends with its own newline: no blank line after it)
+                    out.write("\n")
                 break
             out.flush()
     except ApiError as e:
