@@ -90,6 +90,7 @@ class _Message:
     live: LiveSession | None = None
     session_id: str = ""  # the session's full id once found; else the client's id
     outputs: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # the output of each command that reported an error
 
     def answer(self) -> str:
         return "\n\n".join(self.outputs)
@@ -193,6 +194,8 @@ class Intake:
             ctx.failed = False
             out = await self._host.commands.run(ctx, line)
             ok = not ctx.failed
+            if not ok:
+                msg.failed.append(out)
             if msg.live is None and (appeared := self._cache.get(sid)) is not None and ctx.foreign(appeared):
                 # Not ours to write into, nor to publish to (its streams are its owner's).
                 msg.outputs.append(out)
@@ -276,11 +279,15 @@ class Intake:
             model or self._host.config.models.default_model)
         turn = Turn(turn_id, session_id, "", msg.kind)
         error = {"code": "bad_request", "message": text} if status == "error" else None
+        if status == "complete" and msg.failed:
+            # A command that failed fails the message, as a refused one does: a script reads the
+            # status, not each notice's `ok`. Those notices said it already: no `error` event.
+            status, error = "error", {"code": "command_failed", "message": "\n\n".join(msg.failed)}
         result = TurnResult(turn_id, status, text, error)
         turn.future.set_result(result)
         if not publish:
             return turn
-        if error is not None:
+        if error is not None and error["code"] == "bad_request":
             self._bus.publish(ev.error_event(session_id, "bad_request", text, turn_id))
         self._bus.publish(result.done_event(session_id, model_key, command=command))
         return turn

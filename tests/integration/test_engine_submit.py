@@ -71,8 +71,9 @@ async def test_a_client_deletes_its_own_session_through_the_api(api_server):
 @pytest.mark.parametrize("text", ["!help", "!session", "!model", "!stop", "!nope"])
 async def test_command_only_messages_create_no_session(engine_factory, text):
     engine = await engine_factory()
-    result = await engine.run("console-new", text, kind="console", is_operator=True, timeout=10)
-    assert result.status == "complete" and result.text
+    result = await engine.run("api-new", text, kind="api", is_operator=True, timeout=10)
+    # (an unknown command fails the message: status `error`, code `command_failed`)
+    assert result.status == ("error" if text == "!nope" else "complete") and result.text
     assert await sessions(engine) == []
 
 
@@ -80,9 +81,9 @@ async def test_commands_that_need_a_session_say_so(engine_factory):
     engine = await engine_factory()
     notices = []
     engine.bus.add_listener(lambda e: notices.append(e.data) if e.name == NOTICE else None)
-    out = (await engine.run("console-new", "!model m", kind="console", timeout=10)).text
+    out = (await engine.run("api-new", "!model m", kind="api", timeout=10)).text
     assert "this session does not exist yet" in out and "--model" in out
-    out = (await engine.run("console-new", "!reset", kind="console", timeout=10)).text
+    out = (await engine.run("api-new", "!reset", kind="api", timeout=10)).text
     assert "this session does not exist yet" in out and "nothing to reset" in out
     # !model cannot switch a session there is not; !reset leaves it as asked: with no history.
     assert [n["ok"] for n in notices] == [False, True]
