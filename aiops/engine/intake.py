@@ -152,6 +152,11 @@ class Intake:
                 refused = msg.parsed.model is not None and self._host.check_model(msg.parsed.model) is not None
                 live = await self._host.session(cid, kind=kind, create=not refused, model=msg.model,
                                                 meta=msg.meta)
+            elif kind == "console" and not is_short_id(cid):
+                # A console's session exists from the moment the console opens it (in-process it
+                # is made then), so that `!model KEY` sets the model of its first turn. An attached
+                # console's opens on the server with its first message: commands or not, as here.
+                live = await self._host.session(cid, kind=kind, create=True, model=msg.model, meta=msg.meta)
             else:
                 # Only commands: they run without creating a session, so `!help` from a new client
                 # leaves nothing behind (a command that needs a session says so, or creates it).
