@@ -19,8 +19,8 @@ With an operator token, a gate policy answers the gates of the client's own turn
     async with AgentClient(url, token=ops_token, gate_policy=policy) as agent:
         reply = await agent.send("archive last year's orders", auto_resolve=True)
 
-It needs nothing from aiops but aiohttp, so scripts may copy it. The token defaults to the
-`AIOPS_TOKEN` environment variable.
+Beside aiohttp it needs only two standard-library modules of aiops (api_errors, sse), so scripts
+may copy the three files. The token defaults to the `AIOPS_TOKEN` environment variable.
 """
 
 from __future__ import annotations
