@@ -135,22 +135,23 @@ async def test_session_list_shows_the_most_recent_page_and_says_how_to_see_more(
     engine = await engine_factory()
     for i in range(35):
         await engine.session(f"api-{i:02d}", kind="api", create=True)
-    out = (await engine.run("console-op", "!session", kind="console", is_operator=True, timeout=10)).text
+    # (an API client's commands: a console's first message, commands or not, makes its session)
+    out = (await engine.run("api-op", "!session", kind="api", is_operator=True, timeout=10)).text
     rows = out.splitlines()[1:-1]
     assert len(rows) == 30
     assert rows[0].split()[0] == "135"  # the most recently created first
     assert out.splitlines()[-1] == "… 5 more (`!session page 2`, or `!session all`)"
-    page2 = (await engine.run("console-op", "!session page 2", kind="console", is_operator=True,
+    page2 = (await engine.run("api-op", "!session page 2", kind="api", is_operator=True,
                               timeout=10)).text
     assert [line.split()[0] for line in page2.splitlines()[1:-1]] == [str(n) for n in range(105, 100, -1)]
     assert page2.splitlines()[-1] == "… 30 more recent (`!session page 1`)"
-    everything = (await engine.run("console-op", "!session all", kind="console", is_operator=True,
+    everything = (await engine.run("api-op", "!session all", kind="api", is_operator=True,
                                    timeout=10)).text
     assert len(everything.splitlines()) == 36 and "more" not in everything
-    assert "no page 3" in (await engine.run("console-op", "!session page 3", kind="console",
+    assert "no page 3" in (await engine.run("api-op", "!session page 3", kind="api",
                                             is_operator=True, timeout=10)).text
     for odd in ("³", "٣"):  # Unicode digits are not page numbers (int() refuses "³", reads "٣" as 3)
-        out = (await engine.run("console-op", f"!session page {odd}", kind="console", is_operator=True,
+        out = (await engine.run("api-op", f"!session page {odd}", kind="api", is_operator=True,
                                 timeout=10)).text
         assert "expected: !session page N" in out, out
     # ...nor shorthand session ids: "٣" would have named session 3, and "³" failed with a ValueError.
