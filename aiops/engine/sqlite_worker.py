@@ -214,6 +214,20 @@ class SQLiteWorker:
         """Run every write of a batch in one transaction, each in its own savepoint so that one
         that fails is undone alone; a failed COMMIT fails them all."""
         out: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        if len(batch) == 1:
+            # Alone in its transaction, a write needs no savepoint: two statements fewer for the
+            # commit of a quiet hour's every write.
+            fn, fut = batch[0]
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                value = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return [(fut, None, e)]
+            self._writes += 1
+            return [(fut, value, None)]
         try:
             conn.execute("BEGIN IMMEDIATE")  # may time out on a lock another process holds
             for fn, fut in batch:

@@ -455,13 +455,39 @@ class OpenAIBackend:
         if parts:
             yield [line.decode("utf-8", "replace") for line in b"".join(parts).splitlines()]
 
+    @classmethod
+    def _decode_all(cls, payloads: list[str]) -> list[dict[str, Any]]:
+        """The chunks of one read's payloads, decoded as one JSON array when they allow it (one
+        json.loads per read rather than per chunk: a fast server's whole answer is often one
+        read); else one by one, as _decode does, up to a stream error (raised after the chunks
+        before it, which are passed on)."""
+        if len(payloads) > 1:
+            try:
+                values = json.loads("[" + ",".join(payloads) + "]")
+            except ValueError:
+                values = None  # one of them is not JSON (status text): each on its own
+            if isinstance(values, list) and len(values) == len(payloads):
+                if all(isinstance(v, dict) and not v.get("error") for v in values):
+                    return values
+        out: list[dict[str, Any]] = []
+        for payload in payloads:
+            try:
+                chunk = cls._decode(payload)
+            except StreamErrorEvent as e:
+                e.before = out  # type: ignore[attr-defined]
+                raise
+            if chunk is not None:
+                out.append(chunk)
+        return out
+
     async def _batches(self, response: AsyncAPIResponse[Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """The JSON chunks of an SSE stream, grouped by the network read that completed them,
         until `data: [DONE]` or the end of the body."""
         data: list[str] = []
         reads = self._reads(response, self.config.max_line_bytes)
         async for lines in reads:
-            batch: list[dict[str, Any]] = []
+            payloads: list[str] = []
+            done = False
             for line in lines:
                 if line:
                     if line.startswith("data:"):
@@ -472,23 +498,23 @@ class OpenAIBackend:
                 payload = data[0] if len(data) == 1 else "\n".join(data)
                 data = []
                 if payload.startswith("[DONE]"):
-                    if batch:
-                        yield batch
-                    # Read on to the end (the server ends the body right after), so that the
-                    # connection goes back to the pool rather than being hung up on.
-                    async for _ in reads:
-                        pass
-                    return
-                try:
-                    chunk = self._decode(payload)
-                except StreamErrorEvent:
-                    if batch:
-                        yield batch  # what arrived before the error is still passed on
-                    raise
-                if chunk is not None:
-                    batch.append(chunk)
+                    done = True
+                    break
+                payloads.append(payload)
+            try:
+                batch = self._decode_all(payloads)
+            except StreamErrorEvent as e:
+                if before := getattr(e, "before", None):
+                    yield before  # what arrived before the error is still passed on
+                raise
             if batch:
                 yield batch
+            if done:
+                # Read on to the end (the server ends the body right after), so that the
+                # connection goes back to the pool rather than being hung up on.
+                async for _ in reads:
+                    pass
+                return
         if data and not (payload := "\n".join(data)).startswith("[DONE]"):
             if (chunk := self._decode(payload)) is not None:
                 yield [chunk]
