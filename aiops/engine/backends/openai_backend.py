@@ -246,20 +246,6 @@ def quiet_sdk_logs() -> None:
             logger.setLevel(logging.WARNING)
 
 
-def _delta_chars(chunk: dict[str, Any]) -> int:
-    """Characters of answer a chunk carries (text, reasoning, tool-call arguments)."""
-    choices = chunk.get("choices")
-    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
-    if not isinstance(delta, dict):
-        return 0
-    total = len(delta.get("content") or "") + len(reasoning_text(delta))
-    for tc in delta.get("tool_calls") or ():
-        fn = tc.get("function") if isinstance(tc, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-            total += len(fn["arguments"])
-    return total
-
-
 log = logging.getLogger(__name__)
 
 
@@ -550,6 +536,7 @@ class OpenAIBackend:
                     delta = choice.get("delta")
                     if isinstance(delta, dict):
                         if reasoning := reasoning_text(delta):
+                            size += len(reasoning)
                             thinking.append(reasoning)
                             if run and run_is_text:
                                 yield TextDelta("".join(run))
@@ -557,6 +544,7 @@ class OpenAIBackend:
                             run_is_text = False
                             run.append(reasoning)
                         if content := delta.get("content"):
+                            size += len(content)
                             text.append(content)
                             if run and not run_is_text:
                                 yield ThinkingDelta("".join(run))
@@ -564,14 +552,13 @@ class OpenAIBackend:
                             run_is_text = True
                             run.append(content)
                         for tc in delta.get("tool_calls") or ():
-                            self._add_fragment(calls, tc)
+                            size += self._add_fragment(calls, tc)
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
                 if run:
                     piece = "".join(run)
                     yield TextDelta(piece) if run_is_text else ThinkingDelta(piece)
-                size += sum(_delta_chars(chunk) for chunk in batch)
-                if size > cap:
+                if size > cap:  # text, thinking and call arguments, counted above
                     raise self._error(
                         f"the answer grew beyond {cap} characters (max_answer_chars in models.toml); it "
                         f"was cut off and is not kept", discard_partial=True)
@@ -599,10 +586,11 @@ class OpenAIBackend:
                          usage=usage, finish_reason=finish)
 
     @staticmethod
-    def _add_fragment(calls: dict[int, _PartialCall], tc: Any) -> None:
-        """Merge one streamed tool-call fragment: id and name come first, arguments in pieces."""
+    def _add_fragment(calls: dict[int, _PartialCall], tc: Any) -> int:
+        """Merge one streamed tool-call fragment: id and name come first, arguments in pieces.
+        Returns the characters of arguments it carried."""
         if not isinstance(tc, dict):
-            return
+            return 0
         index = tc.get("index")
         tc_id = tc.get("id")
         if not isinstance(index, int):
@@ -623,6 +611,9 @@ class OpenAIBackend:
                 call.name = fn["name"]
             if fn.get("arguments"):
                 call.arguments.append(fn["arguments"])
+                if isinstance(fn["arguments"], str):
+                    return len(fn["arguments"])
+        return 0
 
     async def aclose(self) -> None:
         if self._client is not None:

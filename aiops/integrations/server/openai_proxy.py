@@ -276,6 +276,14 @@ class _Chunks:
     def text(self, text: str) -> bytes:
         return self._text_open + _json_str(text).encode() + self._text_close
 
+    def role(self) -> bytes:
+        """The first chunk: the role, and empty content (as OpenAI opens a stream)."""
+        return self._open + b'{"role":"assistant","content":""}' + self._finish + b"null" + self._end
+
+    def finish(self, reason: str) -> bytes:
+        """The chunk with the finish reason and an empty delta."""
+        return self._open + b"{}" + self._finish + _json_str(reason).encode() + self._end
+
     def delta(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return (self._open + json.dumps(delta, ensure_ascii=False, separators=(",", ":")).encode() + self._finish
                 + (b"null" if finish is None else _json_str(finish).encode()) + self._end)
@@ -359,14 +367,14 @@ class OpenAIFramer:
         return self._chunks
 
     def head(self) -> bytes:
-        return self.chunks.delta({"role": "assistant", "content": ""})
+        return self.chunks.role()
 
     def text(self, text: str) -> bytes:
         return self.chunks.text(text)
 
     def end(self, end: TurnEnd) -> bytes:
         frames = self.chunks.delta({"tool_calls": tool_calls(end.client_calls)}) if end.client_calls else b""
-        frames += self.chunks.delta({}, end.finish_reason)
+        frames += self.chunks.finish(end.finish_reason)
         if self.include_usage:
             frames += self.chunks.usage(end.usage)
         return frames + DONE_FRAME
