@@ -194,7 +194,7 @@ class SQLiteWorker:
                     return
             finally:
                 self._conn_lock.release()
-        if self._conn is None:  # closed, and its executor with it: nothing can take the batch
+        if self._conn is None:  # closed (its thread ends with it): nothing can take the batch
             _deliver([(fut, None, StoreError("store is closed")) for _, fut in batch])
             return
         loop = asyncio.get_running_loop()
@@ -299,6 +299,8 @@ class SQLiteWorker:
         await self._submit(lambda _conn: _open(), opening=True)
 
     async def close(self) -> None:
+        if self._stopped:
+            return
         self._flush()
 
         def _close() -> None:

@@ -450,6 +450,7 @@ async def test_a_read_after_close_is_refused_not_left_waiting(tmp_path):
     await store.open()
     await store.create_session("a", "api", None)
     await store.close()
+    await store.close()  # twice (an app's cleanup after the engine's stop): nothing to do
     with pytest.raises(StoreError, match="closed"):
         await asyncio.wait_for(store.history("a"), 5)
     with pytest.raises(StoreError, match="closed"):
