@@ -9,7 +9,9 @@ engine (the HTTP API and its SSE stream, read back with `events.from_wire`) can 
 the same widgets.
 
 Ordering: events are posted to the App synchronously when the engine publishes them (a bus
-listener), and results of history reads are posted after the read completes. The store runs on one
+listener) — text deltas excepted, which wait up to a short tick to reach the App as one batch
+(`outbox.EventOutbox`; any other event sends them first, so none is overtaken) — and results of
+history reads are posted after the read completes. The store runs on one
 thread in FIFO order and every record is published right after it is committed, so every event
 describing a message contained in a history read is already in the App's queue ahead of the
 `HistoryLoaded` message. The App can therefore rebuild a chat from history plus the events of the
@@ -19,7 +21,6 @@ live turn without duplicates or gaps.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from textual.message import Message
 
 from aiops.engine import events as ev
 from aiops.gates.broker import GateError
+from aiops.tui.outbox import EventOutbox
 
 if TYPE_CHECKING:
     from textual.message_pump import MessagePump
@@ -66,16 +68,14 @@ class EngineMessage(Message):
         self.event = event
 
 
-class TokenArrived(EngineMessage):
-    """`tok`: a delta of the assistant's answer."""
+class DeltasArrived(Message):
+    """`tok` and `thinking`: deltas of answers and reasoning, of one or many sessions, in the order
+    they came (adjacent ones of a turn merged). Gathered for a short tick (`outbox.EventOutbox`):
+    fifty streaming sessions make one message per tick, not one per token."""
 
-    event: ev.Tok
-
-
-class ThinkingArrived(EngineMessage):
-    """`thinking`: a delta of the model's reasoning."""
-
-    event: ev.Thinking
+    def __init__(self, events: list[Event]) -> None:
+        super().__init__()
+        self.events = events
 
 
 class ToolCallStarted(EngineMessage):
@@ -144,9 +144,8 @@ class RateChanged(EngineMessage):
     event: ev.RateChanged
 
 
+# Every event but the text deltas (`DeltasArrived` carries those, in batches).
 EVENT_MESSAGES: dict[type[Event], type[EngineMessage]] = {
-    ev.Tok: TokenArrived,
-    ev.Thinking: ThinkingArrived,
     ev.ToolCalled: ToolCallStarted,
     ev.ToolReturned: ToolCallFinished,
     ev.GateOpened: GateOpened,
@@ -163,17 +162,6 @@ EVENT_MESSAGES: dict[type[Event], type[EngineMessage]] = {
 
 def to_message(event: Event) -> EngineMessage:
     return EVENT_MESSAGES[type(event)](event)
-
-
-def merged_delta(first: Event, second: Event) -> Event | None:
-    """Two adjacent text deltas of one turn as one (for replay buffers); None if they differ."""
-    if first.turn_id != second.turn_id:
-        return None
-    if isinstance(first, ev.Tok) and isinstance(second, ev.Tok):
-        return dataclasses.replace(first, text=first.text + second.text, ts=second.ts)
-    if isinstance(first, ev.Thinking) and isinstance(second, ev.Thinking):
-        return dataclasses.replace(first, text=first.text + second.text, ts=second.ts)
-    return None
 
 
 # ---- messages: services and reads ---------------------------------------------------------------------
@@ -280,6 +268,7 @@ class EngineAdapter:
         self.target = target
         self.server: Any = None
         self._unlisten: Any = None
+        self.outbox = self._make_outbox()
 
     @property
     def engine(self) -> Engine:
@@ -304,16 +293,29 @@ class EngineAdapter:
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
+        self.outbox.flush()
+
+    def _make_outbox(self) -> EventOutbox:
+        return EventOutbox(self._post_event, self._post_deltas)
 
     def _on_event(self, event: Event) -> None:
         # Called synchronously by the bus: cheap, never raises.
         try:
-            if isinstance(event, ev.ModelsChanged):  # the server probed (for an attached console)
-                self.target.post_message(self.models_checked(event.models))
-                return
-            self.target.post_message(to_message(event))
+            self.outbox.put(event)
         except Exception:  # noqa: BLE001
             log.exception("posting %s to the console failed", event.name)
+
+    def _post_event(self, event: Event) -> None:
+        if isinstance(event, ev.ModelsChanged):  # the server probed (for an attached console)
+            self.target.post_message(self.models_checked(event.models))
+            return
+        self.target.post_message(to_message(event))
+
+    def _post_deltas(self, events: list[Event]) -> None:
+        try:
+            self.target.post_message(DeltasArrived(events))
+        except Exception:  # noqa: BLE001 - (from the outbox's timer: nothing above would log it)
+            log.exception("posting %d deltas to the console failed", len(events))
 
     # -- lifecycle --
 

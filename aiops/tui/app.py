@@ -25,6 +25,7 @@ from textual import on, work
 from textual.app import App
 
 from aiops.tui.adapter import (
+    DeltasArrived,
     EngineAdapter,
     EngineMessage,
     ErrorRaised,
@@ -37,8 +38,6 @@ from aiops.tui.adapter import (
     ServicesFailed,
     ServicesStarted,
     SessionChanged,
-    ThinkingArrived,
-    TokenArrived,
     ToolCallFinished,
     ToolCallStarted,
     TurnDone,
@@ -356,8 +355,11 @@ class AiopsApp(App[int]):
     # sessions, model reachability), then `SessionEvents.follow` draws it in the chat and the
     # sessions list.
 
-    @on(TokenArrived)
-    @on(ThinkingArrived)
+    @on(DeltasArrived)
+    async def _deltas(self, msg: DeltasArrived) -> None:
+        for event in msg.events:
+            await self.sessions.follow(event)
+
     @on(ToolCallStarted)
     @on(ToolCallFinished)
     @on(NoticePosted)

@@ -10,7 +10,7 @@ nothing here touches a widget.
 from __future__ import annotations
 
 from aiops.engine import events as ev
-from aiops.tui.adapter import merged_delta
+from aiops.tui.outbox import merged_delta
 
 KEEP = 500  # prompts and typed turns remembered at most (oldest forgotten first)
 

@@ -61,6 +61,7 @@ class RemoteAdapter(EngineAdapter):
         self.target = target
         self.server = None
         self._unlisten = None
+        self.outbox = self._make_outbox()  # the stream's deltas batched as in-process
         self._cfg = cfg
         self._listening = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -89,6 +90,7 @@ class RemoteAdapter(EngineAdapter):
 
     def disconnect(self) -> None:
         self._listening = False
+        self.outbox.flush()
 
     def _on_event(self, event: ev.Event) -> None:
         match event:
