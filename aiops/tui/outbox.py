@@ -61,8 +61,8 @@ class EventOutbox:
         at = self._last.get(event.session_id)
         # Only deltas wait here, so a session's deltas in the batch are adjacent in its own stream.
         merged = merged_delta(self._deltas[at], event) if at is not None else None
-        if merged is not None:
-            self._deltas[at] = merged  # type: ignore[index]  # (`at` is set when merged is)
+        if at is not None and merged is not None:
+            self._deltas[at] = merged
         else:
             self._last[event.session_id] = len(self._deltas)
             self._deltas.append(event)
