@@ -11,11 +11,12 @@ the same widgets.
 Ordering: events are posted to the App synchronously when the engine publishes them (a bus
 listener) — text deltas excepted, which wait up to a short tick to reach the App as one batch
 (`outbox.EventOutbox`; any other event sends them first, so none is overtaken) — and results of
-history reads are posted after the read completes. The store runs on one
-thread in FIFO order and every record is published right after it is committed, so every event
-describing a message contained in a history read is already in the App's queue ahead of the
-`HistoryLoaded` message. The App can therefore rebuild a chat from history plus the events of the
-live turn without duplicates or gaps.
+history reads are posted after the read completes. The store runs on one thread in FIFO order and
+every record is published right after it is committed, so every event describing a message
+contained in a history read is already in the App's queue ahead of the `HistoryLoaded` message.
+(Deltas waiting for their tick may follow the page: they belong to a running turn, which the App
+leaves out of the page and draws from its live buffer and the events after it.) The App can
+therefore rebuild a chat from history plus the events of the live turn without duplicates or gaps.
 """
 
 from __future__ import annotations

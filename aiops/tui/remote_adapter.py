@@ -104,10 +104,12 @@ class RemoteAdapter(EngineAdapter):
             super()._on_event(event)
 
     def _on_state(self, state: str, reason: str) -> None:
+        self.outbox.flush()  # the deltas read before the link changed come before it is said
         if self._listening:
             self.target.post_message(AttachState(state, reason))
 
     def _on_reset(self) -> None:
+        self.outbox.flush()
         self._running.clear()
         self._prompts.clear()
         if self._listening:
