@@ -21,8 +21,9 @@ from collections.abc import Callable
 from aiops.engine import events as ev
 from aiops.engine.events import Event
 
-# How long a delta may wait for others: a streamed answer is drawn ~30 times a second at most,
-# which reads as smoothly as the screen's 60 (a frame of a long chat costs more than a token).
+# How long a delta may wait for others. The shown session's answer is then drawn ~33 times a
+# second at most, which still reads as a smooth stream; a frame of a long chat costs far more
+# than the token that caused it (~1.7 ms a token drawn one frame each, docs/PERFORMANCE.md).
 TICK = 0.03
 
 Delta = ev.Tok | ev.Thinking
