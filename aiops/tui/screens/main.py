@@ -318,12 +318,15 @@ class MainScreen(Screen[None]):
         update does (`update_widgets`, then `_compositor_refresh`, checked against Textual 8.2.8,
         pinned <9 in pyproject.toml). It draws nothing, and returns False, where a frame of
         Textual's own must come first: this screen is not the one shown, the terminal is behind
-        (the app holds a batch), a layout is pending (the widget's own, after a scrollbar came or
-        went, or the screen's), or the widget is not on screen (another side tab, a hidden pane).
+        (the app holds a batch), the widget waits for a layout of its own (a scrollbar came or
+        went), or it is not on screen (another side tab, a hidden pane). A layout pending
+        elsewhere does not stop it (it was pending at one gate in four: the sessions list's new
+        order, the key bar, a toast); should that layout move the widget after all, the next
+        frame redraws both its old and its new place.
         """
         app = self.app
         compositor = self._compositor
-        if (not self.is_current or app._batch_count or self._layout_required or widget._layout_required
+        if (not self.is_current or app._batch_count or widget._layout_required
                 or widget not in compositor.visible_widgets):
             return False
         compositor.update_widgets({widget})
