@@ -70,7 +70,8 @@ class GateDesk:
             # Several operators attached: the row leaves this inbox saying who took it.
             who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
             app.notify(f"gate {gate.tool} ({who}) {gate_outcome(gate)}", timeout=6, markup=False)
-        app.inbox.drop(gate.id)
+        if app.inbox.drop(gate.id):
+            app.main.draw_now(app.inbox)  # the row gone at once, before the focus and the count move
         app.main.set_gate_count(len(app.inbox.gates))
         if not app.inbox.gates and app.main.focused is app.inbox:
             self.return_from_gates()  # nothing left to answer where the jump led
