@@ -19,8 +19,8 @@ With an operator token, a gate policy answers the gates of the client's own turn
     async with AgentClient(url, token=ops_token, gate_policy=policy) as agent:
         reply = await agent.send("archive last year's orders", auto_resolve=True)
 
-It needs nothing from aiops but aiohttp, so scripts may copy it. The token defaults to the
-`AIOPS_TOKEN` environment variable.
+Beside aiohttp it needs only two standard-library modules of aiops (api_errors, sse), so scripts
+may copy the three files. The token defaults to the `AIOPS_TOKEN` environment variable.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import inspect
 import json
 import os
 import secrets
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
@@ -38,6 +39,7 @@ import aiohttp
 from yarl import URL
 
 from aiops.api_errors import AgentError, error_from, segment
+from aiops.sse import EventTooLarge, ServerEvent, SseParser
 
 Decision = str | tuple[str, str] | None
 GatePolicy = Callable[[dict[str, Any]], "Decision | Awaitable[Decision]"]
@@ -67,7 +69,8 @@ class EventStream:
         self._client = client
         self.client_id = client_id
         self._resp: aiohttp.ClientResponse | None = None
-        self._buffer = b""
+        self._parser = SseParser()
+        self._ready: deque[ServerEvent] = deque()  # parsed from a read, not handed out yet
         self._eof = False
         self._managed = False  # opened by the caller (`async with`, open()): the caller closes it
         self._reads = 0  # __anext__ calls: a loop left early closes the stream only if none followed
@@ -133,24 +136,6 @@ class EventStream:
                 self._left = True
                 await self.aclose()
 
-    async def _readline(self) -> str | None:
-        assert self._resp is not None
-        while b"\n" not in self._buffer:
-            if self._eof:
-                break
-            chunk = await self._resp.content.readany()
-            if not chunk:
-                self._eof = True
-                break
-            self._buffer += chunk
-        if b"\n" not in self._buffer:
-            if not self._buffer:
-                return None
-            line, self._buffer = self._buffer, b""
-        else:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.rstrip(b"\r").decode("utf-8")
-
     async def __anext__(self) -> dict[str, Any]:
         self._reads += 1
         if self._left:
@@ -161,11 +146,10 @@ class EventStream:
             if self._eof:
                 raise StopAsyncIteration
             await self._open()
-        name: str | None = None
-        data: list[str] = []
-        while True:
+        assert self._resp is not None
+        while not self._ready:
             try:
-                line = await self._readline()
+                chunk = await self._resp.content.readany() if not self._eof else b""
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
                 # Not the server's end of the stream (that is a clean end of the body): the
                 # connection was lost, and with it whatever was sent meanwhile.
@@ -173,22 +157,16 @@ class EventStream:
                 raise AgentError(0, "stream_cut", f"the event stream of {self.client_id} was cut "
                                                   f"({type(e).__name__}: {e}); events may have been missed: "
                                                   f"read the history, then open a new stream") from e
-            if line is None:
-                await self.aclose()
+            if not chunk:
+                await self.aclose()  # the server ended the stream; an event it left unfinished is dropped
                 raise StopAsyncIteration
-            if line == "":
-                if data:
-                    return {"event": name or "message", "data": json.loads("\n".join(data))}
-                name = None
-                continue
-            if line.startswith(":"):
-                continue  # a comment: keep-alive
-            key, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if key == "event":
-                name = value
-            elif key == "data":
-                data.append(value)
+            try:
+                self._ready.extend(self._parser.feed(chunk))
+            except EventTooLarge as e:
+                await self.aclose()
+                raise AgentError(0, "invalid_response", f"the event stream of {self.client_id}: {e}") from None
+        event = self._ready.popleft()
+        return {"event": event.event, "data": json.loads(event.data)}
 
 
 class AgentClient:

@@ -1,11 +1,13 @@
 """A busy console: keys in the input and in the sessions list, a gate's row in the inbox, loop lag, memory.
 
-    python -m benchmarks.busy_console [--quick] [--console-streams N] [--sessions N] [--json FILE]
+    python -m benchmarks.busy_console [--quick] [--console-streams N] [--turns-per-stream N] [--sessions N] [--json FILE]
 
 The console runs in a tmux pane (a real terminal, 120×40) on the stored history of
 benchmarks.history, its model the stamping upstream of benchmarks.timed_upstream. Measured twice,
 idle (the baseline) and while `--console-streams` sessions (50 by default) stream at 50 tokens/s
-each, started through the console's own server (`/api/v1/submit`):
+each, started through the console's own server (`/api/v1/submit`), in one long turn each or, with
+`--turns-per-stream`, in short turns one after another (each turn's start and end changes its
+session's state: the sessions list then reorders all along, as with chat UIs' short turns):
 
 - **keypress → screen, input**: a letter typed into the chat input with `tmux send-keys`, until
   `capture-pane` shows it. The figure includes tmux's own work and one capture (a few ms on an idle
@@ -322,12 +324,15 @@ def _phase_seconds(args: argparse.Namespace) -> float:
     return 10 + 0.25 * (args.presses + args.list_presses) + 2.0 * args.console_gates
 
 
-async def _start_streams(url: str, n: int, tokens: int) -> None:
+async def _start_streams(url: str, n: int, tokens: int, turns: int = 1) -> None:
+    """`n` sessions streaming `tokens` tokens at 50/s each, in `turns` turns queued one after another
+    (each turn's start and end changes its session's state, which redraws the sessions list)."""
     async with aiohttp.ClientSession() as http:
         async def one(i: int) -> None:
-            async with http.post(url + "/api/v1/submit",
-                                 json={"text": f"tokens {tokens} 20", "client_id": f"busy-{i:03d}"}) as r:
-                r.raise_for_status()
+            for _ in range(turns):  # queued in order: the engine runs one turn at a time per session
+                async with http.post(url + "/api/v1/submit", json={"text": f"tokens {max(tokens // turns, 1)} 20",
+                                                                   "client_id": f"busy-{i:03d}"}) as r:
+                    r.raise_for_status()
 
         await asyncio.gather(*(one(i) for i in range(n)))
 
@@ -401,7 +406,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rss[f"console, {args.sessions:,} stored, after the idle phase"] = rss_kb(pid)
             # Each stream lasts past the measurement: 50 tokens/s for the phase's time and then some.
             tokens = int(_phase_seconds(args) * 2 * 50)
-            asyncio.run(_start_streams(url, args.console_streams, tokens))
+            asyncio.run(_start_streams(url, args.console_streams, tokens, args.turns_per_stream))
             time.sleep(1.0)  # every stream under way (their first tokens in)
             busy = asyncio.run(_phase(pane, url, pid, args))
             busy["streams_running_at_end"] = asyncio.run(_streaming(url))
@@ -453,6 +458,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list-presses", type=int, default=60,
                    help="down/up keys in the sessions list per phase (default 60)")
     p.add_argument("--console-gates", type=int, default=30, help="gates per phase (default 30)")
+    p.add_argument("--turns-per-stream", type=int, default=1,
+                   help="each streaming session's tokens in this many turns, one after another (default 1: "
+                        "one long turn; more: states change, and the sessions list reorders, all along)")
 
 
 def quick(args: argparse.Namespace) -> None:

@@ -248,7 +248,8 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
             if isinstance(e, ev.ErrorEvent):
                 status = 1
             elif isinstance(e, ev.Done):
-                out.write("\n")
+                if not args.json:  # (a JSON line ends with its own newline: no blank line after it)
+                    out.write("\n")
                 break
             if isinstance(e, ev.GateOpened):
                 out.flush()

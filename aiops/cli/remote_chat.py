@@ -68,9 +68,9 @@ COMMANDS_WAIT = 2.0  # seconds the stream has to bring a !command's own verdict 
 
 
 async def _a_command_failed(stream: EventStream, turn_id: object) -> bool:
-    """Whether a `!command` of this turn reported an error (exit 1, as in-process). The reply
-    says `complete` either way; each command's verdict (`ok`) is in its notice on the stream,
-    read up to the turn's `done`. A stream that may not show them (a client token's commands to
+    """Whether a `!command` of this turn reported an error (exit 1, as in-process), for an aiops
+    whose reply says `complete` either way (before `command_failed`): each command's verdict (`ok`)
+    is in its notice on the stream, read up to the turn's `done`. A stream that may not show them (a client token's commands to
     a session they created none of) ends the wait after COMMANDS_WAIT: the reply's status stands."""
     failed = False
     try:
@@ -189,7 +189,8 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             elif name == "done":
                 if data.get("status") == "error":
                     status = 1
-                out.write("\n")
+                if not args.json:  # (a JSON line ends with its own newline: no blank line after it)
+                    out.write("\n")
                 break
             out.flush()
     except ApiError as e:

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiops.api_errors import AgentError, error_from, segment
+from aiops.sse import EventTooLarge, SseParser
 
 MAX_HEADER_LINES = 100
 MAX_BODY = 64 * 1024 * 1024  # a JSON answer, or one event's line: beyond this the server is not aiops
@@ -210,36 +211,18 @@ class EventStream:
     def close(self) -> None:
         self._resp.close()
 
-    async def _lines(self) -> AsyncIterator[str]:
-        buffer = b""
-        try:
-            async for chunk in self._chunks:
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    yield line.rstrip(b"\r").decode("utf-8")
-                if len(buffer) > MAX_BODY:
-                    raise ApiError(0, "invalid_response", f"an event longer than {MAX_BODY} bytes")
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            raise ApiError(0, "stream_cut", f"the event stream of {self.client_id} was cut "
-                                            f"({type(e).__name__}: {e}); events may have been missed") from None
-        if buffer:
-            yield buffer.rstrip(b"\r").decode("utf-8")
-
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        name: str | None = None
-        data: list[str] = []
-        async for line in self._lines():
-            if line == "":
-                if data:
-                    yield {"event": name or "message", "data": json.loads("\n".join(data))}
-                name, data = None, []
-            elif line.startswith(":"):
-                continue  # a comment: keep-alive
-            else:
-                key, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if key == "event":
-                    name = value
-                elif key == "data":
-                    data.append(value)
+        parser = SseParser(max_event=MAX_BODY)
+        while True:
+            try:
+                chunk = await anext(self._chunks, None)
+                if chunk is None:
+                    return  # the server ended the stream; an event it left unfinished is dropped
+                events = parser.feed(chunk)
+            except EventTooLarge as e:
+                raise ApiError(0, "invalid_response", str(e)) from None
+            except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+                raise ApiError(0, "stream_cut", f"the event stream of {self.client_id} was cut "
+                                                f"({type(e).__name__}: {e}); events may have been missed") from None
+            for event in events:
+                yield {"event": event.event, "data": json.loads(event.data)}

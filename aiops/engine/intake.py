@@ -90,6 +90,7 @@ class _Message:
     live: LiveSession | None = None
     session_id: str = ""  # the session's full id once found; else the client's id
     outputs: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # the output of each command that reported an error
 
     def answer(self) -> str:
         return "\n\n".join(self.outputs)
@@ -151,6 +152,11 @@ class Intake:
                 refused = msg.parsed.model is not None and self._host.check_model(msg.parsed.model) is not None
                 live = await self._host.session(cid, kind=kind, create=not refused, model=msg.model,
                                                 meta=msg.meta)
+            elif kind == "console" and not is_short_id(cid):
+                # A console's session exists from the moment the console opens it (in-process it
+                # is made then), so that `!model KEY` sets the model of its first turn. An attached
+                # console's opens on the server with its first message: commands or not, as here.
+                live = await self._host.session(cid, kind=kind, create=True, model=msg.model, meta=msg.meta)
             else:
                 # Only commands: they run without creating a session, so `!help` from a new client
                 # leaves nothing behind (a command that needs a session says so, or creates it).
@@ -193,6 +199,8 @@ class Intake:
             ctx.failed = False
             out = await self._host.commands.run(ctx, line)
             ok = not ctx.failed
+            if not ok:
+                msg.failed.append(out)
             if msg.live is None and (appeared := self._cache.get(sid)) is not None and ctx.foreign(appeared):
                 # Not ours to write into, nor to publish to (its streams are its owner's).
                 msg.outputs.append(out)
@@ -276,11 +284,15 @@ class Intake:
             model or self._host.config.models.default_model)
         turn = Turn(turn_id, session_id, "", msg.kind)
         error = {"code": "bad_request", "message": text} if status == "error" else None
+        if status == "complete" and msg.failed:
+            # A command that failed fails the message, as a refused one does: a script reads the
+            # status, not each notice's `ok`. Those notices said it already: no `error` event.
+            status, error = "error", {"code": "command_failed", "message": "\n\n".join(msg.failed)}
         result = TurnResult(turn_id, status, text, error)
         turn.future.set_result(result)
         if not publish:
             return turn
-        if error is not None:
+        if error is not None and error["code"] == "bad_request":
             self._bus.publish(ev.error_event(session_id, "bad_request", text, turn_id))
         self._bus.publish(result.done_event(session_id, model_key, command=command))
         return turn

@@ -7,9 +7,9 @@ ever sees an OpenAI or Gemini object.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,7 +47,9 @@ def valid_data(value: Any) -> Any:
 
 
 def new_id(prefix: str = "") -> str:
-    return f"{prefix}{uuid.uuid4().hex[:12]}"
+    # 48 random bits, as the first 12 hex digits of a uuid4 were, without building the UUID
+    # (several are made per proxied request).
+    return prefix + os.urandom(6).hex()
 
 
 @dataclass(slots=True)

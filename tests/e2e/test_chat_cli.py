@@ -58,7 +58,8 @@ def test_json_output_follows_a_gate_with_one_waiting_notice_and_text_output_show
     fake.script(Reply.tool_calls(EDIT), Reply.text("I could not change it."))
     r = chat(cfg, data, "make yourself brief", "--json")
     assert r.returncode == 0, r.stderr
-    events = [json.loads(line) for line in r.stdout.splitlines() if line]  # the last line is empty
+    # JSON lines: one object on each line, no blank line (`jq`, `json.loads` per line fail on one).
+    events = [json.loads(line) for line in r.stdout.splitlines()]
     names = [e["event"] for e in events]
     at = names.index("gate")
     gate, notice = events[at], events[at + 1]
@@ -135,7 +136,7 @@ def test_command_only_runs_give_out_no_session_id_in_json_nor_in_the_audit_log(s
     audit --session` could never find it), and `--json` named it on every line."""
     cfg, data, fake = setup
     r = chat(cfg, data, "!help", "--json")
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line]
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert [e["event"] for e in lines] == ["user", "notice", "done"]
     assert all("session_id" in e and e["session_id"] is None for e in lines), lines
     r = chat(cfg, data, "!gate read_system_prompt read ask")  # an operator command that is audited
@@ -146,7 +147,7 @@ def test_command_only_runs_give_out_no_session_id_in_json_nor_in_the_audit_log(s
     assert entry["event"] == "rule_changed" and entry["session_id"] is None
     # A turn's lines name its session, which exists: kind cli.
     fake.script(Reply.text("hello"))
-    lines = [json.loads(line) for line in chat(cfg, data, "hi", "--json").stdout.splitlines() if line]
+    lines = [json.loads(line) for line in chat(cfg, data, "hi", "--json").stdout.splitlines()]
     sid = lines[0]["session_id"]
     assert sid.startswith("cli-") and all(e["session_id"] == sid for e in lines)
     assert " cli " in chat(cfg, data, "!session").stdout

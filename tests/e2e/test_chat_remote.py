@@ -146,7 +146,7 @@ def test_json_lines_commands_and_exit_status_through_the_server(aiops_serve: Ser
     fake_openai.script(Reply.text("one line"))
     r = _run(_cmd(aiops_serve, "hi", "--json"))
     assert r.returncode == 0, r.stderr
-    lines = [json.loads(line) for line in r.stdout.splitlines() if line]  # (a blank line ends it, as in-process)
+    lines = [json.loads(line) for line in r.stdout.splitlines()]  # JSON lines: no blank line, as in-process
     assert lines[-1]["event"] == "done" and lines[-1]["text"] == "one line"
     assert "".join(e["text"] for e in lines if e["event"] == "tok") == "one line"
     session = lines[-1]["session_id"]

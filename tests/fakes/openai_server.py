@@ -126,6 +126,9 @@ class Reply:
     # write_bytes (default 8 KiB) made as they are sent, so the fake itself never holds the
     # interpreter for long (it shares the process with the server under test).
     long_line_bytes: int | None = None
+    # A `data:` payload sent as is (`{"error": ...}`, status text) before the streamed frame of this
+    # index, as servers that report a failure mid-stream, or chatter, do.
+    inject: tuple[int, str] | None = None
 
     # -- builders --
 
@@ -582,6 +585,9 @@ class FakeServer:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                        "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        if reply.inject is not None:
+            at, payload = reply.inject
+            frames = [*frames[:at], f"data: {payload}\n\n".encode(), *frames[at:]]
         if reply.one_write:
             frames = [b"".join(frames)]
         for i, frame in enumerate(frames):

@@ -418,3 +418,23 @@ async def test_pieces_that_arrive_together_are_passed_on_as_one_delta_per_kind(
     assert [(type(i).__name__, i.text) for i in items[:-1]] == [
         ("ThinkingDelta", "Count first, then answer."), ("TextDelta", "There are 42 rows.")]
     assert (done.thinking, done.text) == ("Count first, then answer.", "There are 42 rows.")
+
+
+@pytest.mark.parametrize("one_write", [True, False], ids=["one read", "a read each"])
+async def test_an_error_the_server_reports_mid_stream_fails_the_turn_after_the_text_before_it(
+        fake_openai: FakeOpenAI, backend_for: MakeBackend, one_write: bool) -> None:
+    # Frames: the role chunk, then "Hello ", "there" ...: the error comes after the first text.
+    fake_openai.script(Reply.text("Hello there friend", chunks=3, one_write=one_write,
+                                  inject=(2, json.dumps({"error": {"message": "overloaded, try later"}}))))
+    items, err = await stream_error(backend_for(), HI)
+    assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "Hello "
+    assert "overloaded, try later" in str(err) and err.retryable
+
+
+@pytest.mark.parametrize("one_write", [True, False], ids=["one read", "a read each"])
+async def test_status_text_among_the_chunks_is_skipped(fake_openai: FakeOpenAI, backend_for: MakeBackend,
+                                                       one_write: bool) -> None:
+    fake_openai.script(Reply.text("Hello there friend", chunks=3, one_write=one_write,
+                                  inject=(2, "queue position 3, please wait")))
+    done = completion_of(await collect(backend_for(), HI))
+    assert done.text == "Hello there friend" and done.finish_reason == "stop"

@@ -71,8 +71,9 @@ async def test_a_client_deletes_its_own_session_through_the_api(api_server):
 @pytest.mark.parametrize("text", ["!help", "!session", "!model", "!stop", "!nope"])
 async def test_command_only_messages_create_no_session(engine_factory, text):
     engine = await engine_factory()
-    result = await engine.run("console-new", text, kind="console", is_operator=True, timeout=10)
-    assert result.status == "complete" and result.text
+    result = await engine.run("api-new", text, kind="api", is_operator=True, timeout=10)
+    # (an unknown command fails the message: status `error`, code `command_failed`)
+    assert result.status == ("error" if text == "!nope" else "complete") and result.text
     assert await sessions(engine) == []
 
 
@@ -80,9 +81,9 @@ async def test_commands_that_need_a_session_say_so(engine_factory):
     engine = await engine_factory()
     notices = []
     engine.bus.add_listener(lambda e: notices.append(e.data) if e.name == NOTICE else None)
-    out = (await engine.run("console-new", "!model m", kind="console", timeout=10)).text
+    out = (await engine.run("api-new", "!model m", kind="api", timeout=10)).text
     assert "this session does not exist yet" in out and "--model" in out
-    out = (await engine.run("console-new", "!reset", kind="console", timeout=10)).text
+    out = (await engine.run("api-new", "!reset", kind="api", timeout=10)).text
     assert "this session does not exist yet" in out and "nothing to reset" in out
     # !model cannot switch a session there is not; !reset leaves it as asked: with no history.
     assert [n["ok"] for n in notices] == [False, True]
@@ -134,22 +135,23 @@ async def test_session_list_shows_the_most_recent_page_and_says_how_to_see_more(
     engine = await engine_factory()
     for i in range(35):
         await engine.session(f"api-{i:02d}", kind="api", create=True)
-    out = (await engine.run("console-op", "!session", kind="console", is_operator=True, timeout=10)).text
+    # (an API client's commands: a console's first message, commands or not, makes its session)
+    out = (await engine.run("api-op", "!session", kind="api", is_operator=True, timeout=10)).text
     rows = out.splitlines()[1:-1]
     assert len(rows) == 30
     assert rows[0].split()[0] == "135"  # the most recently created first
     assert out.splitlines()[-1] == "… 5 more (`!session page 2`, or `!session all`)"
-    page2 = (await engine.run("console-op", "!session page 2", kind="console", is_operator=True,
+    page2 = (await engine.run("api-op", "!session page 2", kind="api", is_operator=True,
                               timeout=10)).text
     assert [line.split()[0] for line in page2.splitlines()[1:-1]] == [str(n) for n in range(105, 100, -1)]
     assert page2.splitlines()[-1] == "… 30 more recent (`!session page 1`)"
-    everything = (await engine.run("console-op", "!session all", kind="console", is_operator=True,
+    everything = (await engine.run("api-op", "!session all", kind="api", is_operator=True,
                                    timeout=10)).text
     assert len(everything.splitlines()) == 36 and "more" not in everything
-    assert "no page 3" in (await engine.run("console-op", "!session page 3", kind="console",
+    assert "no page 3" in (await engine.run("api-op", "!session page 3", kind="api",
                                             is_operator=True, timeout=10)).text
     for odd in ("³", "٣"):  # Unicode digits are not page numbers (int() refuses "³", reads "٣" as 3)
-        out = (await engine.run("console-op", f"!session page {odd}", kind="console", is_operator=True,
+        out = (await engine.run("api-op", f"!session page {odd}", kind="api", is_operator=True,
                                 timeout=10)).text
         assert "expected: !session page N" in out, out
     # ...nor shorthand session ids: "٣" would have named session 3, and "³" failed with a ValueError.

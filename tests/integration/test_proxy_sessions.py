@@ -1370,3 +1370,19 @@ async def test_a_chat_that_opens_with_a_command_is_listed_by_it_and_goes_on_in_t
     sent = api_server.fake.last_request.json["messages"]
     assert [m["content"] for m in sent if m["role"] == "user"] == ["which tables are there?"]
     await client.close()
+
+
+async def test_a_chat_ui_gets_a_failed_commands_output_as_its_answer_not_an_error(api_server: ApiServer) -> None:
+    """The API answers a message whose command failed with `status: "error"` (`command_failed`); a
+    chat UI still gets the commands' output as the answer, streamed or not, as it always did."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x",
+                                default_headers={"X-OpenWebUI-Chat-Id": "chat-bad-cmd"})
+    _, answer = await ask(client, [("user", "!help\n!model nope")])
+    assert "Commands:" in answer and "unknown model 'nope'" in answer
+    stream = await client.chat.completions.create(model="aiops", stream=True, messages=[
+        {"role": "user", "content": "!help\n!model nope"}, {"role": "assistant", "content": answer},
+        {"role": "user", "content": "!model nope"}])
+    streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert "unknown model 'nope'" in streamed
+    await client.close()
+

@@ -289,6 +289,23 @@ async def test_a_message_that_runs_no_model_is_answered_at_once_in_the_shape_of_
     assert accepted["client_id"] == "api-cmds"  # a session that exists is named, commands or not
 
 
+async def test_a_message_of_commands_one_of_which_failed_answers_error_with_every_commands_output(
+        api_server: ApiServer) -> None:
+    async with api_server.client() as agent:
+        assert (await agent.send("hello", client_id="api-bad-cmd"))["status"] == "complete"
+        async with agent.stream("api-bad-cmd") as events:
+            got = await agent.submit("!help\n!model nope", client_id="api-bad-cmd")
+            done = (await events_until_done(events, got["turn_id"]))[-1]["data"]
+        # Every command ran and said its piece; the one that failed makes the message fail, in the
+        # reply as in the `done` event, with the failed command's own output as the message.
+        assert got["status"] == "error" and got["error"]["code"] == "command_failed"
+        assert "unknown model 'nope'" in got["error"]["message"] and "!stop" not in got["error"]["message"]
+        assert "!stop" in got["text"] and "unknown model 'nope'" in got["text"]
+        assert (done["status"], done["error"], done["command"]) == ("error", got["error"], True)
+        # Commands that all worked still answer `complete`.
+        assert (await agent.submit("!help", client_id="api-bad-cmd"))["status"] == "complete"
+
+
 def merged_toks(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     """(event, data) with consecutive `tok` deltas joined: deltas still queued for a reader are
     merged, so where one reader's tok ends and the next begins depends on how fast it reads."""

@@ -16,7 +16,7 @@ from aiops.engine.backends import ModelError, make_backend
 from aiops.engine.backends.openai_backend import OpenAIBackend
 from aiops.engine.types import Completion, Message, StreamItem, TextDelta
 from tests.fakes.fixtures import openai_model_entry
-from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.support.server import ApiServerFactory
 
 MakeBackend = Callable[..., OpenAIBackend]
@@ -71,6 +71,17 @@ async def test_an_answer_beyond_max_answer_chars_is_cut_off(backend_for, fake_op
     with pytest.raises(ModelError) as caught:
         await collect(backend)
     assert "beyond 1000 characters" in str(caught.value) and "max_answer_chars" in str(caught.value)
+
+
+@pytest.mark.parametrize("reply", [
+    Reply.reasoning("t" * 5000, then_text="short", chunks=50),
+    Reply.tool_calls(Call("db_query", {"sql": "SELECT '" + "z" * 5000 + "'"}), arg_chunks=50),
+], ids=["thinking", "call arguments"])
+async def test_thinking_and_call_arguments_count_toward_max_answer_chars(backend_for, fake_openai, reply):
+    fake_openai.script(reply)
+    with pytest.raises(ModelError) as caught:
+        await collect(backend_for(max_answer_chars=1000))
+    assert "beyond 1000 characters" in str(caught.value)
 
 
 async def test_a_429_is_retried_after_its_retry_after_within_the_budget(backend_for, fake_openai):

@@ -365,3 +365,23 @@ async def test_an_attached_console_opens_its_own_operators_console_session_not_a
         await ready(pilot)
         await wait_for(pilot, lambda: again.chat.session_id == hers and "hello alice" in chat_text(again),
                        "alice's console back on her session", 20)
+
+
+async def test_model_on_an_attached_consoles_new_session_sets_the_model_of_its_first_turn(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """As in-process: `!model KEY` before the session's first message switches it (the server makes
+    the console's session with that command), and the first turn runs on KEY."""
+    from tests.fakes.fixtures import openai_model_entry
+
+    serve = aiops_serve_factory(models={"local": openai_model_entry(fake_openai),
+                                        "second": openai_model_entry(fake_openai, "second-model")})
+    fake_openai.script(Reply.text("answered by the second"))
+    app = attached_app(serve)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "!model second")
+        await wait_chat(pilot, "this session now uses second", 20)
+        assert "does not exist yet" not in chat_text(app)
+        await send(pilot, "hi")
+        await wait_chat(pilot, "answered by the second", 20)
+    assert fake_openai.last_request.json["model"] == "second-model"

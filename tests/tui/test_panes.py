@@ -582,3 +582,71 @@ async def test_a_session_that_changes_in_place_is_redrawn_and_the_rows_around_it
         assert engine.stop_turn("script-b")
         await wait_for(pilot, lambda: row("script-b").startswith(f"{short['script-b']} ·"), "b idle")
         assert row("script-a").startswith(f"{short['script-a']} ·") and "●" in row("script-a")
+
+
+async def test_rows_that_trade_places_open_the_session_they_show_by_key_and_by_click(make_app, fake_openai):
+    # Sessions that speak rise within their kind without the list being set again (the rows between
+    # trade places): the cursor stays on its session, down goes to the row shown below it, and a
+    # click opens the session drawn where the mouse is.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        ids = [f"script-{i}" for i in range(5)]
+        for sid in ids:
+            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
+        await wait_text(pilot, "api (5)")
+        sessions = app.sessions_list
+        short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ids}
+
+        def order() -> list[str]:
+            """The api sessions as the pane shows them, top first."""
+            by_short = {v: k for k, v in short.items()}
+            return [by_short[r.split()[0]] for r in session_rows(app) if r.split() and r.split()[0] in by_short]
+
+        await wait_for(pilot, lambda: order() == ids[::-1], "the newest first")
+        sessions.focus()
+        sessions.highlighted = sessions.get_option_index("script-2")
+        for sid in ("script-0", "script-1"):  # the two oldest speak, in turn: each rises to the top
+            await engine.run(sid, f"again from {sid}", kind="api", timeout=10)
+        want = ["script-1", "script-0", "script-4", "script-3", "script-2"]
+        await wait_for(pilot, lambda: order() == want, "the two that spoke on top")
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-2"
+        await pilot.press("up")  # the row shown above the cursor's
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-3"
+        await pilot.press("enter")
+        await wait_chat(pilot, "hello from script-3")
+        assert app.selected == "script-3"
+        # A click on the row that shows script-0 (it moved from the bottom to the second place).
+        rows = region_lines(app, "#sessions")
+        y = next(i for i, r in enumerate(rows) if r.strip("│ ").startswith(f"{short['script-0']} "))
+        await pilot.click("#sessions", offset=(3, y))
+        await wait_chat(pilot, "again from script-0")
+        assert app.selected == "script-0"
+
+
+async def test_a_session_out_of_sight_that_speaks_leaves_the_rows_in_sight_where_they_are(make_app, fake_openai):
+    # The operator has scrolled down the list; a session above what they see speaks and rises to
+    # the top of its kind: the rows they are looking at stay put, the cursor on its session.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        ids = [f"script-{i:02d}" for i in range(30)]  # more rows than the pane shows
+        for sid in ids:
+            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
+        await wait_text(pilot, "api (30)")
+        sessions = app.sessions_list
+        sessions.focus()
+        await pilot.press("end")  # the oldest, at the bottom
+        for _ in range(4):
+            await pilot.press("up")  # the cursor a few rows above the bottom: nothing scrolls
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
+        seen = session_rows(app)
+        assert "api (30)" not in " ".join(seen)  # the group's heading is scrolled out of sight
+        await engine.run("script-28", "again", kind="api", timeout=10)  # second from the top
+        await wait_for(pilot, lambda: sessions.get_option_index("script-28") < sessions.get_option_index("script-29"),
+                       "the session that spoke on top")
+        await pilot.pause()
+        assert session_rows(app) == seen
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"

@@ -434,3 +434,24 @@ async def test_writes_issued_while_the_store_closes_end_either_committed_or_refu
         else:
             assert text in on_disk
     assert isinstance(results[-1], StoreError)  # the last ones came after the close
+
+
+async def test_a_write_that_fails_alone_is_undone_and_the_next_one_commits(store, tmp_path):
+    """A quiet hour's write is a batch of its own: one that fails leaves no transaction open."""
+    await store.create_session("a", "api", None)
+    with pytest.raises(StoreError, match="no session 'nope'"):
+        await store.add_message("nope", Message("user", "to nobody"))
+    assert (await store.add_message("a", Message("user", "next"))).content == "next"
+    assert committed(tmp_path / "db.sqlite3") == [("a", "next")]
+
+
+async def test_a_read_after_close_is_refused_not_left_waiting(tmp_path):
+    store = Store(tmp_path / "db.sqlite3")
+    await store.open()
+    await store.create_session("a", "api", None)
+    await store.close()
+    await store.close()  # twice (an app's cleanup after the engine's stop): nothing to do
+    with pytest.raises(StoreError, match="closed"):
+        await asyncio.wait_for(store.history("a"), 5)
+    with pytest.raises(StoreError, match="closed"):
+        await asyncio.wait_for(store.add_message("a", Message("user", "late")), 5)

@@ -246,20 +246,6 @@ def quiet_sdk_logs() -> None:
             logger.setLevel(logging.WARNING)
 
 
-def _delta_chars(chunk: dict[str, Any]) -> int:
-    """Characters of answer a chunk carries (text, reasoning, tool-call arguments)."""
-    choices = chunk.get("choices")
-    delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
-    if not isinstance(delta, dict):
-        return 0
-    total = len(delta.get("content") or "") + len(reasoning_text(delta))
-    for tc in delta.get("tool_calls") or ():
-        fn = tc.get("function") if isinstance(tc, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-            total += len(fn["arguments"])
-    return total
-
-
 log = logging.getLogger(__name__)
 
 
@@ -455,13 +441,39 @@ class OpenAIBackend:
         if parts:
             yield [line.decode("utf-8", "replace") for line in b"".join(parts).splitlines()]
 
+    @classmethod
+    def _decode_all(cls, payloads: list[str]) -> list[dict[str, Any]]:
+        """The chunks of one read's payloads, decoded as one JSON array when they allow it (one
+        json.loads per read rather than per chunk: a fast server's whole answer is often one
+        read); else one by one, as _decode does, up to a stream error (raised after the chunks
+        before it, which are passed on)."""
+        if len(payloads) > 1:
+            try:
+                values = json.loads("[" + ",".join(payloads) + "]")
+            except ValueError:
+                values = None  # one of them is not JSON (status text): each on its own
+            if isinstance(values, list) and len(values) == len(payloads):
+                if all(isinstance(v, dict) and not v.get("error") for v in values):
+                    return values
+        out: list[dict[str, Any]] = []
+        for payload in payloads:
+            try:
+                chunk = cls._decode(payload)
+            except StreamErrorEvent as e:
+                e.before = out  # type: ignore[attr-defined]
+                raise
+            if chunk is not None:
+                out.append(chunk)
+        return out
+
     async def _batches(self, response: AsyncAPIResponse[Any]) -> AsyncIterator[list[dict[str, Any]]]:
         """The JSON chunks of an SSE stream, grouped by the network read that completed them,
         until `data: [DONE]` or the end of the body."""
         data: list[str] = []
         reads = self._reads(response, self.config.max_line_bytes)
         async for lines in reads:
-            batch: list[dict[str, Any]] = []
+            payloads: list[str] = []
+            done = False
             for line in lines:
                 if line:
                     if line.startswith("data:"):
@@ -472,23 +484,23 @@ class OpenAIBackend:
                 payload = data[0] if len(data) == 1 else "\n".join(data)
                 data = []
                 if payload.startswith("[DONE]"):
-                    if batch:
-                        yield batch
-                    # Read on to the end (the server ends the body right after), so that the
-                    # connection goes back to the pool rather than being hung up on.
-                    async for _ in reads:
-                        pass
-                    return
-                try:
-                    chunk = self._decode(payload)
-                except StreamErrorEvent:
-                    if batch:
-                        yield batch  # what arrived before the error is still passed on
-                    raise
-                if chunk is not None:
-                    batch.append(chunk)
+                    done = True
+                    break
+                payloads.append(payload)
+            try:
+                batch = self._decode_all(payloads)
+            except StreamErrorEvent as e:
+                if before := getattr(e, "before", None):
+                    yield before  # what arrived before the error is still passed on
+                raise
             if batch:
                 yield batch
+            if done:
+                # Read on to the end (the server ends the body right after), so that the
+                # connection goes back to the pool rather than being hung up on.
+                async for _ in reads:
+                    pass
+                return
         if data and not (payload := "\n".join(data)).startswith("[DONE]"):
             if (chunk := self._decode(payload)) is not None:
                 yield [chunk]
@@ -524,6 +536,7 @@ class OpenAIBackend:
                     delta = choice.get("delta")
                     if isinstance(delta, dict):
                         if reasoning := reasoning_text(delta):
+                            size += len(reasoning)
                             thinking.append(reasoning)
                             if run and run_is_text:
                                 yield TextDelta("".join(run))
@@ -531,6 +544,7 @@ class OpenAIBackend:
                             run_is_text = False
                             run.append(reasoning)
                         if content := delta.get("content"):
+                            size += len(content)
                             text.append(content)
                             if run and not run_is_text:
                                 yield ThinkingDelta("".join(run))
@@ -538,14 +552,13 @@ class OpenAIBackend:
                             run_is_text = True
                             run.append(content)
                         for tc in delta.get("tool_calls") or ():
-                            self._add_fragment(calls, tc)
+                            size += self._add_fragment(calls, tc)
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
                 if run:
                     piece = "".join(run)
                     yield TextDelta(piece) if run_is_text else ThinkingDelta(piece)
-                size += sum(_delta_chars(chunk) for chunk in batch)
-                if size > cap:
+                if size > cap:  # text, thinking and call arguments, counted above
                     raise self._error(
                         f"the answer grew beyond {cap} characters (max_answer_chars in models.toml); it "
                         f"was cut off and is not kept", discard_partial=True)
@@ -573,10 +586,11 @@ class OpenAIBackend:
                          usage=usage, finish_reason=finish)
 
     @staticmethod
-    def _add_fragment(calls: dict[int, _PartialCall], tc: Any) -> None:
-        """Merge one streamed tool-call fragment: id and name come first, arguments in pieces."""
+    def _add_fragment(calls: dict[int, _PartialCall], tc: Any) -> int:
+        """Merge one streamed tool-call fragment: id and name come first, arguments in pieces.
+        Returns the characters of arguments it carried."""
         if not isinstance(tc, dict):
-            return
+            return 0
         index = tc.get("index")
         tc_id = tc.get("id")
         if not isinstance(index, int):
@@ -597,6 +611,9 @@ class OpenAIBackend:
                 call.name = fn["name"]
             if fn.get("arguments"):
                 call.arguments.append(fn["arguments"])
+                if isinstance(fn["arguments"], str):
+                    return len(fn["arguments"])
+        return 0
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -31,6 +31,7 @@ import aiohttp
 
 from aiops.engine import events as ev
 from aiops.engine.types import Message, ToolCall
+from aiops.sse import SseParser
 
 log = logging.getLogger(__name__)
 
@@ -221,29 +222,11 @@ class RemoteEngine:
                     err = {}
                 raise RemoteError(resp.status, str(err.get("code", "http_error")),
                                   str(err.get("message") or f"HTTP {resp.status}"))
-            name: str | None = None
-            event_id: str | None = None
-            data: list[str] = []
-            while True:
-                line_b = await resp.content.readline()
-                if not line_b:
-                    return  # the server ended the stream (shutting down)
-                line = line_b.decode("utf-8", "replace").rstrip("\r\n")
-                if line:
-                    if line.startswith(":"):
-                        continue
-                    field, _, value = line.partition(":")
-                    value = value[1:] if value.startswith(" ") else value
-                    if field == "event":
-                        name = value
-                    elif field == "data":
-                        data.append(value)
-                    elif field == "id":
-                        event_id = value
-                    continue
-                if name is not None and data:
-                    await self._frame(name, json.loads("\n".join(data)), event_id)
-                name, event_id, data = None, None, []
+            parser = SseParser()
+            while chunk := await resp.content.readany():
+                for event in parser.feed(chunk):
+                    await self._frame(event.event, json.loads(event.data), event.id)
+            # (the server ended the stream: shutting down)
 
     async def _frame(self, name: str, payload: dict[str, Any], event_id: str | None) -> None:
         if name == "hello":

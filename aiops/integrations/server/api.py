@@ -655,7 +655,8 @@ ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("POST", f"{PREFIX}/submit", submit, "submit", "Submit a message", "turns",
              description="Without `wait`, answers 202 as soon as the message is committed; follow the "
                          "turn on the stream. With `wait`, answers when the turn ends or `timeout` passes. "
-                         "A message of only `!commands` is answered at once, 200, with or without `wait`. "
+                         "A message of only `!commands` is answered at once, 200, with or without `wait` "
+                         "(`status` `error`, code `command_failed`, when one of them failed). "
                          "A new session is owned by the caller. With the header `X-Aiops-Agent-Hops: "
                          "depth=N; via=ID,…` it is a call from another aiops (docs/SWARM.md): a session of "
                          "kind `swarm`, its message text only; 403 `agent_call_refused` when too deep or "

@@ -41,16 +41,26 @@ class TurnEnd:
     @classmethod
     def of(cls, done: ev.Done, error: ev.ErrorInfo | None = None) -> TurnEnd:
         """From the turn's `done` (`error`: the turn's `error` event, if `done` names none)."""
-        return cls(done.status, done.text, _counts(done.usage), done.error or error,
-                   done.finish_reason or "stop", done.ended, done.client_calls)
+        status, err = _as_answered(done.status, done.error or error)
+        return cls(status, done.text, _counts(done.usage), err, done.finish_reason or "stop", done.ended,
+                   done.client_calls)
 
     @classmethod
     def of_result(cls, result: TurnResult) -> TurnEnd:
         err = result.error
-        return cls(result.status, result.text, result.usage.counts() if result.usage else None,
-                   err if isinstance(err, ev.ErrorInfo) or err is None else ev.ErrorInfo.from_dict(err),
+        status, info = _as_answered(result.status, err if isinstance(err, ev.ErrorInfo) or err is None
+                                    else ev.ErrorInfo.from_dict(err))
+        return cls(status, result.text, result.usage.counts() if result.usage else None, info,
                    result.finish_reason or "stop", result.ended,
                    tuple(ev.ClientCall(c.id, c.name, c.arguments) for c in result.client_calls))
+
+
+def _as_answered(status: str, error: ev.ErrorInfo | None) -> tuple[str, ev.ErrorInfo | None]:
+    """A chat UI gets a failed `!command`'s output as its answer, as it always did: the text says
+    what failed, and an error reply would drop the output of the message's other commands."""
+    if status == "error" and error is not None and error.code == "command_failed":
+        return "complete", None
+    return status, error
 
 
 def _counts(usage: ev.TokenCounts | None) -> dict[str, int] | None:
