@@ -41,11 +41,13 @@ class GateDesk:
     def opened(self, gate: ev.GateInfo) -> None:
         app = self.app
         app.inbox.add(gate)
+        # On the terminal now, in a frame of the row alone (see `MainScreen.draw_now`).
+        app.main.draw_now(app.inbox)
         if app.ring_bell:
             app.bell()
-        # The row first, in a frame of its own; the count (header badge, tab label) and the toast
-        # follow in the next one. They change the layout (a wider label, a toast mounted), and a
-        # frame that reflows the screen took twice as long as the row's alone.
+        # The row first; the count (header badge, tab label) and the toast follow after the next
+        # frame. They change the layout (a wider label, a toast mounted): a frame that reflows the
+        # screen takes several times as long as the row's alone.
         app.call_after_refresh(self._announce, gate)
 
     def _announce(self, gate: ev.GateInfo) -> None:
@@ -68,7 +70,8 @@ class GateDesk:
             # Several operators attached: the row leaves this inbox saying who took it.
             who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
             app.notify(f"gate {gate.tool} ({who}) {gate_outcome(gate)}", timeout=6, markup=False)
-        app.inbox.drop(gate.id)
+        if app.inbox.drop(gate.id):
+            app.main.draw_now(app.inbox)  # the row gone at once, before the focus and the count move
         app.main.set_gate_count(len(app.inbox.gates))
         if not app.inbox.gates and app.main.focused is app.inbox:
             self.return_from_gates()  # nothing left to answer where the jump led

@@ -193,6 +193,31 @@ async def test_gates_from_every_session_oldest_first(make_app, fake_openai):
         await wait_for(pilot, lambda: not app.inbox.gates, "no gate left")
 
 
+async def test_more_gates_than_the_inbox_holds_scroll_and_the_newest_is_reached(make_app, fake_openai):
+    # A new row repaints the inbox without reflowing the screen; a scrollbar, when the rows
+    # outgrow the pane, still comes (and is placed), and the keys reach the last gate.
+    fake_openai.responder = call_tool_when("note", NOTE)
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        count = 14  # three lines each: more than the inbox's ~33 at 120x40
+        for i in range(count):
+            await engine.submit(f"api-{i}", "note from api", kind="api")
+            await wait_for(pilot, lambda i=i: len(app.inbox.gates) == i + 1, f"gate {i + 1}")
+        inbox = app.inbox
+        await wait_for(pilot, lambda: inbox.show_vertical_scrollbar and inbox.vertical_scrollbar.region,
+                       "the inbox's scrollbar on screen")
+        oldest, *_, newest = inbox.ordered()
+        short = app.sessions_list.short_id
+        assert f"api {short(oldest.session_id)} " in region_text(app, "#gates")
+        assert f"api {short(newest.session_id)} " not in region_text(app, "#gates")
+        await pilot.press("ctrl+g", "end")
+        await wait_for(pilot, lambda: f"api {short(newest.session_id)} " in region_text(app, "#gates"),
+                       "the newest gate scrolled into view")
+        assert inbox.highlighted_option is not None and inbox.highlighted_option.id == newest.id
+
+
 @pytest.mark.parametrize("size", [SIZE, (80, 24)], ids=["120x40", "80x24"])
 async def test_after_answering_the_gate_jumped_to_typing_goes_to_the_input_not_the_inbox(
         make_app, fake_openai, notes, size):

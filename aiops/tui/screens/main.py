@@ -302,6 +302,37 @@ class MainScreen(Screen[None]):
             self.sessions_width = max(MIN_WIDTH, min(MAX_WIDTH, self.sessions_width + delta))
             self.query_one("#sessions-pane").styles.width = self.sessions_width
 
+    def draw_now(self, widget: Widget) -> bool:
+        """Put `widget`'s pending repaint on the terminal now, alone, instead of in the next frame.
+
+        For a new gate's row (issue 27: on screen within 20 ms of the model's tool call). The
+        next frame waits for the screen's 60 Hz update timer (up to 17 ms when a frame has just
+        been drawn) and draws every widget changed meanwhile: Textual crops a frame to the
+        bounding box of all its changes, so a status bar count at the top, a scrollbar at the left
+        or the key bar at the bottom drawn in the same frame made it a render of every widget on
+        screen (5-12 ms here, the input's TextArea and the chat's messages included). Drawn now,
+        the frame is the inbox's region alone (~2 ms); the other changes stay queued for the next
+        frame, which no longer has the widget's region to draw.
+
+        Textual has no public call for this: it uses the compositor the way the screen's own
+        update does (`update_widgets`, then `_compositor_refresh`, checked against Textual 8.2.8,
+        pinned <9 in pyproject.toml). It draws nothing, and returns False, where a frame of
+        Textual's own must come first: this screen is not the one shown, the terminal is behind
+        (the app holds a batch), the widget waits for a layout of its own (a scrollbar came or
+        went), or it is not on screen (another side tab, a hidden pane). A layout pending
+        elsewhere does not stop it (it was pending at one gate in four: the sessions list's new
+        order, the key bar, a toast); should that layout move the widget after all, the next
+        frame redraws both its old and its new place.
+        """
+        app = self.app
+        compositor = self._compositor
+        if (not self.is_current or app._batch_count or widget._layout_required
+                or widget not in compositor.visible_widgets):
+            return False
+        compositor.update_widgets({widget})
+        self._compositor_refresh()
+        return True
+
     def set_gate_count(self, count: int) -> None:
         label = f"Gates ({count})" if count else "Gates"
         self.query_one(StatusBar).gates = count

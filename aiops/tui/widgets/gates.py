@@ -8,8 +8,10 @@ from typing import Any
 
 from pygments.token import Token
 from textual.content import Content
+from textual.geometry import Size
 from textual.highlight import HighlightTheme, highlight
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -38,6 +40,14 @@ class GatesInbox(TypesAway, OptionList):
 
     PANE = "gates"
     BINDINGS = bindings_for("gates")
+
+    # A gate added or answered changes the inbox's virtual height, and Widget declares
+    # `virtual_size` a layout reactive: each change reflowed the whole screen (every widget
+    # arranged again, the compositor's cuts for every line recomputed; 5-10 ms of the frame that
+    # draws a new gate's row) although the inbox's own size is fixed by its pane and nothing
+    # else moves. A repaint is enough; a scrollbar that appears or goes still reflows (those are
+    # layout reactives of their own, set by `_scroll_update` when the virtual size changes).
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
     HELP = """\
 ## Gates inbox
 
