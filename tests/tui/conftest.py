@@ -224,3 +224,17 @@ async def type_text(pilot: Pilot[Any], text: str) -> None:
 async def send(pilot: Pilot[Any], text: str) -> None:
     await type_text(pilot, text)
     await pilot.press("enter")
+
+
+class ManualClock:
+    """A monotonic clock that moves only when the test says so: the console's pauses (a gate's arm
+    delay, the sessions list's hold after a key) without waiting them out."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

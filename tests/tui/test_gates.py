@@ -25,6 +25,7 @@ from tests.fakes.openai_server import call_tool_when
 from tests.support.mariadb import PASSWORD_ENV
 from tests.tui.conftest import (
     SIZE,
+    ManualClock,
     chat_text,
     color_of,
     console_config,
@@ -249,19 +250,6 @@ async def test_after_answering_the_gate_jumped_to_typing_goes_to_the_input_not_t
         await type_text(pilot, "!")
         assert app.chat_input.text.endswith("stay!")
         assert notes.notes == ["disk at 91%"]
-
-
-class ManualClock:
-    """A monotonic clock that moves only when the test says so: the arm delay without waiting it out."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 async def test_a_gate_that_slides_under_the_cursor_is_not_answered_by_a_stray_key(make_app, fake_openai, notes):

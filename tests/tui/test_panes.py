@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import sys
@@ -16,9 +17,11 @@ from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditSc
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
+from aiops.tui.widgets.sessions import REDRAW_EVERY, SETTLE
 from tests.fakes.openai_server import Reply, call_tool_when
 from tests.tui.conftest import (
     SIZE,
+    ManualClock,
     chat_text,
     color_of,
     console_config,
@@ -650,3 +653,43 @@ async def test_a_session_out_of_sight_that_speaks_leaves_the_rows_in_sight_where
         await pilot.pause()
         assert session_rows(app) == seen
         assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
+
+
+async def test_the_order_holds_while_the_operator_moves_the_cursor_and_follows_once_they_stop(make_app, fake_openai):
+    # Sessions streaming reorder the list; while the operator is moving the cursor the rows keep
+    # their places (the row seen below the cursor is the one the next key reaches), and the new
+    # order is shown once they have stopped for a moment (SETTLE).
+    clock = ManualClock()
+    app = make_app(clock=clock)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        ids = [f"script-{i}" for i in range(4)]
+        for sid in ids:
+            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
+        await wait_text(pilot, "api (4)")
+        sessions = app.sessions_list
+        short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ids}
+
+        def order() -> list[str]:
+            by_short = {v: k for k, v in short.items()}
+            return [by_short[r.split()[0]] for r in session_rows(app) if r.split() and r.split()[0] in by_short]
+
+        await wait_for(pilot, lambda: order() == ids[::-1], "the newest first")
+        sessions.focus()
+        sessions.highlighted = sessions.get_option_index("script-3")
+        await pilot.press("down")  # the operator is moving through the list
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-2"
+        before = sessions.sessions["script-0"].get("updated_at")
+        await engine.run("script-0", "again from script-0", kind="api", timeout=10)  # the oldest speaks
+        await wait_for(pilot, lambda: sessions.sessions["script-0"].get("updated_at") != before, "its activity")
+        for _ in range(3):  # redraws come and go (REDRAW_EVERY); the clock has not moved
+            await asyncio.sleep(REDRAW_EVERY)
+            await pilot.pause()
+        assert order() == ids[::-1], "the rows moved under a moving cursor"
+        await pilot.press("down")  # the row shown below the cursor's
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-1"
+        clock.advance(SETTLE + 0.1)  # the operator stopped
+        await wait_for(pilot, lambda: order() == ["script-0", "script-3", "script-2", "script-1"],
+                       "the new order once the cursor rests")
+        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-1"

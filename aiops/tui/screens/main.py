@@ -6,6 +6,7 @@ with a tab bar (or F6), so nothing is lost on a small terminal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +30,8 @@ from aiops.tui.widgets.log import LogView
 from aiops.tui.widgets.prompt_tree import PromptPane
 from aiops.tui.widgets.sessions import SessionsList
 from aiops.tui.widgets.status import StatusBar
+
+log = logging.getLogger(__name__)
 
 NARROW_WIDTH = 100
 SIDE_TABS = ("gates", "prompt", "limits", "log")
@@ -66,7 +69,7 @@ class MainScreen(Screen[None]):
         self._focus_target: Widget | None = None
 
     def compose(self) -> ComposeResult:
-        sessions = SessionsList(id="sessions")
+        sessions = SessionsList(clock=self.clock, id="sessions")
         chat = ChatView(id="chat")
         # Titles are set here, not on mount: the App may already have named the session by then.
         chat.border_title = "Chat"
@@ -325,12 +328,16 @@ class MainScreen(Screen[None]):
         frame redraws both its old and its new place.
         """
         app = self.app
-        compositor = self._compositor
-        if (not self.is_current or app._batch_count or widget._layout_required
-                or widget not in compositor.visible_widgets):
+        try:
+            compositor = self._compositor
+            if (not self.is_current or app._batch_count or widget._layout_required
+                    or widget not in compositor.visible_widgets):
+                return False
+            compositor.update_widgets({widget})
+            self._compositor_refresh()
+        except AttributeError:  # a Textual whose internals moved: its own next frame draws it
+            log.debug("draw_now: Textual's compositor is not what it was", exc_info=True)
             return False
-        compositor.update_widgets({widget})
-        self._compositor_refresh()
         return True
 
     def set_gate_count(self, count: int) -> None:

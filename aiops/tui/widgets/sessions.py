@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from textual.content import Content
@@ -97,8 +98,11 @@ to the message input.
             super().__init__()
             self.session_id = session_id
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, **kw: Any) -> None:
+        """`clock` (seconds, monotonic) times the redraws and the order's hold after a key (`SETTLE`);
+        a test passes one it advances."""
         super().__init__(**kw)
+        self._clock = clock
         self.sessions: dict[str, dict[str, Any]] = {}
         self.unread: set[str] = set()
         self.selected: str | None = None
@@ -208,7 +212,7 @@ to the message input.
         when that has passed, so a burst of session events makes one redraw, not one each."""
         if not self.is_mounted or self._pending:
             return
-        wait = self._last + REDRAW_EVERY - time.monotonic()
+        wait = self._last + REDRAW_EVERY - self._clock()
         if wait > 0:
             self._pending = self.set_timer(wait, self._scheduled)
         else:
@@ -234,7 +238,7 @@ to the message input.
         if self.hold:
             self._held = True
             return
-        self._last = time.monotonic()
+        self._last = self._clock()
         if isinstance(self._pending, Timer):
             self._pending.stop()
         self._pending = False
@@ -355,7 +359,7 @@ to the message input.
     # -- actions --
 
     def _moving(self) -> None:
-        self._moving_until = time.monotonic() + SETTLE
+        self._moving_until = self._clock() + SETTLE
 
     def action_cursor_up(self) -> None:
         self._moving()
