@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import sys
+from collections.abc import Callable
 
 from textual.color import Color
 from textual.command import CommandPalette
@@ -587,6 +588,23 @@ async def test_a_session_that_changes_in_place_is_redrawn_and_the_rows_around_it
         assert row("script-a").startswith(f"{short['script-a']} ·") and "●" in row("script-a")
 
 
+async def api_sessions(pilot, app, count: int) -> tuple[list[str], Callable[[], list[str]]]:
+    """`count` api sessions ("script-0" oldest), each with one answered message; their ids and a
+    function giving them as the sessions pane shows them, top first (once shown newest first)."""
+    engine = app.adapter.engine
+    ids = [f"script-{i}" for i in range(count)]
+    for sid in ids:
+        await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
+    await wait_text(pilot, f"api ({count})")
+    by_short = {str(app.sessions_list.sessions[sid]["short_id"]): sid for sid in ids}
+
+    def order() -> list[str]:
+        return [by_short[r.split()[0]] for r in session_rows(app) if r.split() and r.split()[0] in by_short]
+
+    await wait_for(pilot, lambda: order() == ids[::-1], "the newest first")
+    return ids, order
+
+
 async def test_rows_that_trade_places_open_the_session_they_show_by_key_and_by_click(make_app, fake_openai):
     # Sessions that speak rise within their kind without the list being set again (the rows between
     # trade places): the cursor stays on its session, down goes to the row shown below it, and a
@@ -595,19 +613,9 @@ async def test_rows_that_trade_places_open_the_session_they_show_by_key_and_by_c
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         engine = app.adapter.engine
-        ids = [f"script-{i}" for i in range(5)]
-        for sid in ids:
-            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
-        await wait_text(pilot, "api (5)")
+        ids, order = await api_sessions(pilot, app, 5)
         sessions = app.sessions_list
         short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ids}
-
-        def order() -> list[str]:
-            """The api sessions as the pane shows them, top first."""
-            by_short = {v: k for k, v in short.items()}
-            return [by_short[r.split()[0]] for r in session_rows(app) if r.split() and r.split()[0] in by_short]
-
-        await wait_for(pilot, lambda: order() == ids[::-1], "the newest first")
         sessions.focus()
         sessions.highlighted = sessions.get_option_index("script-2")
         for sid in ("script-0", "script-1"):  # the two oldest speak, in turn: each rises to the top
@@ -664,18 +672,8 @@ async def test_the_order_holds_while_the_operator_moves_the_cursor_and_follows_o
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         engine = app.adapter.engine
-        ids = [f"script-{i}" for i in range(4)]
-        for sid in ids:
-            await engine.run(sid, f"hello from {sid}", kind="api", timeout=10)
-        await wait_text(pilot, "api (4)")
+        ids, order = await api_sessions(pilot, app, 4)
         sessions = app.sessions_list
-        short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ids}
-
-        def order() -> list[str]:
-            by_short = {v: k for k, v in short.items()}
-            return [by_short[r.split()[0]] for r in session_rows(app) if r.split() and r.split()[0] in by_short]
-
-        await wait_for(pilot, lambda: order() == ids[::-1], "the newest first")
         sessions.focus()
         sessions.highlighted = sessions.get_option_index("script-3")
         await pilot.press("down")  # the operator is moving through the list
