@@ -16,6 +16,7 @@ from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp, _terminal_quiet
 from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat_input import ChatInput
+from aiops.tui.widgets.footer import ConsoleFooter
 from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
 from aiops.tui.widgets.sessions import REDRAW_EVERY, SETTLE
@@ -383,6 +384,36 @@ async def test_the_footer_fits_80_columns_with_whole_labels_and_one_palette_key(
         assert footer.count("Palette") == 1 and footer.rstrip().endswith("▏^p Palette")
         labels = {"Open", "Approve", "Session", "Deny", "Deny+stop", "Type", "Gate", "Help", "New", "Quit"}
         assert all(word in labels or len(word) <= 3 for word in footer.replace("▏^p Palette", "").split())
+
+
+async def test_the_key_bar_follows_the_focus_between_panes_on_the_same_keys_and_they_click(
+        make_app, fake_openai):
+    fake_openai.responder = call_tool_when("note", ("write_note", {"text": "f"}))
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "note it")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        bar = app.screen.query_one(ConsoleFooter)
+
+        def inbox_keys() -> bool:
+            return footer_words(app)[:4] == ["⏎", "Open", "a", "Approve"]
+
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, inbox_keys, "the inbox's keys")
+        shown = list(bar.children)
+        await pilot.press("i")
+        await wait_for(pilot, lambda: footer_words(app)[:2] == ["⏎", "Send"], "the input's keys")
+        assert "Approve" not in footer_words(app) and footer_words(app)[-2:] == ["▏^p", "Palette"]
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, inbox_keys, "the inbox's keys again")
+        # A gate round (to the inbox, back to the input, to the inbox) redraws the keys the bar has:
+        # no key is made or dropped for the console's collector to free later.
+        assert all(now is before for now, before in zip(bar.children, shown, strict=True))
+        line = screen_text(app).splitlines()[-1]
+        await pilot.click(offset=(line.index("Approve"), 23))  # the key on the bar runs what it names
+        await wait_chat(pilot, "noted: f")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the gate answered")
 
 
 async def test_a_dialog_shows_its_own_keys_in_the_footer(make_app, fake_openai):

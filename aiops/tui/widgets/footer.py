@@ -44,7 +44,11 @@ class ConsoleFooter(Footer):
         self._laid_out_for = 0
         # The screen has told us its bindings once: before that there is nothing true to show.
         self._bindings_known = False
-        self._shown: list[_Key] | None = None  # the keys composed last
+        self._shown: list[_Key] | None = None  # the keys shown last
+        # The key widgets on the bar (shown or hidden) in order, kept here rather than queried: the
+        # palette's is a child too, and is docked to the right.
+        self._keys: list[FooterKey] = []
+        self._palette_key: FooterKey | None = None
 
     @staticmethod
     def _width(display: str, description: str) -> int:
@@ -59,7 +63,13 @@ class ConsoleFooter(Footer):
         if self._shown is not None and self.is_attached and screen is self.screen \
                 and self._plan() == self._shown:
             return
-        super().bindings_changed(screen)
+        # As Textual's Footer does, but updating the keys in place instead of recomposing: a focus
+        # move between panes would otherwise remove and mount every key (and restyle and reflow
+        # them), twice per gate round, garbage the console's collector then pauses to free.
+        if not screen.app.app_focus:
+            return
+        if self.is_attached and screen is self.screen:
+            self.call_after_refresh(self._show_keys)
 
     def _plan(self) -> list[_Key]:
         """The keys the bar shows now: the focused pane's, then the global ones that fit, then
@@ -96,17 +106,83 @@ class ConsoleFooter(Footer):
         return plan
 
     def compose(self) -> ComposeResult:
+        # Only a recompose gets here with keys to show (the bar starts empty and _show_keys fills it).
+        self._keys, self._palette_key = [], None
         if not self._bindings_known:
             return
         self._laid_out_for = self.size.width or self.app.size.width
         self._shown = plan = self._plan()
-        for key, display, description, action, disabled, tooltip, is_palette in plan:
-            if is_palette:
-                yield FooterKey(key, display, description, action, classes="-command-palette",
-                                disabled=disabled, tooltip=tooltip)
+        for k in plan:
+            widget = self._new_key(k)
+            if k[6]:
+                self._palette_key = widget
             else:
-                yield FooterKey(key, display, description, action, disabled=disabled,
-                                tooltip=tooltip).data_bind(compact=Footer.compact)
+                self._keys.append(widget)
+            yield widget
+
+    @staticmethod
+    def _new_key(k: _Key) -> FooterKey:
+        key, display, description, action, disabled, tooltip, is_palette = k
+        if is_palette:
+            return FooterKey(key, display, description, action, classes="-command-palette",
+                             disabled=disabled, tooltip=tooltip)
+        return FooterKey(key, display, description, action, disabled=disabled,
+                         tooltip=tooltip).data_bind(compact=Footer.compact)
+
+    @classmethod
+    def _set_key(cls, widget: FooterKey, k: _Key) -> None:
+        """Make a shown key show another: its text, action, state and tooltip."""
+        key, display, description, action, disabled, tooltip, _ = k
+        resized = cls._width(display, description) != cls._width(widget.key_display, widget.description)
+        drawn = (display, description) != (widget.key_display, widget.description)
+        widget.key, widget.action = key, action
+        widget.key_display, widget.description = display, description
+        # FooterKey keeps its state in `_disabled` (read on a click) and the class (its look).
+        widget._disabled = disabled
+        widget.set_class(disabled, "-disabled")
+        if (widget.tooltip or "") != tooltip:
+            widget.tooltip = tooltip or None
+        if drawn:
+            # The width is cached per container width, so a new label must drop it; only a key
+            # whose width changes makes the bar lay out again.
+            widget.clear_cached_dimensions()
+            widget.refresh(layout=resized)
+
+    def _show_keys(self) -> None:
+        """Show the planned keys on the widgets already there, mounting only the ones missing."""
+        if not self.is_attached or not self._bindings_known:
+            return
+        self._laid_out_for = self.size.width or self.app.size.width
+        plan = self._plan()
+        if plan == self._shown:
+            return
+        self._shown = plan
+        keys = [k for k in plan if not k[6]]
+        palette = next((k for k in plan if k[6]), None)
+        for widget, k in zip(self._keys, keys, strict=False):
+            self._set_key(widget, k)
+            widget.display = True
+        # Keys a pane does not need are hidden, not removed: the next pane with more keys shows
+        # them again, so moving between panes makes no widgets after each count was seen once.
+        for widget in self._keys[len(keys):]:
+            widget.display = False
+        if len(keys) > len(self._keys):
+            new = [self._new_key(k) for k in keys[len(self._keys):]]
+            if self._keys:
+                self.mount_all(new, after=self._keys[-1])
+            elif self._palette_key is not None:
+                self.mount_all(new, before=self._palette_key)
+            else:
+                self.mount_all(new)
+            self._keys.extend(new)
+        if palette is None and self._palette_key is not None:
+            self._palette_key.remove()
+            self._palette_key = None
+        elif palette is not None and self._palette_key is None:
+            self._palette_key = self._new_key(palette)
+            self.mount(self._palette_key)
+        elif palette is not None and self._palette_key is not None:
+            self._set_key(self._palette_key, palette)
 
     def _active(self) -> list[ActiveBinding]:
         """The bindings that work on this footer's screen.
@@ -142,4 +218,4 @@ class ConsoleFooter(Footer):
 
     def on_resize(self, event: events.Resize) -> None:
         if event.size.width != self._laid_out_for and self._bindings_known:
-            self.call_after_refresh(self.recompose)
+            self.call_after_refresh(self._show_keys)
