@@ -344,10 +344,14 @@ async def _watched(pane: Pane, url: str, pid: int, args: argparse.Namespace) -> 
     c1, t1 = cpu_s(pid), time.monotonic()
     stop.set()
     health = await probe
-    # Still streaming at the end? The answer's text keeps changing on screen.
+    # Still streaming at the end? The answer's text keeps changing on screen (looked at for a while:
+    # a console this busy may draw nothing new for a few hundred ms).
     before = await asyncio.to_thread(pane.screen)
-    await asyncio.sleep(0.3)
-    streaming = before != await asyncio.to_thread(pane.screen)
+    streaming = False
+    for _ in range(10):
+        await asyncio.sleep(0.2)
+        if streaming := before != await asyncio.to_thread(pane.screen):
+            break
     await asyncio.to_thread(pane.keys, "Escape")  # the turn cancelled: the next phase's streams are off screen
     await asyncio.to_thread(pane.wait, "turn cancelled")
     # The cancel puts the prompt back in the input (in the same handler as the toast): emptied.
