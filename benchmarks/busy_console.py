@@ -24,6 +24,10 @@ session's state: the sessions list then reorders all along, as with chat UIs' sh
   `gate` event on the API stream (read here too) is the baseline: the engine's part. Then the
   operator's keys: the jump (ctrl+g), a pause to read, the approval (`a`), timed to `gate_resolved`
   and `tool_result` (the tool has run) on the API stream and to the row gone from the screen.
+- **the answer on screen streaming** (between the two; `--no-watched` skips it): the console's own
+  session asked for a long Markdown answer at 50 tokens/s (`prose` in benchmarks.timed_upstream),
+  and keys typed into the input while the chat draws it, the operator's next message. Keypress →
+  screen, loop lag and the console's CPU per second; the turn cancelled (escape) after.
 - **loop lag**: `/api/v1/health` answered by the console's server, which runs on the console's loop,
   probed every 50 ms over the same time; its latency is the wait of anything the loop must do.
 - **memory**: the console's RSS (Linux) after start with an empty data dir (a console of its own,
@@ -319,6 +323,46 @@ async def _phase(pane: Pane, url: str, pid: int, args: argparse.Namespace) -> di
             "console_cpu_ms": {k: round(v * 1000, 1) for k, v in cpu.items()}}
 
 
+WATCH_START = "Rolling out the change"  # the heading `prose` begins with (benchmarks.timed_upstream)
+
+
+async def _watched(pane: Pane, url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Keys typed while the answer on screen streams: the operator's next message, written as the
+    answer to the last one comes in (the chat draws each batch of it; the other phases' streams are
+    off screen)."""
+    tokens = int((10 + 0.25 * args.presses) * 2 * 50)  # outlasts the keys, twice over; cancelled after
+    prompt = f"prose {tokens} 20"
+    await asyncio.to_thread(pane.keys, "-l", prompt)
+    await asyncio.to_thread(pane.keys, "Enter")
+    await asyncio.to_thread(pane.wait, WATCH_START)
+    await asyncio.to_thread(pane.wait, PLACEHOLDER)  # the input emptied by the send
+    await asyncio.sleep(1.0)  # the answer a few lines long: a Markdown worth redrawing
+    stop = asyncio.Event()
+    probe = asyncio.ensure_future(_probe(url, stop))
+    c0, t0 = cpu_s(pid), time.monotonic()
+    keys = await asyncio.to_thread(keypresses, pane, args.presses)
+    c1, t1 = cpu_s(pid), time.monotonic()
+    stop.set()
+    health = await probe
+    # Still streaming at the end? The answer's text keeps changing on screen (looked at for a while:
+    # a console this busy may draw nothing new for a few hundred ms).
+    before = await asyncio.to_thread(pane.screen)
+    streaming = False
+    for _ in range(10):
+        await asyncio.sleep(0.2)
+        if streaming := before != await asyncio.to_thread(pane.screen):
+            break
+    await asyncio.to_thread(pane.keys, "Escape")  # the turn cancelled: the next phase's streams are off screen
+    await asyncio.to_thread(pane.wait, "turn cancelled")
+    # The cancel puts the prompt back in the input (in the same handler as the toast): emptied.
+    await asyncio.to_thread(pane.keys, "-N", str(len(prompt)), "BSpace")
+    await asyncio.to_thread(pane.wait, PLACEHOLDER)
+    return {"keypress_to_screen_ms": _summary(keys), "health_latency_ms": _summary(health),
+            "console_cpu_ms": {"per input key": round((c1 - c0) * 1000 / max(args.presses, 1), 1),
+                               "per second": round((c1 - c0) * 1000 / max(t1 - t0, 1e-9), 1)},
+            "answer_streaming_at_end": streaming}
+
+
 def _phase_seconds(args: argparse.Namespace) -> float:
     """About how long a phase takes on a slow hour (the streams must outlast the busy one)."""
     return 10 + 0.25 * (args.presses + args.list_presses) + 2.0 * args.console_gates
@@ -404,6 +448,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rss[f"console, {args.sessions:,} stored, after start"] = rss_kb(pid)
             idle = asyncio.run(_phase(pane, url, pid, args))
             rss[f"console, {args.sessions:,} stored, after the idle phase"] = rss_kb(pid)
+            watched = asyncio.run(_watched(pane, url, pid, args)) if args.watched else None
             # Each stream lasts past the measurement: 50 tokens/s for the phase's time and then some.
             tokens = int(_phase_seconds(args) * 2 * 50)
             asyncio.run(_start_streams(url, args.console_streams, tokens, args.turns_per_stream))
@@ -417,6 +462,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
     out = {"stored_sessions": args.sessions, "streams": args.console_streams, "idle": idle, "busy": busy,
            "rss_kb": rss}
+    if watched is not None:
+        out["watched"] = watched
     _print(out, args)
     streaming = f"{args.console_streams} sessions streaming"
     out["targets"] = []
@@ -425,6 +472,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         p99 = busy[key]["p99_ms"]
         out["targets"].append({"what": f"{what}, {streaming}", "stored_sessions": args.sessions,
                                "target_ms": TARGET_KEY_P99_MS, "value_ms": p99, "met": p99 <= TARGET_KEY_P99_MS})
+    if watched is not None:
+        p99 = watched["keypress_to_screen_ms"]["p99_ms"]
+        out["targets"].append({"what": "keypress→screen p99, input, the answer on screen streaming",
+                               "stored_sessions": args.sessions, "target_ms": TARGET_KEY_P99_MS,
+                               "value_ms": p99, "met": p99 <= TARGET_KEY_P99_MS})
     for label, r in (("idle console", idle), (streaming, busy)):
         p99 = r["gates_ms"][GATE_CASES[1]]["p99_ms"]
         out["targets"].append({"what": f"model call → gate row in the console inbox p99, {label}",
@@ -445,6 +497,12 @@ def _print(out: dict[str, Any], args: argparse.Namespace) -> None:
             print("    " + row(k, v))
         print("    " + row("loop lag (health)", r["health_latency_ms"]))
         print("    console CPU: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["console_cpu_ms"].items()))
+    if (w := out.get("watched")) is not None:
+        print("  the answer on screen streaming (50 tokens/s, Markdown)", flush=True)
+        print("    " + row("keypress → screen, input", w["keypress_to_screen_ms"]))
+        print("    " + row("loop lag (health)", w["health_latency_ms"]))
+        print("    console CPU: " + ", ".join(f"{k} {v:.1f} ms" for k, v in w["console_cpu_ms"].items())
+              + ("" if w["answer_streaming_at_end"] else "  (WARNING: the answer ended before the keys)"))
     running = out["busy"]["streams_running_at_end"]
     print(f"  streams still running at the end of the busy phase: {running} of {args.console_streams}"
           + ("" if running == args.console_streams else "  (WARNING: the phase outlasted some)"))
@@ -461,6 +519,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns-per-stream", type=int, default=1,
                    help="each streaming session's tokens in this many turns, one after another (default 1: "
                         "one long turn; more: states change, and the sessions list reorders, all along)")
+    p.add_argument("--no-watched", dest="watched", action="store_false",
+                   help="skip the phase where the answer on screen streams while keys are typed (~25 s)")
 
 
 def quick(args: argparse.Namespace) -> None:

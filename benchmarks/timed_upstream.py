@@ -6,6 +6,8 @@ the delay from the upstream's send to its receive, through whatever sits between
 
 What it answers depends on the last user message (streaming only):
 - `tokens N MS`: N text chunks, MS milliseconds apart, each chunk the stamp and a `;`.
+- `prose N MS`: N chunks of Markdown (a word or a mark each: a heading, paragraphs, a list, a code
+  block, over and over), MS milliseconds apart: an answer worth drawing, for the chat on screen.
 - `gate`: a call of `update_system_prompt` whose `content` argument is the stamp (a write: the
   default gates ask); once the conversation holds the tool's result, the text `ok`.
 - anything else: the text `ok`.
@@ -17,12 +19,35 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
 from aiohttp import web
 
 _n = 0
+
+# The answer `prose` streams, a chunk (about a model's token) at a time, from its start again as needed.
+PROSE = """## Rolling out the change
+
+The deploy goes in three steps, each of them *checked* before the next one starts. Nothing here is
+`urgent`, but the window closes at six, so the **order** matters more than the speed.
+
+- drain the first pool and wait for its queue to empty
+- apply the migration on the replica, then on the primary
+- bring the pool back and watch the error rate for ten minutes
+
+```python
+def drain(pool: str, timeout: float = 60.0) -> None:
+    for host in hosts(pool):
+        host.stop_accepting()
+    wait_until(lambda: queue_length(pool) == 0, timeout)
+```
+
+If the error rate climbs, roll back with the same steps in the other order; the replica first.
+
+"""
+PROSE_CHUNKS = re.findall(r"\s*\S+|\s+", PROSE)
 
 
 def _frame(model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -57,6 +82,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
             if i:
                 await asyncio.sleep(gap)
             await resp.write(_frame(model, {"content": f"{time.monotonic_ns()};"}))
+    elif words[:1] == ["prose"] and len(words) == 3:
+        n, gap = int(words[1]), float(words[2]) / 1000
+        for i in range(n):
+            if i:
+                await asyncio.sleep(gap)
+            await resp.write(_frame(model, {"content": PROSE_CHUNKS[i % len(PROSE_CHUNKS)]}))
     elif words == ["gate"]:
         args = {"section": "role", "operation": "append", "content": str(time.monotonic_ns())}
         await resp.write(_frame(model, {"tool_calls": [{"index": 0, "id": f"call_{_n}", "type": "function",

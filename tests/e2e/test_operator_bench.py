@@ -76,4 +76,6 @@ def test_a_tiny_busy_console_run_measures_every_path(tmp_path: Path, tmux: objec
         assert all(ms >= 0 for ms in r["console_cpu_ms"].values())
     assert doc["busy"]["streams_running_at_end"] == 2
     assert len(doc["rss_kb"]) == 4 and all(kb > 0 for kb in doc["rss_kb"].values())
-    assert [t["target_ms"] for t in doc["targets"]] == [50.0, 50.0, 20.0, 20.0]
+    assert doc["watched"]["keypress_to_screen_ms"]["n"] == 2 and doc["watched"]["answer_streaming_at_end"]
+    assert all(ms >= 0 for ms in doc["watched"]["console_cpu_ms"].values())
+    assert [t["target_ms"] for t in doc["targets"]] == [50.0, 50.0, 50.0, 20.0, 20.0]
