@@ -108,11 +108,16 @@ class Engine:
         await self.plugin_host.load()
         # Importing a provider SDK takes about a second; do it in a thread now rather than on the
         # loop during the first turn (the import lock makes a turn that comes earlier just wait).
-        models = self.config.models.enabled()
-        types: set[str] = ({m.type for m in models.values()} if warm is None
-                           else {models[k].type for k in warm if k in models})
-        self._spawn(asyncio.to_thread(_warm_backend_imports, types))
+        self._spawn(self.warm_backends(warm))
         self.started = True
+
+    async def warm_backends(self, keys: Iterable[str] | None = None) -> None:
+        """Import the provider SDKs of the models `keys` (default: every enabled model) in a thread,
+        so that a turn does not import its model's on the loop."""
+        models = self.config.models.enabled()
+        types: set[str] = ({m.type for m in models.values()} if keys is None
+                           else {models[k].type for k in keys if k in models})
+        await asyncio.to_thread(_warm_backend_imports, types)
 
     async def close_left_open(self, lock: DataDirLock | None) -> tuple[int, int]:
         """Record what the data dir's last process left open when it died (see recovery.py)."""

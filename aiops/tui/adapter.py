@@ -239,16 +239,6 @@ def _import_for_start(engine: bool, plugins: bool, server: bool) -> None:
         discover()  # loads every plugin's module; a broken one is reported by the start
 
 
-def _import_backends(types: set[str]) -> None:
-    import importlib
-
-    for t in sorted(types):
-        try:
-            importlib.import_module(f"aiops.engine.backends.{t}_backend")
-        except Exception:  # noqa: BLE001 - the turn that needs it reports the real error
-            log.debug("could not pre-import the %s backend", t, exc_info=True)
-
-
 # ---- the adapter --------------------------------------------------------------------------------------
 
 
@@ -381,8 +371,7 @@ class EngineAdapter:
     async def warm_backends(self) -> None:
         """Import the enabled models' provider SDKs in a thread (a turn would otherwise import its
         model's on the loop)."""
-        types: set[str] = {m.type for m in self.engine.config.models.enabled().values()}
-        await asyncio.to_thread(_import_backends, types)
+        await self.engine.warm_backends()
 
     def connected_clients(self) -> int | None:
         """Clients streaming from the server right now (API streams, proxy and MCP requests in
