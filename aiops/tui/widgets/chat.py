@@ -1,7 +1,9 @@
 """The chat pane: one session's history and its live turn.
 
 History loads the latest page first with "load earlier" on demand. A live answer streams through
-one `MarkdownStream` per message and gets one full re-render when that message is complete.
+one `AnswerStream` per message, at the console's pace (aiops/tui/pacing.py), into Markdown whose
+growing last block updates in place (aiops/tui/widgets/answer.py), and gets one full re-render
+when that message is complete.
 Thinking and tool calls are collapsible blocks; gate decisions, notices, command output and errors
 are lines styled apart. The view follows the bottom only while the reader is there (Textual's
 anchor: scrolling up releases it, scrolling back to the end restores it).
@@ -25,13 +27,14 @@ from aiops.gates.broker import waiting_notice
 from aiops.tui.format import args_preview, duration, gate_outcome, one_line, pretty_json, sql_of
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
 from aiops.tui.widgets.fitted import HangingText
+from aiops.tui.widgets.settled import Settled
 
 if TYPE_CHECKING:
     from textual.widgets import Markdown
-    from textual.widgets.markdown import MarkdownStream
 
     from aiops.engine.events import Event
     from aiops.engine.types import Message as HistoryMessage
+    from aiops.tui.widgets.answer import AnswerStream
 
 PREVIEW_LINES = 30
 # A client tool's call (see engine.client_tools) until its result comes: it runs in the chat
@@ -72,7 +75,7 @@ class ThinkingBlock(Collapsible):
         self.title = self._title_for(self.text)
 
 
-class AssistantMessage(Vertical):
+class AssistantMessage(Settled, Vertical):
     """One assistant message: optional thinking, then Markdown (streamed while live)."""
 
     def __init__(self, text: str = "", thinking: str = "", *, status: str = "complete",
@@ -80,11 +83,11 @@ class AssistantMessage(Vertical):
         super().__init__(classes="msg assistant" + (" cancelled" if status == "cancelled" else ""))
         self.text = text
         # Imported on first use (markdown-it: 60 modules): the console's first frame has none.
-        from textual.widgets import Markdown
+        from aiops.tui.widgets.answer import AnswerMarkdown
 
-        self.markdown: Markdown = Markdown(text, classes="answer")
+        self.markdown: Markdown = AnswerMarkdown(text, classes="answer")
         self.thinking_block: ThinkingBlock | None = ThinkingBlock(thinking) if thinking else None
-        self._stream: MarkdownStream | None = None
+        self._stream: AnswerStream | None = None
         self.status = status
         self.model = model
 
@@ -101,7 +104,11 @@ class AssistantMessage(Vertical):
 
     async def write(self, text: str) -> None:
         if self._stream is None:
-            self._stream = type(self.markdown).get_stream(self.markdown)
+            from aiops.tui.widgets.answer import AnswerStream
+
+            # The console's pace (aiops/tui/pacing.py); an App without one draws each batch.
+            pacing = getattr(self.app, "pacing", None)
+            self._stream = AnswerStream(self.markdown, pacing.gap if pacing is not None else lambda: 0.0)
         self.text += text
         await self._stream.write(text)
 
@@ -316,7 +323,7 @@ def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
     return out
 
 
-class ChatView(VerticalScroll, can_focus=True):
+class ChatView(Settled, VerticalScroll, can_focus=True):
     """The selected session's conversation."""
 
     PANE = "chat"
