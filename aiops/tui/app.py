@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App
 
 from aiops.tui.adapter import (
@@ -49,6 +49,7 @@ from aiops.tui.gate_desk import GATE_TOAST_SECONDS, GateDesk
 from aiops.tui.guidance import ModelGuidance
 from aiops.tui.keys import bindings_for, display_keys, first_key, pane_help, render_help, unknown_ids
 from aiops.tui.live import LiveTurns
+from aiops.tui.pacing import AnswerPacing
 from aiops.tui.running import console_driver, quit_on_signals, run_console
 from aiops.tui.running import terminal_quiet as _terminal_quiet
 from aiops.tui.screens.main import MainScreen
@@ -167,7 +168,14 @@ class AiopsApp(App[int]):
         self.gate_desk = GateDesk(self)
         self.guidance = ModelGuidance(self)
         self.side = SidePanes(self)
+        # The answer on screen is drawn less often while the operator types (aiops/tui/pacing.py).
+        self.pacing = AnswerPacing(clock)
         self.set_keymap(self.keymap_overrides)
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key):
+            self.pacing.key()
+        await super().on_event(event)
 
     # ---- widgets ---------------------------------------------------------------------------------------
 

@@ -12,10 +12,11 @@ from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
+from aiops.tui.pacing import DRAW_GAP, TYPING_GAP, TYPING_WINDOW, AnswerPacing
 from aiops.tui.widgets.answer import AnswerMarkdown, AnswerStream
 from aiops.tui.widgets.chat import AssistantMessage
 from tests.fakes.openai_server import Reply
-from tests.tui.conftest import SIZE, ready, send, wait_chat, wait_for
+from tests.tui.conftest import SIZE, ManualClock, ready, send, wait_chat, wait_for
 
 # Every kind of block an answer streams, and the ways a block changes as text comes in: a line
 # that wraps, a list that gains items and nested items, numbers that widen (9 → 10), code that
@@ -97,6 +98,17 @@ async def test_an_answer_streamed_in_any_pieces_looks_at_each_step_as_the_same_t
             await reference.pause()
             assert _lines(streamed) == _lines(whole), f"after {text[-60:]!r}"
         assert "Rollback" in "\n".join(_lines(streamed))  # the setext heading, drawn as one
+
+
+def test_the_answer_is_drawn_less_often_while_the_operator_types():
+    clock = ManualClock()
+    pacing = AnswerPacing(clock)
+    assert pacing.gap() == DRAW_GAP
+    pacing.key()
+    clock.advance(TYPING_WINDOW / 2)
+    assert pacing.gap() == TYPING_GAP
+    clock.advance(TYPING_WINDOW)
+    assert pacing.gap() == DRAW_GAP
 
 
 class Recorded:

@@ -86,6 +86,10 @@ Type a message for the selected session and press **{input.send}** to send it.
         typed before them; everything else goes on to TextArea."""
         action = self._key_actions().get(event.key)
         if action is None:
+            # A character for TextArea to insert: on the terminal straight after it has, in a
+            # frame of the input alone, rather than in the next frame of the whole screen (which
+            # lays out an answer streaming in the chat: tens of ms; aiops/tui/pacing.py).
+            self.call_next(self._draw_now)
             return
         if not self.check_action(action, ()):
             if action == "complete" and self.text.strip():
@@ -98,6 +102,11 @@ Type a message for the selected session and press **{input.send}** to send it.
         event.stop()
         event.prevent_default()
         await self.run_action(action)
+
+    def _draw_now(self) -> None:
+        draw_now = getattr(self.screen, "draw_now", None)
+        if draw_now is not None:
+            draw_now(self)
 
     # -- sending --
 
