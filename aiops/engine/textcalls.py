@@ -56,6 +56,8 @@ _CALL_FENCE_LANGS = frozenset({"", "json"})
 _MAX_INFO = 32  # longer than this after ``` is not a language tag
 _MAX_FUNC_NAME = 128
 _OPENER_RE = re.compile("|".join(re.escape(o) for o in _OPENERS))
+_OPENER_START_RE = re.compile("[" + re.escape("".join(sorted({o[0] for o in _OPENERS}))) + "]")
+_LONGEST_OPENER = max(map(len, _OPENERS))
 _BACKTICKS_RE = re.compile("`*")
 _NON_SPACE_RE = re.compile(r"\S")
 _BLANK_LINES_RE = re.compile(r"\n{3,}")
@@ -881,14 +883,16 @@ def _match_end(regex: re.Pattern[str], buf: str, pos: int, endpos: int | None = 
 
 
 def _opener_prefix_len(buf: str, floor: int) -> int:
-    """Length of the longest tail of `buf` (from `floor` on) that is a proper prefix of an opener."""
-    best = 0
-    for opener in _OPENERS:
-        for k in range(min(len(opener) - 1, len(buf) - floor), best, -1):
-            if buf.endswith(opener[:k]):
-                best = k
-                break
-    return best
+    """Length of the longest tail of `buf` (from `floor` on) that is a proper prefix of an opener.
+
+    Called on every streamed delta: only a tail that starts with an opener's first character can
+    be one, and most deltas end with none in reach (one regex scan of the last few characters)."""
+    end = len(buf)
+    for at in _OPENER_START_RE.finditer(buf, max(floor, end - _LONGEST_OPENER + 1)):
+        tail = buf[at.start():]
+        if any(len(tail) < len(opener) and opener.startswith(tail) for opener in _OPENERS):
+            return end - at.start()
+    return 0
 
 
 # ---- prompt -------------------------------------------------------------------------------------

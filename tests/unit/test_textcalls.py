@@ -12,8 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiops.engine.textcalls import (
+    _OPENERS,
     StreamGuard,
     TextCallParse,
+    _opener_prefix_len,
     describe_tools_for_prompt,
     looks_like_tool_call,
     parse_text_tool_calls,
@@ -641,3 +643,17 @@ def test_the_convention_the_prompt_states_parses_for_every_tool(tool: ToolSpec) 
     result = parse_text_tool_calls(written, {tool.name})
     assert [c.name for c in result.calls] == [tool.name]
     assert result.text == "Checking now."
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="<`abcdefilnotu_=>{}", max_size=30), st.sampled_from(_OPENERS),
+       st.integers(min_value=0, max_value=12), st.integers(min_value=0, max_value=45))
+def test_the_tail_held_back_is_the_longest_that_may_begin_an_opener(text: str, opener: str, cut: int,
+                                                                    floor: int) -> None:
+    buf = text + opener[:cut]  # often a piece (or all) of an opener at the end, as a delta may leave
+    floor = min(floor, len(buf))
+    # The definition, spelled out: the longest tail of buf[floor:] that an opener starts with and
+    # that is not the whole opener.
+    expected = max((k for k in range(1, len(buf) - floor + 1)
+                    for o in _OPENERS if k < len(o) and o.startswith(buf[len(buf) - k:])), default=0)
+    assert _opener_prefix_len(buf, floor) == expected
