@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
+from textual.geometry import Region
 from textual.widgets import Markdown
 
 from aiops.tui.pacing import DRAW_GAP, TYPING_GAP, TYPING_WINDOW, AnswerPacing
 from aiops.tui.widgets.answer import AnswerMarkdown, AnswerStream
-from aiops.tui.widgets.chat import AssistantMessage
+from aiops.tui.widgets.chat import AssistantMessage, EmptyHint
 from tests.fakes.openai_server import Reply
 from tests.tui.conftest import SIZE, ManualClock, ready, send, wait_chat, wait_for
 
@@ -112,15 +114,27 @@ def test_the_answer_is_drawn_less_often_while_the_operator_types():
 
 
 class Recorded:
-    """Stands in for the answer's Markdown: what was appended, and when."""
+    """Stands in for the answer's Markdown: what was appended, and when (each append taking
+    `delay` seconds; the first `fail` of them failing)."""
 
     is_attached = True
 
-    def __init__(self) -> None:
-        self.appends: list[tuple[float, str]] = []
+    def __init__(self, delay: float = 0.0, fail: int = 0) -> None:
+        self.appends: list[tuple[float, float, str]] = []  # start, end, text
+        self.delay, self.fail = delay, fail
 
     async def append(self, text: str) -> None:
-        self.appends.append((asyncio.get_running_loop().time(), text))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("a block that could not be drawn")
+        self.appends.append((start, loop.time(), text))
+
+    @property
+    def text(self) -> str:
+        return "".join(text for _, _, text in self.appends)
 
 
 async def test_text_that_comes_in_between_two_draws_goes_in_whole_with_the_next():
@@ -131,11 +145,34 @@ async def test_text_that_comes_in_between_two_draws_goes_in_whole_with_the_next(
         await stream.write(word)
         await asyncio.sleep(0.01)
     await stream.stop()
-    assert "".join(text for _, text in markdown.appends) == "".join(words)
-    assert markdown.appends[0][1] == "w0 "  # the first text is drawn at once
+    assert markdown.text == "".join(words)
+    assert markdown.appends[0][2] == "w0 "  # the first text is drawn at once
     assert 2 <= len(markdown.appends) <= 4  # then at most one draw per 0.2 s, and what stop() had
-    times = [t for t, _ in markdown.appends]
-    assert all(b - a >= 0.19 for a, b in zip(times[:-2], times[1:-1], strict=True))
+    starts = [start for start, _, _ in markdown.appends]
+    assert all(b - a >= 0.19 for a, b in zip(starts[:-2], starts[1:-1], strict=True))
+
+
+async def test_the_turn_ending_mid_draw_waits_for_it_and_draws_the_rest_after():
+    markdown = Recorded(delay=0.05)
+    stream = AnswerStream(markdown, lambda: 0.0)  # type: ignore[arg-type]
+    await stream.write("first ")
+    await asyncio.sleep(0.01)  # its draw under way
+    await stream.write("second")
+    await stream.stop()
+    assert markdown.text == "first second"
+    assert all(end <= next_start for (_, end, _), (next_start, _, _)
+               in zip(markdown.appends, markdown.appends[1:], strict=False)), markdown.appends
+
+
+async def test_a_draw_that_fails_leaves_the_stream_going():
+    markdown = Recorded(fail=1)
+    stream = AnswerStream(markdown, lambda: 0.0)  # type: ignore[arg-type]
+    await stream.write("lost on screen until the end ")
+    await asyncio.sleep(0.01)
+    await stream.write("and then")
+    await asyncio.sleep(0.01)
+    await stream.stop()  # no error: the turn's end draws the whole text again
+    assert markdown.text == "and then"
 
 
 async def test_an_answer_streaming_while_the_operator_types_is_whole_when_it_ends_and_the_draft_is_kept(
@@ -158,3 +195,36 @@ async def test_an_answer_streaming_while_the_operator_types_is_whole_when_it_end
         assert app.chat_input.text == "next question"
         app.chat.scroll_home(animate=False)
         await wait_chat(pilot, "Rolling out the change")
+
+
+async def test_a_key_drawn_at_once_leaves_other_changes_waiting_for_the_next_frame_drawn(make_app):
+    # A typed letter is drawn in a frame of the input alone (MainScreen.draw_now); a repaint-only
+    # change queued just before it (a word added to the answer on screen, here the fresh
+    # session's hint) must still go to the terminal with the next frame. What a frame sends is
+    # the compositor's dirty regions when it renders (screen_text would render the widgets
+    # afresh and show the new text either way).
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.pause(0.5)  # the screen settled
+        compositor = app.main._compositor
+        sent: list[Region] = []
+        render_update = compositor.render_update
+
+        def spy(*args: Any, **kw: Any) -> Any:
+            sent.extend(compositor._dirty_regions)
+            return render_update(*args, **kw)
+
+        compositor.render_update = spy  # type: ignore[method-assign]
+        hint = app.chat.query_one(EmptyHint)
+        hint.update("a word added meanwhile", layout=False)
+        for _ in range(5000):  # the hint's repaint reaches the screen's queue, not yet a frame
+            if hint in app.main._dirty_widgets:
+                break
+            await asyncio.sleep(0)
+        assert hint in app.main._dirty_widgets
+        sent.clear()
+        app.chat_input.insert("x")
+        assert app.main.draw_now(app.chat_input)
+        await pilot.pause(0.3)
+        assert any(region.overlaps(hint.region) for region in sent), "the hint's new text never went out"

@@ -315,7 +315,8 @@ class MainScreen(Screen[None]):
         or the key bar at the bottom drawn in the same frame made it a render of every widget on
         screen (5-12 ms here, the input's TextArea and the chat's messages included). Drawn now,
         the frame is the inbox's region alone (~2 ms); the other changes stay queued for the next
-        frame, which no longer has the widget's region to draw.
+        frame, which no longer has the widget's region to draw (they are put back in the screen's
+        queue: Textual's own refresh empties it).
 
         Textual has no public call for this: it uses the compositor the way the screen's own
         update does (`update_widgets`, then `_compositor_refresh`, checked against Textual 8.2.8,
@@ -333,8 +334,15 @@ class MainScreen(Screen[None]):
             if (not self.is_current or app._batch_count or widget._layout_required
                     or widget not in compositor.visible_widgets):
                 return False
+            # `_compositor_refresh` forgets every widget queued for the next frame: those other
+            # than this one go back in the queue, or a repaint-only change made meanwhile (a word
+            # added to the answer on screen, a count) would never reach the terminal.
+            pending = self._dirty_widgets - {widget}
             compositor.update_widgets({widget})
             self._compositor_refresh()
+            if pending:
+                self._dirty_widgets |= pending
+                self._update_timer.resume()
         except AttributeError:  # a Textual whose internals moved: its own next frame draws it
             log.debug("draw_now: Textual's compositor is not what it was", exc_info=True)
             return False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from textual.app import ComposeResult
@@ -48,6 +49,7 @@ from textual.widgets._markdown import (
 from aiops.tui.widgets.settled import Settled
 
 _NO_SIZE = Size(0, 0)
+log = logging.getLogger(__name__)
 
 
 def _measure(widget: Widget) -> tuple[int, int] | None:
@@ -261,13 +263,19 @@ class AnswerMarkdown(Settled, Markdown):
 
 class AnswerStream:
     """Text for an `AnswerMarkdown`, appended at most once per `gap()` seconds (what came in
-    meanwhile goes in one append). The same interface as Textual's `MarkdownStream`."""
+    meanwhile goes in one append). The same interface as Textual's `MarkdownStream`.
+
+    One append at a time, each finished before the next begins: `Markdown.append` reads where
+    the last parse ended when it is called, not when it gets the widget's lock, so two at once
+    would parse the same lines twice. An append that fails is logged and the stream goes on; the
+    turn's end renders the whole text again anyway (`AssistantMessage.finish`)."""
 
     def __init__(self, markdown: Markdown, gap: Callable[[], float]) -> None:
         self._markdown = markdown
         self._gap = gap
         self._pending: list[str] = []
         self._task: asyncio.Task[None] | None = None
+        self._appending: asyncio.Future[None] | None = None  # the append under way, if any
         self._stopped = False
 
     async def write(self, text: str) -> None:
@@ -279,26 +287,39 @@ class AnswerStream:
         if self._task is None:
             self._task = asyncio.create_task(self._run())
 
+    async def _append_pending(self) -> None:
+        text = "".join(self._pending)
+        self._pending.clear()
+        self._appending = asyncio.ensure_future(self._append(text))
+        # Shielded: a stop() mid-append waits for it rather than cut a mount in half.
+        await asyncio.shield(self._appending)
+
+    async def _append(self, text: str) -> None:
+        try:
+            await self._markdown.append(text)
+        except Exception:  # noqa: BLE001 - drawn whole at the turn's end; the console goes on
+            log.exception("drawing the streamed answer failed; it is drawn whole when the turn ends")
+
     async def _run(self) -> None:
-        while self._pending:
-            if not self._markdown.is_attached:  # the answer left the screen (another session shown)
-                self._pending.clear()
-                break
-            text = "".join(self._pending)
-            self._pending.clear()
-            await asyncio.shield(self._markdown.append(text))
-            await asyncio.sleep(self._gap())
-        self._task = None
+        try:
+            while self._pending:
+                if not self._markdown.is_attached:  # the answer left the screen
+                    self._pending.clear()
+                    break
+                await self._append_pending()
+                await asyncio.sleep(self._gap())
+        finally:
+            self._task = None
 
     async def stop(self) -> None:
-        """Append what is still pending and end the stream."""
+        """Append what is still pending, after any append under way, and end the stream."""
         self._stopped = True
-        task, self._task = self._task, None
+        task = self._task
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._appending is not None:
+            await self._appending
         if self._pending:
-            text = "".join(self._pending)
-            self._pending.clear()
-            await self._markdown.append(text)
+            await self._append_pending()
