@@ -200,8 +200,8 @@ def _rows(items: Iterable[MarkdownListItem], symbols: Iterable[str]) -> list[Wid
 class _InPlaceList(InPlace):
     """A list: its rows are `Horizontal(bullet, Vertical(*item blocks))`, as Textual composes them."""
 
-    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str] | None:
-        """Each item's bullet; None where it cannot be known here."""
+    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str]:
+        """Each item's bullet, as Textual's list of this kind draws it."""
         raise NotImplementedError
 
     async def patched(self, new: MarkdownBlock) -> bool:
@@ -213,7 +213,7 @@ class _InPlaceList(InPlace):
             return False
         symbols = self._symbols(items)
         bullets = [row.children[0] if row.children else None for row in rows]
-        if symbols is None or [getattr(b, "symbol", None) for b in bullets] != symbols[:len(rows)]:
+        if [getattr(b, "symbol", None) for b in bullets] != symbols[:len(rows)]:
             return False  # a numbered list that widened its numbers: drawn again whole
         body = rows[-1].children[-1]
         await patch_children(body, items[len(rows) - 1]._blocks)
@@ -225,19 +225,17 @@ class _InPlaceList(InPlace):
     def compose(self) -> ComposeResult:
         assert isinstance(self, MarkdownBlock)
         items = _items(self)
-        symbols = self._symbols(items)
-        assert symbols is not None
-        yield from _rows(items, symbols)
+        yield from _rows(items, self._symbols(items))
         self._blocks.clear()
 
 
 class AnswerBulletList(_InPlaceList, MarkdownBulletList):
-    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str] | None:
+    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str]:
         return [item.bullet for item in items]
 
 
 class AnswerOrderedList(_InPlaceList, MarkdownOrderedList):
-    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str] | None:
+    def _symbols(self, items: Sequence[MarkdownListItem]) -> list[str]:
         # As MarkdownOrderedList.compose numbers them.
         try:
             start = int(items[0].bullet) if items else 1
