@@ -7,6 +7,7 @@ import json
 import os
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from textual import events
@@ -172,16 +173,26 @@ async def test_a_gate_answered_elsewhere_leaves_at_once(make_app, fake_openai):
         await wait_chat(pilot, "approved by api:ops")
 
 
-async def test_gates_from_every_session_oldest_first(make_app, fake_openai):
+def _quiet_app(make_app: Any, fake_openai: Any) -> Any:
+    """A console without the bell whose model writes a note (a gated call) when asked to."""
     fake_openai.responder = call_tool_when("note", NOTE)
-    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    return make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+
+
+async def _gate_from(pilot: Any, client_id: str, kind: str, count: int) -> Any:
+    """A turn of `kind` from `client_id` whose note waits at a gate: the inbox then holds `count`."""
+    app = pilot.app
+    turn = await app.adapter.engine.submit(client_id, f"note from {kind}", kind=kind)
+    await wait_for(pilot, lambda: len(app.inbox.gates) == count, f"gate {count} in the inbox")
+    return turn
+
+
+async def test_gates_from_every_session_oldest_first(make_app, fake_openai):
+    app = _quiet_app(make_app, fake_openai)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        engine = app.adapter.engine
-        first = await engine.submit("api-1", "note from api", kind="api")
-        await wait_for(pilot, lambda: len(app.inbox.gates) == 1, "the first gate")
-        second = await engine.submit("slack-1", "note from slack", kind="slack")
-        await wait_for(pilot, lambda: len(app.inbox.gates) == 2, "the second gate")
+        first = await _gate_from(pilot, "api-1", "api", 1)
+        second = await _gate_from(pilot, "slack-1", "slack", 2)
         side = region_text(app, "#side")
         assert side.index("api") < side.index("slack")  # oldest first
         assert app.bells == 0  # [console] bell = false
@@ -197,15 +208,12 @@ async def test_gates_from_every_session_oldest_first(make_app, fake_openai):
 async def test_more_gates_than_the_inbox_holds_scroll_and_the_newest_is_reached(make_app, fake_openai):
     # A new row repaints the inbox without reflowing the screen; a scrollbar, when the rows
     # outgrow the pane, still comes (and is placed), and the keys reach the last gate.
-    fake_openai.responder = call_tool_when("note", NOTE)
-    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    app = _quiet_app(make_app, fake_openai)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        engine = app.adapter.engine
         count = 14  # three lines each: more than the inbox's ~33 at 120x40
         for i in range(count):
-            await engine.submit(f"api-{i}", "note from api", kind="api")
-            await wait_for(pilot, lambda i=i: len(app.inbox.gates) == i + 1, f"gate {i + 1}")
+            await _gate_from(pilot, f"api-{i}", "api", i + 1)
         inbox = app.inbox
         await wait_for(pilot, lambda: inbox.show_vertical_scrollbar and inbox.vertical_scrollbar.region,
                        "the inbox's scrollbar on screen")
