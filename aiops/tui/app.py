@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from textual import events, on, work
 from textual.app import App
 
-from aiops.tui import cycles
+from aiops.tui import crops, cycles
 from aiops.tui.adapter import (
     DeltasArrived,
     EngineAdapter,
@@ -124,7 +124,8 @@ class AiopsApp(App[int]):
         """`clock` (seconds, monotonic) times the console's own pauses (a gate that just moved under
         the cursor ignores the answer keys for a moment); tests pass one they advance by hand.
         `remote`: attach to that running aiops (aiops/tui/remote_adapter.py) instead of owning an engine."""
-        cycles.install()  # before the first frame: see aiops/tui/cycles.py
+        cycles.install()  # before the first frame: aiops/tui/cycles.py, aiops/tui/crops.py
+        crops.install()
         super().__init__(driver_class=console_driver())
         self.cfg = cfg
         self.clock = clock

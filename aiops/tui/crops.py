@@ -1,0 +1,130 @@
+"""A frame draws each changed area of the screen apart, not the box around all of them.
+
+Textual's partial frame (`Compositor.render_partial_update`) crops to the bounding box of every
+region changed since the last frame, and renders every widget that box overlaps, each over its whole
+height. One changed line at the top (the status bar's count of running turns) and one at the left
+(a session's row) make that box the whole screen: the chat's every visible block, the inbox, the
+side pane, the input and the key bar are rendered again for two lines of change. With fifty
+sessions streaming that is most frames; with a gate round, most of its six to eight frames
+(docs/PERFORMANCE.md, "2026-11-28, 09:00").
+
+`install()` wraps it: when the changed regions fall in areas apart (no two touching), each area is
+rendered as a crop of its own and the pieces are put together, a cut of a line taken only from the
+area it lies in (there, every widget that overlaps it was rendered, so what is in front is in
+front). What reaches the terminal is the same spans as before; one area, or none, is Textual's own
+path. tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
+a full render of the screen after every change, with a widget layered over others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from textual._compositor import ChopsUpdate, Compositor
+from textual.geometry import Region
+from textual.strip import Strip
+
+_installed = False
+TEXTUAL: dict[str, Any] = {}
+
+
+def areas(regions: Iterable[Region]) -> list[Region]:
+    """The regions gathered into boxes that neither overlap nor touch one another."""
+    boxes: list[Region] = []
+    for region in regions:
+        box = region
+        while True:
+            grown = box.grow((1, 1, 1, 1))
+            near = next((b for b in boxes if grown.overlaps(b)), None)
+            if near is None:
+                break
+            boxes.remove(near)
+            box = box.union(near)
+        boxes.append(box)
+    return boxes
+
+
+def install() -> None:
+    """Idempotent; the console calls it before its first frame."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    partial = TEXTUAL["render_partial_update"] = Compositor.render_partial_update
+    TEXTUAL["_render_chops"] = Compositor._render_chops
+
+    def _render_chops(
+        self: Compositor, crop: Region, is_rendered_line: Callable[[int], bool]
+    ) -> Sequence[Mapping[int, Strip | None]]:
+        # Textual's, but each widget renders only the lines that will be drawn, not its whole
+        # visible height (its other lines stay as they are in its cache, or dirty there).
+        cuts = self.cuts
+        chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
+        lines = [y for y in crop.line_range if is_rendered_line(y)]
+        if not lines:
+            return chops
+        crop_overlaps = crop.overlaps
+        for widget, (region, clip) in self.visible_widgets.items():
+            if not crop_overlaps(clip):
+                continue
+            x, top, width, height = region.intersection(clip)
+            if not (width and height):
+                continue
+            first_cut, last_cut = x, x + width
+            for lo, hi in _runs(y for y in lines if top <= y < top + height):
+                strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
+                for y, strip in zip(range(lo, hi), strips, strict=False):
+                    chops_line = chops[y]
+                    final_cuts = [cut for cut in cuts[y] if last_cut >= cut >= first_cut]
+                    # Front to back: the first strip for a cut wins.
+                    pieces = strip.divide([cut - x for cut in final_cuts[1:]])
+                    for cut, piece in zip(final_cuts, pieces, strict=False):  # the last cut is its end
+                        if chops_line.get(cut) is None:
+                            chops_line[cut] = piece
+        return chops
+
+    def render_partial_update(self: Compositor) -> ChopsUpdate | None:
+        boxes = areas(self._dirty_regions)
+        if len(boxes) < 2:
+            return partial(self)
+        screen = self.size.region
+        regions = self._dirty_regions.copy()
+        self._dirty_regions.clear()
+        spans = list(self._regions_to_spans(regions))
+        dirty_lines = {y for y, _, _ in spans}
+        cuts = self.cuts
+        chop_ends = [cut_set[1:] for cut_set in cuts]
+        chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
+        for box in boxes:
+            crop = box.intersection(screen)
+            if not crop:
+                continue
+            lines = dirty_lines.intersection(range(crop.y, crop.bottom))
+            part = self._render_chops(crop, lines.__contains__)
+            left, right = crop.x, crop.right
+            for y in lines:
+                line = chops[y]
+                for (cut, strip), end in zip(part[y].items(), chop_ends[y], strict=True):
+                    # Only the cuts this crop overlaps: beyond it, a widget in front of this one
+                    # may not have been rendered in this crop.
+                    if strip is not None and cut < right and end > left:
+                        line[cut] = strip
+        return ChopsUpdate(chops, spans, chop_ends)
+
+    Compositor.render_partial_update = render_partial_update  # type: ignore[method-assign]
+    Compositor._render_chops = _render_chops  # type: ignore[method-assign]
+
+
+def _runs(ys: Iterable[int]) -> Iterator[tuple[int, int]]:
+    """Sorted line numbers as runs of consecutive ones, (first, last + 1)."""
+    lo = hi = None
+    for y in ys:
+        if hi == y:
+            hi = y + 1
+            continue
+        if lo is not None and hi is not None:
+            yield lo, hi
+        lo, hi = y, y + 1
+    if lo is not None and hi is not None:
+        yield lo, hi
