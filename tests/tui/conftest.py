@@ -24,6 +24,7 @@ from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
 from aiops.tui.app import AiopsApp
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import WAIT_S, FakeOpenAI
+from tests.support.terminal import terminal  # noqa: F401  # a fixture: the model terminal
 
 SIZE = (120, 40)
 

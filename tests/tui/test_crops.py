@@ -6,25 +6,17 @@ over others, and spread at random."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from typing import Any
 
-import pytest
-from rich.console import Console
-from rich.segment import ControlType
-from rich.style import Style
-from textual._compositor import ChopsUpdate, Compositor
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.geometry import Region
-from textual.strip import Strip
 from textual.widgets import Static
 
 from aiops.tui import crops
+from tests.support.terminal import Terminal, full
 
 crops.install()
 
-Cell = tuple[str, Style | None]
 WIDTH, HEIGHT = 100, 16
 
 
@@ -52,76 +44,11 @@ class Board(App[None]):
         yield Static("keys", id="keys")
 
 
-def cells(strips: Any) -> list[list[Cell]]:
-    grid = []
-    for strip in strips:
-        row: list[Cell] = []
-        for segment in strip:
-            row.extend((ch, segment.style) for ch in segment.text)
-        grid.append(row)
-    return grid
-
-
-class Terminal:
-    """What a terminal shows, kept up to date by the updates the screen's compositor sends."""
-
-    def __init__(self) -> None:
-        self.grid: list[list[Cell]] = []
-        self.partial_frames = 0
-        self.split_frames = 0
-        self._console = Console(width=WIDTH, height=HEIGHT, force_terminal=True, color_system="truecolor")
-
-    def apply(self, compositor: Compositor, update: Any) -> None:
-        if not isinstance(update, ChopsUpdate):  # a full redraw
-            self.grid = cells(compositor.render_strips())
-            return
-        self.partial_frames += 1
-        x = y = 0
-        for segment in update.__rich_console__(self._console, self._console.options):
-            if segment.control:
-                for control in segment.control:
-                    if control[0] == ControlType.CURSOR_MOVE_TO:
-                        x, y = control[1], control[2]
-                continue
-            if segment.text == "\n":
-                continue
-            for ch in segment.text:
-                self.grid[y][x] = (ch, segment.style)
-                x += 1
-
-
-@pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[Terminal]:
-    """Every update the compositor sends, applied to a `Terminal`; split frames counted."""
-    term = Terminal()
-    render_update = Compositor.render_update
-    partial = crops.TEXTUAL["render_partial_update"]
-
-    def watched(self: Compositor, *args: Any, **kwargs: Any) -> Any:
-        if len(crops.areas(self._dirty_regions)) > 1:
-            term.split_frames += 1
-        update = render_update(self, *args, **kwargs)
-        if update is not None and term.grid:
-            term.apply(self, update)
-        return update
-
-    monkeypatch.setattr(Compositor, "render_update", watched)
-    assert Compositor.render_partial_update is not partial  # the wrapped one is under test
-    yield term
-
-
-def full(app: App[None]) -> list[list[Cell]]:
-    """The whole screen as Textual's own renderer draws it."""
-    compositor = app.screen._compositor
-    chops = crops.TEXTUAL["_render_chops"](compositor, compositor.size.region, lambda y: True)
-    return cells(Strip.join(chop.values()) for chop in chops[: compositor.size.height])
-
-
 async def test_a_model_terminal_matches_a_full_render_after_every_frame(terminal: Terminal) -> None:
     app = Board()
     async with app.run_test(size=(WIDTH, HEIGHT)) as pilot:
         await pilot.pause()
-        terminal.grid = full(app)
+        terminal.start(app)
         rng = random.Random(27)
         ids = ["status", "keys", "over"] + [f"{side}{i}" for side in "lcr" for i in range(12)]
         rounds = [

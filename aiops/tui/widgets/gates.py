@@ -8,7 +8,7 @@ from typing import Any
 
 from pygments.token import Token
 from textual.content import Content
-from textual.geometry import Size
+from textual.geometry import Offset, Region, Size
 from textual.highlight import HighlightTheme, highlight
 from textual.message import Message
 from textual.reactive import Reactive
@@ -164,6 +164,7 @@ goes to the message input.
         current = self.highlighted_option.id if self.highlighted_option is not None else None
         index = self.highlighted or 0
         gates = self.ordered()
+        before = self._shown()
         self._rebuilding = True
         try:
             self._set_gate_options(gates, current, index)
@@ -172,7 +173,10 @@ goes to the message input.
         now = self.highlighted_option.id if gates and self.highlighted_option is not None else None
         if now is not None and now != current and self.has_focus:
             self._moved_at = self._clock()
-        self.border_title = f"Gates ({len(gates)})" if gates else "Gates"
+        title = f"Gates ({len(gates)})" if gates else "Gates"
+        if self.border_title != title:  # setting it paints every line again, even the same title
+            self.border_title = title
+        self._repaint_changed(*before)
 
     def _set_gate_options(self, gates: list[GateInfo], current: str | None, index: int) -> None:
         with self.app.batch_update():
@@ -183,6 +187,42 @@ goes to the message input.
             if gates:
                 ids = [g.id for g in gates]
                 self.highlighted = ids.index(current) if current in ids else min(index, len(ids) - 1)
+
+    def _shown(self) -> tuple[list[tuple[str | None, str]], int, int | None, Offset, set[Region]]:
+        """What the rows on screen are: each option's id and text, the line count, the highlighted
+        option, the scroll position and the repaints already asked for (OptionList's line cache and
+        Widget's repaint regions, checked against Textual 8.2.8)."""
+        rows = [(o.id, _plain(o.prompt)) for o in self.options]
+        return rows, len(self._lines), self.highlighted, self.scroll_offset, set(self._repaint_regions)
+
+    def _repaint_changed(self, rows: list[tuple[str | None, str]], line_count: int, highlighted: int | None,
+                         scroll: Offset, asked: set[Region]) -> None:
+        """Paint again only the lines whose rows changed, not the whole inbox.
+
+        `set_options` (and the highlight, and the title) ask for every line of the inbox to be
+        painted again, and the frame that draws a new gate's row (`MainScreen.draw_now`) then
+        rendered the inbox's whole region with every pane under it: ~7 ms on a 2-core machine for a
+        row of four lines (docs/PERFORMANCE.md). The rows before the first one that changed keep
+        their place and text; so do the blank lines after the longer of the old and new lists. Where
+        that is not known — the list scrolled, no line cache yet, a border (its title is the count)
+        — everything is painted, as Textual does."""
+        if (self.scroll_offset != scroll or not self._lines or self._layout_required
+                or any(edge[0] not in ("", "none", "hidden") for edge in self.styles.border)):
+            return
+        now = [(o.id, _plain(o.prompt)) for o in self.options]
+        same = next((i for i, (a, b) in enumerate(zip(rows, now, strict=False)) if a != b), min(len(rows), len(now)))
+        lines = self._index_to_line
+        first = lines.get(same, len(self._lines)) if same < len(now) else len(self._lines)
+        last = max(line_count, len(self._lines))
+        spans = [(first, last - first)] if last > first else []
+        if highlighted != self.highlighted:
+            for index in (highlighted, self.highlighted):
+                if index is not None and index < same:  # its row kept its place; the highlight moved
+                    spans.append((lines[index], self._heights[index]))
+        self._repaint_regions.clear()
+        self._repaint_regions.update(asked)  # what was asked before this rebuild still stands
+        for y, count in spans:
+            self.refresh_lines(y, count)
 
     def _tick(self) -> None:
         if any(g.expires_at for g in self.gates.values()):
@@ -264,3 +304,8 @@ def session_grant_brief(gate: GateInfo) -> str:
     if run:
         return kinds
     return grant.removeprefix("later ").replace(" calls of this session", " calls")
+
+
+def _plain(prompt: Any) -> str:
+    plain = getattr(prompt, "plain", None)
+    return plain if isinstance(plain, str) else str(prompt)

@@ -1,0 +1,89 @@
+"""A model terminal for console tests: kept up to date only by the frames a Textual screen sends,
+so a test can check what the operator's terminal shows against a full render of the screen, and
+see how much each frame drew."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+from rich.console import Console
+from rich.segment import ControlType
+from rich.style import Style
+from textual._compositor import ChopsUpdate, Compositor
+from textual.app import App
+from textual.strip import Strip
+
+from aiops.tui import crops
+
+Cell = tuple[str, Style | None]
+
+
+def cells(strips: Iterable[Strip]) -> list[list[Cell]]:
+    grid = []
+    for strip in strips:
+        row: list[Cell] = []
+        for segment in strip:
+            row.extend((ch, segment.style) for ch in segment.text)
+        grid.append(row)
+    return grid
+
+
+def full(app: App[Any]) -> list[list[Cell]]:
+    """The whole screen as Textual's own renderer draws it (not aiops/tui/crops.py's)."""
+    compositor = app.screen._compositor
+    chops = crops.TEXTUAL["_render_chops"](compositor, compositor.size.region, lambda y: True)
+    return cells(Strip.join(chop.values()) for chop in chops[: compositor.size.height])
+
+
+class Terminal:
+    """What a terminal shows, kept up to date by the updates the screen's compositor sends."""
+
+    def __init__(self) -> None:
+        self.grid: list[list[Cell]] = []
+        self.partial_frames = 0
+        self.split_frames = 0
+        self.drawn_lines: list[int] = []  # per partial frame: how many lines it wrote to
+        self._console = Console(width=200, height=100, force_terminal=True, color_system="truecolor")
+
+    def start(self, app: App[Any]) -> None:
+        self.grid = full(app)
+
+    def apply(self, compositor: Compositor, update: Any) -> None:
+        if not isinstance(update, ChopsUpdate):  # a full redraw
+            self.grid = cells(compositor.render_strips())
+            return
+        self.partial_frames += 1
+        self.drawn_lines.append(len({y for y, _, _ in update.spans}))
+        x = y = 0
+        for segment in update.__rich_console__(self._console, self._console.options):
+            if segment.control:
+                for control in segment.control:
+                    if control[0] == ControlType.CURSOR_MOVE_TO:
+                        x, y = control[1], control[2]
+                continue
+            if segment.text == "\n":
+                continue
+            for ch in segment.text:
+                self.grid[y][x] = (ch, segment.style)
+                x += 1
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[Terminal]:
+    """Every update the compositor sends from `Terminal.start` on, applied to a `Terminal`."""
+    crops.install()
+    term = Terminal()
+    render_update = Compositor.render_update
+
+    def watched(self: Compositor, *args: Any, **kwargs: Any) -> Any:
+        if len(crops.areas(self._dirty_regions)) > 1:
+            term.split_frames += 1
+        update = render_update(self, *args, **kwargs)
+        if update is not None and term.grid:
+            term.apply(self, update)
+        return update
+
+    monkeypatch.setattr(Compositor, "render_update", watched)
+    yield term
