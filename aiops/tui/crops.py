@@ -92,7 +92,6 @@ def install() -> None:
         regions = self._dirty_regions.copy()
         self._dirty_regions.clear()
         spans = list(self._regions_to_spans(regions))
-        dirty_lines = {y for y, _, _ in spans}
         cuts = self.cuts
         chop_ends = [cut_set[1:] for cut_set in cuts]
         chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
@@ -100,9 +99,10 @@ def install() -> None:
             crop = box.intersection(screen)
             if not crop:
                 continue
-            lines = dirty_lines.intersection(range(crop.y, crop.bottom))
-            part = self._render_chops(crop, lines.__contains__)
             left, right = crop.x, crop.right
+            # The lines with a change inside this area (not those whose changes lie in another).
+            lines = {y for y, x1, x2 in spans if crop.y <= y < crop.bottom and x1 < right and x2 > left}
+            part = self._render_chops(crop, lines.__contains__)
             for y in lines:
                 line = chops[y]
                 for (cut, strip), end in zip(part[y].items(), chop_ends[y], strict=True):

@@ -93,3 +93,13 @@ def test_crop_extend_gives_what_textual_gives(parts: list[Segment], start: int, 
     expected = cycles.TEXTUAL["crop_extend"](Strip(parts), start, end, style)
     assert got == expected
     assert got.cell_length == expected.cell_length
+
+
+def test_a_strip_cut_or_cropped_to_itself_does_not_keep_itself() -> None:
+    strip = Strip([Segment("a line", Style(bold=True))])
+    with saved_garbage() as garbage:
+        assert strip.crop_extend(0, strip.cell_length, None) is strip
+        assert list(strip.divide([strip.cell_length])) == [strip]
+        del strip
+        gc.collect()
+        assert [o for o in garbage if isinstance(o, Strip)] == []
