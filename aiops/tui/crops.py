@@ -8,17 +8,20 @@ side pane, the input and the key bar are rendered again for two lines of change.
 sessions streaming that is most frames; with a gate round, most of its six to eight frames
 (docs/PERFORMANCE.md, "2026-11-28, 09:00").
 
-`install()` wraps it: when the changed regions fall in areas apart (no two touching), each area is
-rendered as a crop of its own and the pieces are put together, a cut of a line taken only from the
-area it lies in (there, every widget that overlaps it was rendered, so what is in front is in
-front). What reaches the terminal is the same spans as before; one area, or none, is Textual's own
-path. tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
+`install()` wraps it. Each widget renders only the lines that are drawn (from the first to the
+last of them, in one call). And when the changed regions fall in areas apart (no two touching) that
+leave most of their bounding box unchanged, each area is rendered as a crop of its own and the
+pieces are put together, a cut of a line taken only from the area it lies in (there, every widget
+that overlaps it was rendered, so what is in front is in front). What reaches the terminal is the
+same spans as before; one area, or areas that fill their box, take Textual's own path (with the
+narrower rendering). A layout frame, whose changes fill the screen, costs what it did.
+tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
 a full render of the screen after every change, with a widget layered over others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from textual._compositor import ChopsUpdate, Compositor
@@ -42,6 +45,15 @@ def areas(regions: Iterable[Region]) -> list[Region]:
             boxes.remove(near)
             box = box.union(near)
         boxes.append(box)
+    return boxes
+
+
+def apart(regions: Iterable[Region]) -> list[Region]:
+    """The areas to render apart: `areas(regions)` when there are several and they leave most of
+    their bounding box unchanged; else none (one crop around all is as cheap)."""
+    boxes = areas(regions)
+    if len(boxes) < 2 or 2 * sum(box.area for box in boxes) >= Region.from_union(boxes).area:
+        return []
     return boxes
 
 
@@ -72,9 +84,15 @@ def install() -> None:
             if not (width and height):
                 continue
             first_cut, last_cut = x, x + width
-            for lo, hi in _runs(y for y in lines if top <= y < top + height):
-                strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
-                for y, strip in zip(range(lo, hi), strips, strict=False):
+            drawn = [y for y in lines if top <= y < top + height]
+            if not drawn:
+                continue
+            # One call from the first line drawn to the last: lines between them come from the
+            # widget's cache, cheaper than Textual's fixed cost of a call per run of lines.
+            lo, hi = drawn[0], drawn[-1] + 1
+            strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
+            for y, strip in zip(range(lo, hi), strips, strict=False):
+                if is_rendered_line(y):
                     chops_line = chops[y]
                     final_cuts = [cut for cut in cuts[y] if last_cut >= cut >= first_cut]
                     # Front to back: the first strip for a cut wins.
@@ -85,8 +103,8 @@ def install() -> None:
         return chops
 
     def render_partial_update(self: Compositor) -> ChopsUpdate | None:
-        boxes = areas(self._dirty_regions)
-        if len(boxes) < 2:
+        boxes = apart(self._dirty_regions)
+        if not boxes:
             return partial(self)
         screen = self.size.region
         regions = self._dirty_regions.copy()
@@ -115,16 +133,3 @@ def install() -> None:
     Compositor.render_partial_update = render_partial_update  # type: ignore[method-assign]
     Compositor._render_chops = _render_chops  # type: ignore[method-assign]
 
-
-def _runs(ys: Iterable[int]) -> Iterator[tuple[int, int]]:
-    """Sorted line numbers as runs of consecutive ones, (first, last + 1)."""
-    lo = hi = None
-    for y in ys:
-        if hi == y:
-            hi = y + 1
-            continue
-        if lo is not None and hi is not None:
-            yield lo, hi
-        lo, hi = y, y + 1
-    if lo is not None and hi is not None:
-        yield lo, hi

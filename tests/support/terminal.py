@@ -78,7 +78,7 @@ def terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[Terminal]:
     render_update = Compositor.render_update
 
     def watched(self: Compositor, *args: Any, **kwargs: Any) -> Any:
-        if len(crops.areas(self._dirty_regions)) > 1:
+        if crops.apart(self._dirty_regions):
             term.split_frames += 1
         update = render_update(self, *args, **kwargs)
         if update is not None and term.grid:

@@ -89,3 +89,11 @@ def test_areas_apart_stay_apart_and_touching_ones_join() -> None:
     assert sorted(crops.areas([left, right, below])) == sorted([Region(0, 5, 20, 3), right])
     # a join that reaches a third area takes it in too
     assert crops.areas([Region(0, 2, 10, 1), Region(0, 0, 10, 1), Region(0, 1, 50, 1)]) == [Region(0, 0, 50, 3)]
+
+
+def test_areas_are_drawn_apart_only_when_they_leave_their_box_mostly_unchanged() -> None:
+    top, row = Region(0, 0, 120, 1), Region(0, 20, 30, 2)
+    assert sorted(crops.apart([top, row])) == sorted([top, row])  # a line and a row: the box is the screen
+    chat, status = Region(30, 2, 60, 36), Region(0, 0, 120, 1)
+    assert crops.apart([chat, status]) == []  # the chat fills most of the box: one crop
+    assert crops.apart([row]) == []
