@@ -22,7 +22,7 @@ a full render of the screen after every change, with a widget layered over other
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
@@ -68,14 +68,14 @@ def install() -> None:
 
     def _render_chops(
         self: Compositor, crop: Region, is_rendered_line: Callable[[int], bool]
-    ) -> Sequence[Mapping[int, Strip | None]]:
+    ) -> Sequence[Mapping[int, Strip]]:
         # Textual's, but each widget renders only the lines that will be drawn, not its whole
         # visible height (its other lines stay as they are in its cache, or dirty there).
         cuts = self.cuts
         chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
         lines = [y for y in crop.line_range if is_rendered_line(y)]
         if not lines:
-            return chops
+            return cast("Sequence[Mapping[int, Strip]]", chops)
         crop_overlaps = crop.overlaps
         for widget, (region, clip) in self.visible_widgets.items():
             if not crop_overlaps(clip):
@@ -100,7 +100,7 @@ def install() -> None:
                     for cut, piece in zip(final_cuts, pieces, strict=False):  # the last cut is its end
                         if chops_line.get(cut) is None:
                             chops_line[cut] = piece
-        return chops
+        return cast("Sequence[Mapping[int, Strip]]", chops)  # as Textual's: None where nothing was drawn
 
     def render_partial_update(self: Compositor) -> ChopsUpdate | None:
         boxes = apart(self._dirty_regions)
