@@ -6,7 +6,7 @@ height. One changed line at the top (the status bar's count of running turns) an
 (a session's row) make that box the whole screen: the chat's every visible block, the inbox, the
 side pane, the input and the key bar are rendered again for two lines of change. With fifty
 sessions streaming that is most frames; with a gate round, most of its six to eight frames
-(docs/PERFORMANCE.md, "2026-11-28, 09:00").
+(docs/PERFORMANCE.md, "2026-11-28, 08:40-09:35 UTC").
 
 `install()` wraps it. Each widget renders only the lines that are drawn (from the first to the
 last of them, in one call). And when the changed regions fall in areas apart (no two touching) that
@@ -16,7 +16,8 @@ that overlaps it was rendered, so what is in front is in front). What reaches th
 same spans as before; one area, or areas that fill their box, take Textual's own path (with the
 narrower rendering). A layout frame, whose changes fill the screen, costs what it did.
 tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
-a full render of the screen after every change, with a widget layered over others.
+Textual's own full render of the screen, with a widget layered over others and scrolled panes whose
+blocks are cut off at their edges.
 """
 
 from __future__ import annotations
