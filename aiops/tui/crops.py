@@ -22,6 +22,7 @@ blocks are cut off at their edges.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -29,7 +30,6 @@ from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.strip import Strip
 
-_installed = False
 TEXTUAL: dict[str, Any] = {}
 
 
@@ -58,12 +58,9 @@ def apart(regions: Iterable[Region]) -> list[Region]:
     return boxes
 
 
+@functools.cache  # once a process
 def install() -> None:
     """Idempotent; the console calls it before its first frame."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
     partial = TEXTUAL["render_partial_update"] = Compositor.render_partial_update
     TEXTUAL["_render_chops"] = Compositor._render_chops
 

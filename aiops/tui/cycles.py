@@ -27,6 +27,7 @@ stays pinned `<9` in pyproject.toml.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,17 +35,13 @@ from rich.style import Style
 from textual._compositor import Compositor
 from textual.strip import Strip
 
-_installed = False
 # Textual's own methods, as they were before `install` (tests compare against them).
 TEXTUAL: dict[str, Any] = {}
 
 
+@functools.cache  # once a process
 def install() -> None:
     """Idempotent; the console calls it before its first frame."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
 
     arrange_root = TEXTUAL["arrange_root"] = Compositor._arrange_root
     divide = TEXTUAL["divide"] = Strip.divide
