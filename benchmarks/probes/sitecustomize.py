@@ -1,7 +1,8 @@
 """What holds an aiops process's event loop: put this directory first on PYTHONPATH and set
 
 - `LOOP_PROBE_STALL_MS=40`: every loop callback longer than that is logged, with the main thread's
-  stack sampled every 8 ms once the callback has run 20 ms (innermost frame first);
+  stack sampled every 8 ms (or a quarter of the next setting) once the callback has run 20 ms (innermost frame first);
+- `LOOP_PROBE_SAMPLE_MS=20`: how long a callback runs before its stack is sampled (default 20);
 - `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more.
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
@@ -22,6 +23,7 @@ from typing import Any
 
 _STALL_MS = float(os.environ.get("LOOP_PROBE_STALL_MS") or 0)
 _GC = bool(os.environ.get("LOOP_PROBE_GC"))
+_SAMPLE_AFTER = float(os.environ.get("LOOP_PROBE_SAMPLE_MS") or 20) / 1000
 
 
 def _install() -> None:
@@ -63,9 +65,9 @@ def _install() -> None:
 
     def sample() -> None:
         while True:
-            time.sleep(0.008)
+            time.sleep(min(0.008, _SAMPLE_AFTER / 4))
             t0 = current["t"]
-            if t0 and time.perf_counter() - t0 > 0.02:
+            if t0 and time.perf_counter() - t0 > _SAMPLE_AFTER:
                 frame = sys._current_frames().get(main)  # noqa: SLF001 - the one way to see another thread's stack
                 if frame is not None:
                     names = [f"{os.path.basename(f.filename)}:{f.name}" for f in traceback.extract_stack(frame)[-40:]]
