@@ -16,7 +16,7 @@ from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.reactive import reactive
+from textual.reactive import Reactive, reactive
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static, Tab, TabbedContent, TabPane, Tabs
@@ -59,6 +59,12 @@ class MainScreen(Screen[None]):
 
     view: reactive[str] = reactive("chat")
     """On a narrow terminal: the one pane shown."""
+
+    # Screen declares `focused` a repaint reactive: every focus move asked for the whole screen
+    # to be rendered again (120×40: 13-30 ms a frame), though what a move changes on screen is
+    # drawn by the widgets it concerns (the pseudo-classes they restyle, the panes' frames, the
+    # key bar), each asking for its own repaint.
+    focused: Reactive[Widget | None] = Reactive(None, repaint=False)
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
