@@ -1,0 +1,177 @@
+"""Sessions that come and go are put in place in the sessions list (aiops/tui/widgets/sessions.py,
+`_splice_rows`) instead of the list being set again: what the operator sees and reaches by key and
+by mouse must be what a list set from scratch shows, through new sessions, deleted ones, a kind that
+appears or empties, and sessions that speak."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Static
+
+from aiops.tui.widgets.sessions import SessionsList
+from tests.support.terminal import Terminal, full
+
+KINDS = ("console", "cli", "api", "proxy", "slack")
+
+
+def session(n: int, kind: str, at: float) -> dict[str, Any]:
+    return {"client_id": f"s{n}", "short_id": n, "kind": kind, "title": f"title {n}", "model": "m",
+            "state": "idle", "updated_at": at}
+
+
+class Pane(App[None]):
+    CSS = """
+    #sessions { width: 36; height: 1fr; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.picked: list[str] = []
+        self.now = 0.0  # the list's clock (its redraw pace, the order's hold after a key)
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield SessionsList(clock=lambda: self.now, id="sessions")
+            yield Static("chat", id="chat")
+
+    def on_sessions_list_picked(self, msg: SessionsList.Picked) -> None:
+        self.picked.append(msg.session_id)
+
+
+def expected(sessions: dict[str, dict[str, Any]]) -> list[str]:
+    """The options a list set from scratch shows: each kind's heading, its sessions newest first."""
+    out: list[str] = []
+    for kind in KINDS:
+        group = sorted((s for s in sessions.values() if s["kind"] == kind), key=lambda s: -s["updated_at"])
+        if group:
+            out.append(f"kind:{kind} ({len(group)})")
+            out.extend(s["client_id"] for s in group)
+    return out
+
+
+def shown(sl: SessionsList) -> list[str]:
+    """The list's options: headings as "kind:api (3)" (their count as drawn), rows as session ids."""
+    return [f"{o.id} ({o.prompt.plain.rsplit('(', 1)[1]}" if str(o.id).startswith("kind:") else str(o.id)
+            for o in sl.options]
+
+
+def check_state(sl: SessionsList, sessions: dict[str, dict[str, Any]], what: str) -> None:
+    assert shown(sl) == expected(sessions), what
+    assert all(sl._option_to_index[o] == i for i, o in enumerate(sl.options)), what
+    assert sl._id_to_option == {o.id: o for o in sl.options}, what
+    # The lines OptionList would measure from scratch (its private cache, Textual 8.2.8).
+    cache = sl._line_cache
+    kept = (list(cache.lines), dict(cache.heights), dict(cache.index_to_line))
+    cache.clear()
+    sl._update_lines()
+    assert kept == (cache.lines, cache.heights, cache.index_to_line), what
+
+
+async def test_sessions_coming_and_going_show_as_a_list_set_from_scratch(terminal: Terminal) -> None:
+    rng = random.Random(27)
+    app = Pane()
+    async with app.run_test(size=(90, 30)) as pilot:
+        sl = app.query_one(SessionsList)
+        clock = [1000.0]
+
+        def tick() -> float:
+            clock[0] += 1
+            return clock[0]
+
+        sessions = {f"s{n}": session(n, rng.choice(KINDS[1:4]), tick()) for n in range(40)}
+        sl.set_sessions(list(sessions.values()))
+        sl.focus()
+        sl.highlighted = sl.get_option_index("s7")
+        await pilot.pause()
+        terminal.start(app)
+        spliced = 0
+        splice = sl._splice_rows
+
+        def counted() -> bool:
+            nonlocal spliced
+            done = splice()
+            spliced += done
+            return done
+
+        sl._splice_rows = counted  # type: ignore[method-assign]
+        n = 40
+        for step in range(80):
+            roll = rng.random()
+            if roll < 0.35:  # a new session, newest in its kind (a kind of its own now and then)
+                n += 1
+                s = sessions[f"s{n}"] = session(n, rng.choice(KINDS), tick())
+                sl.upsert(dict(s))
+                what = f"step {step}: s{n} came ({s['kind']})"
+            elif roll < 0.55 and len(sessions) > 5:  # one deleted (the cursor's, sometimes)
+                sid = rng.choice(sorted(sessions))
+                del sessions[sid]
+                sl.drop(sid)
+                what = f"step {step}: {sid} deleted"
+            elif roll < 0.6:  # a kind empties
+                kind = rng.choice(KINDS)
+                for sid in [sid for sid, s in sessions.items() if s["kind"] == kind]:
+                    del sessions[sid]
+                    sl.drop(sid)
+                what = f"step {step}: every {kind} session deleted"
+            else:  # one speaks: it goes on top of its kind
+                sid = rng.choice(sorted(sessions))
+                sessions[sid]["updated_at"] = tick()
+                sl.upsert({"client_id": sid, "updated_at": sessions[sid]["updated_at"]})
+                what = f"step {step}: {sid} spoke"
+            before = sl.highlighted_option.id if sl.highlighted_option is not None else None
+            app.now += 1
+            sl.rebuild_now()
+            await pilot.pause()
+            check_state(sl, sessions, what)
+            if before in sessions:
+                assert sl.highlighted_option is not None and sl.highlighted_option.id == before, what
+            await pilot.pause()
+            assert terminal.grid == full(app), what
+        assert spliced > 30  # most steps took the new path, not Textual's
+
+
+def session_lines(app: Pane) -> list[str]:
+    """The list's rows as drawn (inside its frame, without the scrollbar)."""
+    region = app.query_one(SessionsList).scrollable_content_region
+    strips = app.screen._compositor.render_strips()
+    return [strip.crop(region.x, region.right).text for strip in strips[region.y:region.bottom]]
+
+
+async def test_a_new_session_above_the_rows_in_sight_leaves_them_where_they_are_and_clicks_stay_true() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sessions = [session(n, "api", 1000.0 + n) for n in range(30)]  # s29 on top
+        sl.set_sessions(sessions)
+        sl.focus()
+        await pilot.pause()
+        await pilot.press("end")
+        for _ in range(3):
+            await pilot.press("up")
+        assert sl.highlighted_option is not None and sl.highlighted_option.id == "s3"
+        seen = session_lines(app)
+        assert "api (30)" not in " ".join(seen)  # the heading is out of sight
+        app.now += 5  # the operator stopped moving the cursor: the order no longer holds
+        sl.upsert(session(99, "api", 2000.0))  # the newest: on top, above what the operator sees
+        sl.rebuild_now()
+        await pilot.pause()
+        assert sl.get_option_index("s99") == 1 and "api (31)" in str(sl.get_option("kind:api").prompt)
+        assert session_lines(app) == seen
+        assert sl.highlighted_option is not None and sl.highlighted_option.id == "s3"
+        await pilot.press("down")  # the row shown below the cursor's
+        assert sl.highlighted_option is not None and sl.highlighted_option.id == "s2"
+        # A click on the row that shows s5 opens s5 (each drawn row carries its option's index).
+        y = next(i for i, line in enumerate(session_lines(app)) if line.strip().startswith("5 "))
+        top = sl.scrollable_content_region.y - sl.region.y  # the frame's top line
+        await pilot.click("#sessions", offset=(3, top + y))
+        await pilot.pause()
+        assert app.picked == ["s5"]
+        # Home: the first session is the new one, in sight.
+        await pilot.press("home")
+        await pilot.pause()
+        assert sl.highlighted_option is not None and sl.highlighted_option.id == "s99"
+        assert any(line.strip().startswith("99 ") for line in session_lines(app))
