@@ -59,6 +59,25 @@ def shown(sl: SessionsList) -> list[str]:
             for o in sl.options]
 
 
+def drawn_afresh(app: Pane) -> list[list[Any]]:
+    """The screen as a full render draws it with the list's rows drawn again from its data, not
+    taken from OptionList's drawings (a stale one would otherwise compare equal); the list's caches
+    are put back as they were, so that the test goes on with what the console would have."""
+    sl = app.query_one(SessionsList)
+    drawings = sl._option_render_cache
+    saved = [(key, drawings.get(key)) for key in list(drawings.keys())]
+    lines, dirty = dict(sl._styles_cache._cache), set(sl._styles_cache._dirty_lines)
+    drawings.clear()
+    sl._styles_cache.clear()
+    try:
+        return full(app)
+    finally:
+        drawings.clear()
+        for key, strips in saved:
+            drawings[key] = strips
+        sl._styles_cache._cache, sl._styles_cache._dirty_lines = lines, dirty
+
+
 def check_state(sl: SessionsList, sessions: dict[str, dict[str, Any]], what: str) -> None:
     assert shown(sl) == expected(sessions), what
     assert all(sl._option_to_index[o] == i for i, o in enumerate(sl.options)), what
@@ -82,7 +101,8 @@ async def test_sessions_coming_and_going_show_as_a_list_set_from_scratch(termina
             clock[0] += 1
             return clock[0]
 
-        sessions = {f"s{n}": session(n, rng.choice(KINDS[1:4]), tick()) for n in range(40)}
+        # Fewer than the pane shows at first: the scrollbar comes (and goes) as sessions do.
+        sessions = {f"s{n}": session(n, rng.choice(KINDS[1:4]), tick()) for n in range(8)}
         sl.set_sessions(list(sessions.values()))
         sl.focus()
         sl.highlighted = sl.get_option_index("s7")
@@ -91,15 +111,15 @@ async def test_sessions_coming_and_going_show_as_a_list_set_from_scratch(termina
         spliced = 0
         splice = sl._splice_rows
 
-        def counted() -> bool:
+        def counted(changed: set[str]) -> bool:
             nonlocal spliced
-            done = splice()
+            done = splice(changed)
             spliced += done
             return done
 
         sl._splice_rows = counted  # type: ignore[method-assign]
-        n = 40
-        for step in range(80):
+        n = 8
+        for step in range(120):
             roll = rng.random()
             if roll < 0.35:  # a new session, newest in its kind (a kind of its own now and then)
                 n += 1
@@ -122,16 +142,29 @@ async def test_sessions_coming_and_going_show_as_a_list_set_from_scratch(termina
                 sessions[sid]["updated_at"] = tick()
                 sl.upsert({"client_id": sid, "updated_at": sessions[sid]["updated_at"]})
                 what = f"step {step}: {sid} spoke"
+            if sessions and rng.random() < 0.5:  # in the same redraw, another row shows something new
+                sid = rng.choice(sorted(sessions))
+                if rng.random() < 0.5:
+                    sessions[sid]["state"] = rng.choice(("running", "waiting", "idle"))
+                    sl.upsert({"client_id": sid, "state": sessions[sid]["state"]})
+                else:
+                    sl.mark_unread(sid)
+                what += f", {sid} changed"
             before = sl.highlighted_option.id if sl.highlighted_option is not None else None
             app.now += 1
+            if rng.random() < 0.1 and sessions:  # the operator opens one (bold, read, the cursor on it)
+                sid = rng.choice(sorted(sessions))
+                sl.select(sid)
+                before = sid
+                what += f", {sid} opened"
             sl.rebuild_now()
             await pilot.pause()
             check_state(sl, sessions, what)
             if before in sessions:
                 assert sl.highlighted_option is not None and sl.highlighted_option.id == before, what
             await pilot.pause()
-            assert terminal.grid == full(app), what
-        assert spliced > 30  # most steps took the new path, not Textual's
+            assert terminal.grid == full(app) == drawn_afresh(app), what
+        assert spliced > 60  # most steps took the new path, not Textual's
 
 
 def session_lines(app: Pane) -> list[str]:
@@ -175,3 +208,58 @@ async def test_a_new_session_above_the_rows_in_sight_leaves_them_where_they_are_
         await pilot.pause()
         assert sl.highlighted_option is not None and sl.highlighted_option.id == "s99"
         assert any(line.strip().startswith("99 ") for line in session_lines(app))
+
+
+async def test_rows_in_sight_stay_put_when_sessions_above_below_or_among_them_come_and_go() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])  # s39 on top
+        await pilot.pause()
+        sl.scroll_to(y=20, animate=False, immediate=True)  # rows s30 down to s22 in sight
+        await pilot.pause()
+
+        def rows() -> list[str]:
+            """The shorthand ids of the rows in sight, top first."""
+            return [line.split()[0] for line in session_lines(app) if line.split() and line.split()[0].isdigit()]
+
+        seen = rows()
+        assert len(seen) > 6 and "api (40)" not in " ".join(session_lines(app))
+
+        async def redraw() -> None:
+            app.now += 5
+            sl.rebuild_now()
+            await pilot.pause()
+
+        sl.drop("s5")  # below the view: the heading's count changes, nothing in sight moves
+        await redraw()
+        assert rows() == seen
+        sl.upsert(session(99, "api", 2000.0))  # above, and one below gone, in the same redraw
+        sl.drop("s4")
+        await redraw()
+        assert rows() == seen
+        sl.drop(f"s{seen[4]}")  # one in sight: the rows above it stay, those below move up
+        await redraw()
+        assert rows()[:4] == seen[:4] and rows()[4:len(seen) - 1] == seen[5:]
+
+
+async def test_sessions_coming_and_going_while_the_list_is_hidden_show_once_it_is_back() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, rng_kind, 1000.0 + n) for n, rng_kind in enumerate(("api", "cli") * 10)])
+        await pilot.pause()
+        sl.display = False  # a narrow terminal showing the chat, or the pane toggled off
+        await pilot.pause()
+        app.now += 5
+        sl.upsert(session(99, "console", 2000.0))
+        sl.drop("s0")
+        sl.rebuild_now()
+        await pilot.pause()
+        sl.display = True
+        await pilot.pause()
+        await pilot.pause()
+        assert session_lines(app)[0].strip() == "console (1)"
+        assert session_lines(app)[1].strip().startswith("99 ")
+        assert session_lines(app)[3].strip() == "cli (10)"
+        assert sl.get_option("kind:api").prompt.plain == "api (9)"  # below, out of sight

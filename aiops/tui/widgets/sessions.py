@@ -263,7 +263,7 @@ to the message input.
         moved, self._moved = self._moved, set()
         kinds = self._order.update(self.sessions, moved)
         reset, self._reset = self._reset, False
-        if reset or not (self._move_rows(kinds, changed) or self._splice_rows()):
+        if reset or not (self._move_rows(kinds, changed) or self._splice_rows(changed)):
             self._set_order(highlight)
         current = self.highlighted_option
         if highlight is not None and (current is None or current.id != highlight):
@@ -310,10 +310,11 @@ to the message input.
         self._redraw_rows(redraw)
         return True
 
-    def _splice_rows(self) -> bool:
+    def _splice_rows(self, changed: set[str]) -> bool:
         """Put the new order in place when sessions came or went (or a kind did): the options from
         the first that differs to the last are replaced, the rest stay, and OptionList's lines are
-        shifted rather than measured again; False (nothing done) before the list has its lines.
+        shifted rather than measured again; the `changed` rows are drawn again. False (nothing
+        done) before the list has its lines, or while it is not shown (it has no width).
 
         Setting all the options again (10,050 listed) took 13-33 ms in the handler, measured every
         option's height again, dropped every row's drawing, scrolled to the top and back, and the
@@ -325,8 +326,8 @@ to the message input.
         OptionList's private lists, checked against Textual 8.2.8."""
         cache = self._line_cache
         old = self._options
-        if not cache.lines or cache.lines[-1][0] != len(old) - 1:
-            return False  # not measured yet (or not all of it): Textual's way
+        if not self.scrollable_content_region or not cache.lines or cache.lines[-1][0] != len(old) - 1:
+            return False  # hidden, or not measured yet (or not all of it): Textual's way
         new = self._options_in_order()
         lo, end = 0, min(len(old), len(new))
         while lo < end and old[lo] is new[lo]:
@@ -352,6 +353,9 @@ to the message input.
         shift, moved = new_hi - old_hi, first + len(mid) - after
         highlighted = self.highlighted_option
         top = self.scroll_offset.y
+        # The line at the top of the view, kept there (unless its option goes).
+        anchor = (old[lines[top][0]], lines[top][1]) if top < len(lines) else None
+        scrollbar = self.show_vertical_scrollbar
         self._options = new
         self._option_to_index = {option: i for i, option in enumerate(new)}
         for option in old[lo:old_hi]:
@@ -368,7 +372,7 @@ to the message input.
         drawings = self._option_render_cache
         for key in list(drawings.keys()):
             at = self._option_to_index.get(key[0])
-            if at is None:
+            if at is None or key[0].id in changed:  # gone, or showing something new
                 drawings.discard(key)
             elif at >= lo and (strips := drawings.get(key)) is not None:
                 # After the segments' own styles, so that the new index wins over the old one.
@@ -376,13 +380,16 @@ to the message input.
                 drawings.discard(key)  # (`set` leaves a key it holds as it is)
                 drawings[key] = [Strip(Segment.apply_style(strip, post_style=meta), strip.cell_length)
                                  for strip in strips]
-        for kind in self._order.kinds():
-            self._shown[kind] = list(self._order.group(kind))
-        for kind in [k for k in self._shown if not self._order.group(k)]:
-            del self._shown[kind]
+        self._shown = {kind: list(self._order.group(kind)) for kind in self._order.kinds()}
         self._update_lines()  # the list's new height (a repaint: `virtual_size`), the scrollbar's
-        if moved and first < top:
-            self.scroll_to(y=top + moved, animate=False, immediate=True)
+        if self.show_vertical_scrollbar != scrollbar:
+            # The rows' width changes with it, and drawings are kept whatever their width.
+            drawings.clear()
+        at = self._option_to_index.get(anchor[0]) if anchor is not None else None
+        view = cache.index_to_line[at] + anchor[1] if at is not None and anchor is not None else (
+            top + moved if first < top else top)
+        if view != top:
+            self.scroll_to(y=view, animate=False, immediate=True)
         cursor = self._option_to_index.get(highlighted) if highlighted is not None else None
         if cursor is None and self.selected in self._id_to_option:  # its session is gone
             cursor = self._option_to_index[self._id_to_option[self.selected]]
