@@ -73,12 +73,13 @@ class SessionsList(TypesAway, OptionList):
     """
 
     PANE = "sessions"
+    BINDINGS = bindings_for("sessions")
 
     # Widget declares `virtual_size` a layout reactive: a session that came or went laid the whole
     # screen out again for the list's new height. Only the scrollbars depend on it, and those are
     # layout reactives of their own, set by `_scroll_update` when it changes (as in GatesInbox).
     virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
-    BINDINGS = bindings_for("sessions")
+
     HELP = """\
 ## Sessions
 
@@ -321,8 +322,8 @@ to the message input.
         list's new height then laid the whole screen out again: 17-40 ms more in the next frame. A
         new session came in that way at every gate round of the bench, just before the model's
         tool call, which then waited for both. Here the list's height changes by a repaint (see
-        `virtual_size`), and rows above the ones in sight that come or go move the view with them,
-        so that the rows the operator is looking at stay where they are.
+        `virtual_size`), and the line at the top of the view stays there (unless its session went),
+        so that rows coming or going above or below do not move what the operator is looking at.
         OptionList's private lists, checked against Textual 8.2.8."""
         cache = self._line_cache
         old = self._options
