@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from rich.segment import Segment
-from rich.style import Style as RichStyle
 from textual.content import Content
-from textual.geometry import Size
 from textual.message import Message
-from textual.reactive import Reactive
-from textual.strip import Strip
 from textual.timer import Timer
 from textual.visual import Visual
 from textual.widgets import OptionList
@@ -22,10 +17,12 @@ from aiops.tui.format import STATE_MARK, ago, one_line
 from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
 from aiops.tui.widgets.session_order import SessionOrder
+from aiops.tui.widgets.spliced import SplicedOptionList
 from aiops.tui.widgets.typeaway import TypesAway
 
 if TYPE_CHECKING:
     from textual.css.styles import RulesMap
+    from textual.strip import Strip
     from textual.style import Style
     from textual.visual import RenderOptions
 
@@ -65,7 +62,7 @@ class SessionRow(Visual):
         return self._rows().plain
 
 
-class SessionsList(TypesAway, OptionList):
+class SessionsList(TypesAway, SplicedOptionList):
     """Sessions grouped by kind: shorthand id, title, model, state, last activity, unread.
 
     Picking a session hands the operator to the input; text typed here that is none of the list's
@@ -74,11 +71,6 @@ class SessionsList(TypesAway, OptionList):
 
     PANE = "sessions"
     BINDINGS = bindings_for("sessions")
-
-    # Widget declares `virtual_size` a layout reactive: a session that came or went laid the whole
-    # screen out again for the list's new height. Only the scrollbars depend on it, and those are
-    # layout reactives of their own, set by `_scroll_update` when it changes (as in GatesInbox).
-    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
 
     HELP = """\
 ## Sessions
@@ -312,90 +304,20 @@ to the message input.
         return True
 
     def _splice_rows(self, changed: set[str]) -> bool:
-        """Put the new order in place when sessions came or went (or a kind did): the options from
-        the first that differs to the last are replaced, the rest stay, and OptionList's lines are
-        shifted rather than measured again; the `changed` rows are drawn again. False (nothing
-        done) before the list has its lines, or while it is not shown (it has no width).
+        """Put the new order in place when sessions came or went (or a kind did), the `changed`
+        rows drawn again (`SplicedOptionList.splice_options`); False (nothing done) where it
+        cannot (a hidden list, one not measured yet).
 
         Setting all the options again (10,050 listed) took 13-33 ms in the handler, measured every
         option's height again, dropped every row's drawing, scrolled to the top and back, and the
         list's new height then laid the whole screen out again: 17-40 ms more in the next frame. A
         new session came in that way at every gate round of the bench, just before the model's
-        tool call, which then waited for both. Here the list's height changes by a repaint (see
-        `virtual_size`), and the line at the top of the view stays there (unless its session went),
-        so that rows coming or going above or below do not move what the operator is looking at.
-        OptionList's private lists, checked against Textual 8.2.8."""
-        cache = self._line_cache
-        old = self._options
-        if not self.scrollable_content_region or not cache.lines or cache.lines[-1][0] != len(old) - 1:
-            return False  # hidden, or not measured yet (or not all of it): Textual's way
-        new = self._options_in_order()
-        lo, end = 0, min(len(old), len(new))
-        while lo < end and old[lo] is new[lo]:
-            lo += 1
-        same = 0  # options alike at the end
-        while same < end - lo and old[-1 - same] is new[-1 - same]:
-            same += 1
-        old_hi, new_hi = len(old) - same, len(new) - same  # [lo, hi) replaced
-        lines = cache.lines
-        first = cache.index_to_line[lo] if lo < len(old) else len(lines)
-        after = cache.index_to_line[old_hi] if old_hi < len(old) else len(lines)
-        width = self.scrollable_content_region.width - self._get_left_gutter_width()
-        padding = self.get_component_styles("option-list--option").padding.width
-        rules = cast("RulesMap", self.styles)  # as OptionList measures its options
-        mid: list[tuple[int, int]] = []
-        heights: dict[int, int] = {}
-        index_to_line: dict[int, int] = {}
-        for index in range(lo, new_hi):
-            option = new[index]
-            index_to_line[index] = first + len(mid)
-            heights[index] = height = self._get_visual(option).get_height(rules, width - padding)
-            mid.extend((index, line) for line in range(height))
-        shift, moved = new_hi - old_hi, first + len(mid) - after
-        highlighted = self.highlighted_option
-        top = self.scroll_offset.y
-        # The line at the top of the view, kept there (unless its option goes).
-        anchor = (old[lines[top][0]], lines[top][1]) if top < len(lines) else None
-        scrollbar = self.show_vertical_scrollbar
-        self._options = new
-        self._option_to_index = {option: i for i, option in enumerate(new)}
-        for option in old[lo:old_hi]:
-            if option.id is not None and self._id_to_option.get(option.id) is option:
-                del self._id_to_option[option.id]
-        self._id_to_option.update((option.id, option) for option in new[lo:new_hi] if option.id is not None)
-        cache.lines = lines[:first] + mid + [(i + shift, line) for i, line in lines[after:]]
-        cache.heights = {i: h for i, h in cache.heights.items() if i < lo} | heights | {
-            i + shift: h for i, h in cache.heights.items() if i >= old_hi}
-        cache.index_to_line = {i: y for i, y in cache.index_to_line.items() if i < lo} | index_to_line | {
-            i + shift: y + moved for i, y in cache.index_to_line.items() if i >= old_hi}
-        # Every option's drawing carries its index (for the mouse): those that moved are given
-        # theirs anew rather than drawn again (a row drawn from its data costs ~0.4 ms).
-        drawings = self._option_render_cache
-        for key in list(drawings.keys()):
-            at = self._option_to_index.get(key[0])
-            if at is None or key[0].id in changed:  # gone, or showing something new
-                drawings.discard(key)
-            elif at >= lo and (strips := drawings.get(key)) is not None:
-                # After the segments' own styles, so that the new index wins over the old one.
-                meta = RichStyle.from_meta({"option": at})
-                drawings.discard(key)  # (`set` leaves a key it holds as it is)
-                drawings[key] = [Strip(Segment.apply_style(strip, post_style=meta), strip.cell_length)
-                                 for strip in strips]
+        tool call, which then waited for both (docs/PERFORMANCE.md, "11:20-12:50 UTC")."""
+        if not self.splice_options(self._options_in_order(), changed):
+            return False
         self._shown = {kind: list(self._order.group(kind)) for kind in self._order.kinds()}
-        self._update_lines()  # the list's new height (a repaint: `virtual_size`), the scrollbar's
-        if self.show_vertical_scrollbar != scrollbar:
-            # The rows' width changes with it, and drawings are kept whatever their width.
-            drawings.clear()
-        at = self._option_to_index.get(anchor[0]) if anchor is not None else None
-        view = cache.index_to_line[at] + anchor[1] if at is not None and anchor is not None else (
-            top + moved if first < top else top)
-        if view != top:
-            self.scroll_to(y=view, animate=False, immediate=True)
-        cursor = self._option_to_index.get(highlighted) if highlighted is not None else None
-        if cursor is None and self.selected in self._id_to_option:  # its session is gone
-            cursor = self._option_to_index[self._id_to_option[self.selected]]
-        self.highlighted = cursor
-        self.refresh()
+        if self.highlighted is None and self.selected in self._id_to_option:  # its session is gone
+            self.highlighted = self._option_to_index[self._id_to_option[self.selected]]
         return True
 
     def _redraw_rows(self, session_ids: set[str] | None = None) -> None:
