@@ -1,7 +1,7 @@
 """Sessions that come and go are put in place in the sessions list (aiops/tui/widgets/spliced.py,
-used by `SessionsList._splice_rows`) instead of the list being set again: what the operator sees and reaches by key and
-by mouse must be what a list set from scratch shows, through new sessions, deleted ones, a kind that
-appears or empties, and sessions that speak."""
+used by `SessionsList._splice_rows`) instead of the list being set again: what the operator sees
+and reaches by key and by mouse must be what a list set from scratch shows, through new sessions,
+deleted ones, a kind that appears or empties, and sessions that speak."""
 
 from __future__ import annotations
 
