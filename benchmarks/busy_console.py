@@ -267,6 +267,7 @@ async def gate_round(pane: Pane, http: aiohttp.ClientSession, url: str, out: dic
                 stamp = int(data["args"]["content"])
                 out[GATE_CASES[0]].append((at - stamp) / 1e6)
                 out[GATE_CASES[1]].append((await shown - stamp) / 1e6)
+                out["stamps"].append(stamp / 1e9)
                 await asyncio.to_thread(pane.keys, "C-g")  # the operator jumps to the gate,
                 await asyncio.sleep(0.3)  # reads it,
                 key_at = time.monotonic_ns()
@@ -286,7 +287,7 @@ async def gate_round(pane: Pane, http: aiohttp.ClientSession, url: str, out: dic
 
 
 async def gates(pane: Pane, url: str, rounds: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in GATE_CASES}
+    out: dict[str, list[float]] = {k: [] for k in (*GATE_CASES, "stamps")}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         for _ in range(rounds):
             await gate_round(pane, http, url, out)
@@ -319,7 +320,13 @@ async def _phase(pane: Pane, url: str, pid: int, args: argparse.Namespace) -> di
     cpu = {"per input key": (c1 - c0) / max(args.presses, 1), "per sessions-list key": (c2 - c1) / max(args.list_presses, 1),
            "per gate round (two turns, the jump, the approval)": (c3 - c2) / max(args.console_gates, 1)}
     return {"keypress_to_screen_ms": _summary(keys), "sessions_list_key_to_screen_ms": _summary(listed),
-            "gates_ms": {k: _summary(v) for k, v in gated.items()}, "health_latency_ms": _summary(health),
+            "gates_ms": {k: _summary(gated[k]) for k in GATE_CASES},
+            # Per round, the model's call (CLOCK_MONOTONIC seconds, the loop probe's clock) and the API
+            # stream's figure beside the row's: with n=30 one slow round is the p99, and whether it
+            # was slow in the engine or in the console is what says where to look.
+            "gate_rounds": [[round(t, 4), round(a, 1), round(b, 1)]
+                            for t, a, b in zip(gated["stamps"], gated[GATE_CASES[0]], gated[GATE_CASES[1]], strict=True)],
+            "health_latency_ms": _summary(health),
             "console_cpu_ms": {k: round(v * 1000, 1) for k, v in cpu.items()}}
 
 

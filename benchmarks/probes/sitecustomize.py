@@ -3,7 +3,9 @@
 - `LOOP_PROBE_STALL_MS=40`: every loop callback longer than that is logged, with the main thread's
   stack sampled every 8 ms (or a quarter of the next setting) once the callback has run 20 ms (innermost frame first);
 - `LOOP_PROBE_SAMPLE_MS=20`: how long a callback runs before its stack is sampled (default 20);
-- `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more.
+- `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more;
+- `LOOP_PROBE_FRAMES=1`: every frame a Textual screen draws, with its start, its length, whether
+  it laid the screen out, and the widgets that asked for it (a layout's, else a repaint's).
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
 consoles and servers inherit the environment; `AIOPS_*` variables are not passed on, hence the names).
@@ -24,6 +26,50 @@ from typing import Any
 _STALL_MS = float(os.environ.get("LOOP_PROBE_STALL_MS") or 0)
 _GC = bool(os.environ.get("LOOP_PROBE_GC"))
 _SAMPLE_AFTER = float(os.environ.get("LOOP_PROBE_SAMPLE_MS") or 20) / 1000
+_FRAMES = bool(os.environ.get("LOOP_PROBE_FRAMES"))
+
+
+def _names(widgets: Any, most: int = 6) -> str:
+    names = sorted({f"{type(w).__name__}#{w.id}" if w.id else type(w).__name__ for w in widgets})
+    return ",".join(names[:most]) + (f",+{len(names) - most}" if len(names) > most else "")
+
+
+def _frames(out: Any) -> None:
+    """Wrap `Screen._on_timer_update` (a frame) once Textual's screen module is imported."""
+    import importlib.abc
+    import importlib.util
+
+    def wrap(module: Any) -> None:
+        update = module.Screen._on_timer_update
+
+        def timed(screen: Any) -> None:
+            layout = screen._layout_required or screen._scroll_required
+            asked = _names(screen._layout_widgets) if layout else _names(screen._dirty_widgets)
+            t0 = time.monotonic()
+            update(screen)
+            ms = (time.monotonic() - t0) * 1000
+            out.write(f"FRAME {t0:.4f} {ms:.1f}ms {'layout' if layout else 'paint'} {asked}\n")
+
+        module.Screen._on_timer_update = timed
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name != "textual.screen":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def run(module: Any) -> None:
+                exec_module(module)
+                wrap(module)
+
+            spec.loader.exec_module = run  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, Finder())
 
 
 def _install() -> None:
@@ -43,6 +89,8 @@ def _install() -> None:
                           f"collected={info['collected']}\n")
 
         gc.callbacks.append(collected)
+    if _FRAMES:
+        _frames(out)
     if not _STALL_MS:
         return
     current: dict[str, Any] = {"t": 0.0, "samples": []}
@@ -77,5 +125,5 @@ def _install() -> None:
     threading.Thread(target=sample, daemon=True, name="loop-probe").start()
 
 
-if (_STALL_MS or _GC) and "aiops" in " ".join(sys.argv):
+if (_STALL_MS or _GC or _FRAMES) and "aiops" in " ".join(sys.argv):
     _install()
