@@ -6,19 +6,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
+from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.actions import parse
 from textual.binding import ActiveBinding, Binding
-from textual.widgets import Footer
-
-# Private: Textual has no public module for the key widget its Footer draws and styles (checked
-# against Textual 8.2.8); drawing our own would lose the Footer's look and click handling.
-from textual.widgets._footer import FooterKey
+from textual.widget import Widget
 
 from aiops.tui.keys import KEYS, keys_of
 
 if TYPE_CHECKING:
-    from textual.app import ComposeResult
     from textual.screen import Screen
 
 # Global keys in the order the bar offers them (keys.py lists the essentials first).
@@ -28,47 +25,82 @@ _PALETTE_ACTIONS = ("command_palette", "app.command_palette")
 _Key = tuple[str, str, str, str, bool, str, bool]
 
 
-class ConsoleFooter(Footer):
-    """Textual's Footer, with an order and a width budget. Every screen has its own (the main screen
-    and each modal), and shows the keys that work there.
+class ConsoleFooter(Widget, can_focus=False):
+    """The key bar, drawn as one line. Every screen has its own (the main screen and each modal),
+    and shows the keys that work there.
 
-    Textual lists keys in binding order, which a keymap override changes (a rebound key moves to
-    the end of its map), and lets the bar run off the right edge, cutting a label mid-word. Here the
-    focused pane's keys come first, the global ones follow in the registry's order, a key that does
-    not fit is left out whole (F1 and the palette list everything), and the palette key sits at the
-    right edge once, under whatever key the keymap gives it.
+    It looks and clicks as Textual's compact Footer does, with an order and a width budget: the
+    focused pane's keys come first, the global ones follow in the registry's order, a key that
+    does not fit is left out whole (F1 and the palette list everything), and the palette key sits
+    at the right edge once, under whatever key the keymap gives it. (Textual lists keys in binding
+    order, which a keymap override changes, and lets the bar run off the right edge, cutting a
+    label mid-word.)
+
+    One widget, not a widget per key as Textual's Footer has: a focus move gives the bar other
+    keys, and keys of other widths laid the whole screen out again (10-15 ms a frame, two focus
+    moves per gate round, docs/PERFORMANCE.md). Drawn as one line, new keys are a repaint of it.
+    """
+
+    ALLOW_SELECT = False
+    COMPONENT_CLASSES = {
+        "console-footer--key", "console-footer--description", "console-footer--item",
+        "console-footer--hover", "console-footer--separator",
+    }
+    # The colours and spacing of Textual's compact Footer and FooterKey (Textual 8.2.8).
+    DEFAULT_CSS = """
+    ConsoleFooter {
+        dock: bottom;
+        height: 1;
+        color: $footer-foreground;
+        background: $footer-background;
+        .console-footer--item { background: $footer-item-background; }
+        .console-footer--key {
+            color: $footer-key-foreground;
+            background: $footer-key-background;
+            text-style: bold;
+        }
+        .console-footer--description {
+            color: $footer-description-foreground;
+            background: $footer-description-background;
+        }
+        .console-footer--hover {
+            color: $footer-key-foreground;
+            background: $block-hover-background;
+        }
+        .console-footer--separator { color: $foreground 20%; }
+    }
     """
 
     def __init__(self, **kw: Any) -> None:
-        super().__init__(compact=True, **kw)
-        self._laid_out_for = 0
+        super().__init__(**kw)
         # The screen has told us its bindings once: before that there is nothing true to show.
         self._bindings_known = False
-        self._shown: list[_Key] | None = None  # the keys shown last
-        # The key widgets on the bar (shown or hidden) in order, kept here rather than queried: the
-        # palette's is a child too, and is docked to the right.
-        self._keys: list[FooterKey] = []
-        self._palette_key: FooterKey | None = None
+        self._shown: list[_Key] | None = None  # the keys shown
+        self._spans: list[tuple[int, int, _Key]] = []  # where each key is drawn: [start, end) columns
+        self._hover: int | None = None  # the key under the mouse, by its place in `_spans`
 
     @staticmethod
     def _width(display: str, description: str) -> int:
         # Compact style: "key description" and one cell of margin.
         return cell_len(display) + (1 + cell_len(description) if description else 0) + 1
 
+    def on_mount(self) -> None:
+        self.screen.bindings_updated_signal.subscribe(self, self.bindings_changed)
+
+    def on_unmount(self) -> None:
+        self.screen.bindings_updated_signal.unsubscribe(self)
+
     def bindings_changed(self, screen: Screen) -> None:
         self._bindings_known = True
         # Screens ask on every change that might matter (the input asks at each keypress, for its
-        # completion key); recomposing mounts and styles a dozen keys each time, which was most of
-        # what a keypress cost the loop. The same keys in the same state: nothing to redo.
+        # completion key): the same keys in the same state have nothing to redraw.
         if self._shown is not None and self.is_attached and screen is self.screen \
                 and self._plan() == self._shown:
             return
-        # As Textual's Footer does, but updating the keys in place instead of recomposing: a focus
-        # move between panes would otherwise remove and mount every key (and restyle and reflow
-        # them), twice per gate round, garbage the console's collector then pauses to free.
         if not screen.app.app_focus:
             return
         if self.is_attached and screen is self.screen:
+            # As Textual's Footer does: the bindings are read once the change has settled.
             self.call_after_refresh(self._show_keys)
 
     def _plan(self) -> list[_Key]:
@@ -105,84 +137,81 @@ class ConsoleFooter(Footer):
                          b.tooltip or b.description, True))
         return plan
 
-    def compose(self) -> ComposeResult:
-        # Only a recompose gets here with keys to show (the bar starts empty and _show_keys fills it).
-        self._keys, self._palette_key = [], None
-        if not self._bindings_known:
-            return
-        self._laid_out_for = self.size.width or self.app.size.width
-        self._shown = plan = self._plan()
-        for k in plan:
-            widget = self._new_key(k)
-            if k[6]:
-                self._palette_key = widget
-            else:
-                self._keys.append(widget)
-            yield widget
-
-    @staticmethod
-    def _new_key(k: _Key) -> FooterKey:
-        key, display, description, action, disabled, tooltip, is_palette = k
-        if is_palette:
-            return FooterKey(key, display, description, action, classes="-command-palette",
-                             disabled=disabled, tooltip=tooltip)
-        return FooterKey(key, display, description, action, disabled=disabled,
-                         tooltip=tooltip).data_bind(compact=Footer.compact)
-
-    @classmethod
-    def _set_key(cls, widget: FooterKey, k: _Key) -> None:
-        """Make a shown key show another: its text, action, state and tooltip."""
-        key, display, description, action, disabled, tooltip, _ = k
-        resized = cls._width(display, description) != cls._width(widget.key_display, widget.description)
-        drawn = (display, description) != (widget.key_display, widget.description)
-        widget.key, widget.action = key, action
-        widget.key_display, widget.description = display, description
-        # FooterKey keeps its state in `_disabled` (read on a click) and the class (its look).
-        widget._disabled = disabled
-        widget.set_class(disabled, "-disabled")
-        if (widget.tooltip or "") != tooltip:
-            widget.tooltip = tooltip or None
-        if drawn:
-            # The width is cached per container width, so a new label must drop it; only a key
-            # whose width changes makes the bar lay out again.
-            widget.clear_cached_dimensions()
-            widget.refresh(layout=resized)
-
     def _show_keys(self) -> None:
-        """Show the planned keys on the widgets already there, mounting only the ones missing."""
         if not self.is_attached or not self._bindings_known:
             return
-        self._laid_out_for = self.size.width or self.app.size.width
         plan = self._plan()
         if plan == self._shown:
             return
         self._shown = plan
-        keys = [k for k in plan if not k[6]]
-        palette = next((k for k in plan if k[6]), None)
-        for widget, k in zip(self._keys, keys, strict=False):
-            self._set_key(widget, k)
-            widget.display = True
-        # Keys a pane does not need are hidden, not removed: the next pane with more keys shows
-        # them again, so moving between panes makes no widgets after each count was seen once.
-        for widget in self._keys[len(keys):]:
-            widget.display = False
-        if len(keys) > len(self._keys):
-            new = [self._new_key(k) for k in keys[len(self._keys):]]
-            if self._keys:
-                self.mount_all(new, after=self._keys[-1])
-            elif self._palette_key is not None:
-                self.mount_all(new, before=self._palette_key)
-            else:
-                self.mount_all(new)
-            self._keys.extend(new)
-        if palette is None and self._palette_key is not None:
-            self._palette_key.remove()
-            self._palette_key = None
-        elif palette is not None and self._palette_key is None:
-            self._palette_key = self._new_key(palette)
-            self.mount(self._palette_key)
-        elif palette is not None and self._palette_key is not None:
-            self._set_key(self._palette_key, palette)
+        self._set_hover(None)
+        self.refresh()
+
+    def render(self) -> Text:
+        """The keys in one line: "key description", one cell apart, the palette's at the right edge
+        after a thin bar."""
+        keys = self._shown or []
+        key_style = self.get_component_rich_style("console-footer--key")
+        description_style = self.get_component_rich_style("console-footer--description")
+        item_style = self.get_component_rich_style("console-footer--item")
+        hover_style = self.get_component_rich_style("console-footer--hover")
+        dim = Style(dim=True)
+        line = Text(no_wrap=True, overflow="crop", end="")
+        spans: list[tuple[int, int, _Key]] = []
+
+        def item(k: _Key) -> Text:
+            _, display, description, _, disabled, _, _ = k
+            text = Text.assemble((display, key_style), *([(" " + description, description_style)] if description else []))
+            text.stylize_before(item_style + (dim if disabled else Style()))
+            if self._hover is not None and self._hover == len(spans):
+                text.stylize(hover_style)
+            return text
+
+        palette = next((k for k in keys if k[6]), None)
+        for k in keys:
+            if k[6]:
+                continue
+            text = item(k)
+            spans.append((line.cell_len, line.cell_len + text.cell_len, k))
+            line.append_text(text)
+            line.append(" ")
+        if palette is not None:
+            text = item(palette)
+            # At the right edge, after a thin bar, with the cell of margin every key has; the bar
+            # may take the last key's margin (`_plan` leaves room for the rest).
+            at = max(0, self.size.width - text.cell_len - 2)
+            line.truncate(at, pad=True)
+            line.append("▏", item_style + self.get_component_rich_style("console-footer--separator"))
+            spans.append((at + 1, at + 1 + text.cell_len, palette))
+            line.append_text(text)
+        self._spans = spans
+        return line
+
+    def _key_at(self, x: int) -> int | None:
+        return next((i for i, (start, end, _) in enumerate(self._spans) if start <= x < end), None)
+
+    def _set_hover(self, index: int | None) -> None:
+        if index == self._hover:
+            return
+        self._hover = index
+        self.tooltip = self._spans[index][2][5] or None if index is not None else None
+        self.refresh()
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        self._set_hover(self._key_at(event.x))
+
+    def on_leave(self, event: events.Leave) -> None:
+        self._set_hover(None)
+
+    def on_mouse_down(self, event: events.MouseDown) -> None:
+        index = self._key_at(event.x)
+        if index is None:
+            return
+        key, _, _, _, disabled, _, _ = self._spans[index][2]
+        if disabled:
+            self.app.bell()
+        else:
+            self.app.simulate_key(key)
 
     def _active(self) -> list[ActiveBinding]:
         """The bindings that work on this footer's screen.
@@ -217,5 +246,6 @@ class ConsoleFooter(Footer):
         return active
 
     def on_resize(self, event: events.Resize) -> None:
-        if event.size.width != self._laid_out_for and self._bindings_known:
+        # Fewer or more keys fit; the palette's key moves with the right edge (a repaint).
+        if self._bindings_known:
             self.call_after_refresh(self._show_keys)
