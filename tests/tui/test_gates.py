@@ -458,4 +458,4 @@ async def test_a_gate_answered_before_its_toast_is_drawn_leaves_no_toast_and_no_
         await pilot.pause(0.2)  # a frame or two: a toast scheduled for the row would be up by now
         assert answered
         assert not any("approval needed" in (n.title or "") for n in app._notifications)
-        assert "Gates (" not in region_text(app, "#side") and "⚑ 1 gate" not in screen_text(app)
+        assert "Gates (0)" in region_text(app, "#side") and "⚑ 1 gate" not in screen_text(app)

@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rich.cells import cell_len
 from textual import on
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.css.query import NoMatches
 from textual.reactive import Reactive, reactive
 from textual.screen import Screen
@@ -54,6 +56,29 @@ class SidePane(TabbedContent):
         super()._on_tab_pane_focused(event)
 
 
+def gates_label(count: int) -> str:
+    """The Gates tab's label. It always carries the count, "(0)" included, so that a gate coming
+    or going keeps the label's width (see `relabel`)."""
+    return f"Gates ({count})"
+
+
+def relabel(tab: Tab, label: str) -> None:
+    """Give `tab` a new label; one of the same width is redrawn in place.
+
+    Textual's `Tab.label` lays the whole screen out again and slides the tab bar's underline for 0.3
+    s (a frame every 17 ms): a gate round relabelled the Gates tab twice, 15-25 ms a layout frame
+    here (docs/PERFORMANCE.md). A label of the same width moves nothing, so it is set without
+    either. `Tab._label` is what `Tab.label` reads back (checked against Textual 8.2.8)."""
+    if tab.label_text == label:
+        return
+    if cell_len(tab.label_text) != cell_len(label):
+        tab.label = label
+        return
+    content = Content(label)
+    tab._label = content
+    Static.update(tab, content, layout=False)
+
+
 class MainScreen(Screen[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_WIDTH, "-wide")]
 
@@ -80,7 +105,8 @@ class MainScreen(Screen[None]):
         # Titles are set here, not on mount: the App may already have named the session by then.
         chat.border_title = "Chat"
         yield StatusBar(id="status")
-        yield Tabs(*(Tab(v.capitalize(), id=f"v-{v}") for v in VIEWS), id="narrow-tabs")
+        yield Tabs(*(Tab(gates_label(0) if v == "gates" else v.capitalize(), id=f"v-{v}") for v in VIEWS),
+                   id="narrow-tabs")
         with Horizontal(id="main"):
             with Vertical(id="sessions-pane") as pane:
                 pane.border_title = "Sessions"
@@ -90,7 +116,7 @@ class MainScreen(Screen[None]):
                 yield chat
                 yield ChatInput(id="input")
             with SidePane(id="side", initial="tab-gates"):
-                with TabPane("Gates", id="tab-gates"):
+                with TabPane(gates_label(0), id="tab-gates"):
                     yield GatesInbox(sessions.short_id, clock=self.clock, id="gates")
                 with TabPane("Prompt", id="tab-prompt"):
                     yield PromptPane(id="prompt")
@@ -355,7 +381,7 @@ class MainScreen(Screen[None]):
         return True
 
     def set_gate_count(self, count: int) -> None:
-        label = f"Gates ({count})" if count else "Gates"
+        label = gates_label(count)
         self.query_one(StatusBar).gates = count
         side = self.query_one("#side", TabbedContent)
         try:
@@ -365,9 +391,9 @@ class MainScreen(Screen[None]):
             # (the console crashed there): label them once they are.
             self.call_after_refresh(self.set_gate_count, count)
             return
-        tab.label = label
+        relabel(tab, label)
         narrow = self.query_one("#narrow-tabs", Tabs).get_tab("v-gates")
         if narrow is not None:
-            narrow.label = label
+            relabel(narrow, label)
         if self.narrow:
             self._title_side()
