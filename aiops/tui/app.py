@@ -111,6 +111,8 @@ class AiopsApp(App[int]):
     """The aiops operator console."""
 
     CSS_PATH = "app.tcss"
+    # A maximized pane keeps the key bar (Textual's default names its own Footer).
+    ALLOW_IN_MAXIMIZED_VIEW = "ConsoleFooter"
     TITLE = "aiops"
     COMMANDS = {ConsoleCommands}
     BINDINGS = bindings_for("global")

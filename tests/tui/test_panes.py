@@ -386,6 +386,30 @@ async def test_the_footer_fits_80_columns_with_whole_labels_and_one_palette_key(
         assert all(word in labels or len(word) <= 3 for word in footer.replace("▏^p Palette", "").split())
 
 
+async def test_a_maximized_pane_keeps_the_key_bar_and_a_still_mouse_follows_new_keys(make_app, fake_openai):
+    help_tip = "Explain the focused pane and list its keys"
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: footer_words(app)[:2] == ["⏎", "Send"], "the input's keys")
+        bar = app.screen.query_one(ConsoleFooter)
+        line = screen_text(app).splitlines()[-1]
+        x = line.index("Help")
+        await pilot.hover(offset=(x, 23))
+        assert bar.tooltip == help_tip
+        app.screen.maximize(app.chat_input)  # the palette's "Maximize"
+        await wait_for(pilot, lambda: app.screen.maximized is app.chat_input, "the maximized input")
+        await pilot.pause()
+        assert footer_words(app)[:2] == ["⏎", "Send"] and footer_words(app)[-1] == "Palette"
+        app.screen.minimize()
+        # The keys change under a mouse that does not move: its tooltip is the key's drawn there now.
+        app.sessions_list.focus()
+        await wait_for(pilot, lambda: footer_words(app)[:2] != ["⏎", "Send"], "the list's keys")
+        now = screen_text(app).splitlines()[-1]
+        assert now.index("Help") != x and now[x] != " "
+        assert bar.tooltip is not None and bar.tooltip != help_tip
+
+
 async def test_the_key_bar_follows_the_focus_between_panes_on_the_same_keys_and_they_click(
         make_app, fake_openai):
     fake_openai.responder = call_tool_when("note", ("write_note", {"text": "f"}))

@@ -63,10 +63,7 @@ class ConsoleFooter(Widget, can_focus=False):
             color: $footer-description-foreground;
             background: $footer-description-background;
         }
-        .console-footer--hover {
-            color: $footer-key-foreground;
-            background: $block-hover-background;
-        }
+        .console-footer--hover { background: $block-hover-background; }
         .console-footer--separator { color: $foreground 20%; }
     }
     """
@@ -77,7 +74,9 @@ class ConsoleFooter(Widget, can_focus=False):
         self._bindings_known = False
         self._shown: list[_Key] | None = None  # the keys shown
         self._spans: list[tuple[int, int, _Key]] = []  # where each key is drawn: [start, end) columns
+        self._placed_for = -1  # the width `_spans` was worked out for
         self._hover: int | None = None  # the key under the mouse, by its place in `_spans`
+        self._mouse_x: int | None = None  # where the mouse is over the bar (None: elsewhere)
 
     @staticmethod
     def _width(display: str, description: str) -> int:
@@ -144,63 +143,67 @@ class ConsoleFooter(Widget, can_focus=False):
         if plan == self._shown:
             return
         self._shown = plan
-        self._set_hover(None)
+        self._place_keys()
         self.refresh()
 
+    def _place_keys(self) -> None:
+        """Where each key goes: the pane's and the global ones from the left, one cell apart, the
+        palette's at the right edge after a thin bar (part of its key, as its border was) with the
+        cell of margin every key has; the bar may take the last key's margin (`_plan` leaves room
+        for the rest). The key under a still mouse is then the one drawn there now."""
+        spans: list[tuple[int, int, _Key]] = []
+        x = 0
+        for k in self._shown or []:
+            need = self._width(k[1], k[2]) - 1
+            if k[6]:
+                at = max(0, self.size.width - need - 2)
+                spans.append((at, at + 1 + need, k))
+            else:
+                spans.append((x, x + need, k))
+                x += need + 1
+        self._spans, self._placed_for = spans, self.size.width
+        self._set_hover(self._key_at(self._mouse_x) if self._mouse_x is not None else None, force=True)
+
     def render(self) -> Text:
-        """The keys in one line: "key description", one cell apart, the palette's at the right edge
-        after a thin bar."""
-        keys = self._shown or []
+        if self._placed_for != self.size.width:
+            self._place_keys()
         key_style = self.get_component_rich_style("console-footer--key")
         description_style = self.get_component_rich_style("console-footer--description")
         item_style = self.get_component_rich_style("console-footer--item")
-        hover_style = self.get_component_rich_style("console-footer--hover")
+        # Hovered, a key takes the hover background, as FooterKey's `:hover` gives it (its text
+        # keeps its colours).
+        hover = Style(bgcolor=self.get_component_rich_style("console-footer--hover").bgcolor)
         dim = Style(dim=True)
         line = Text(no_wrap=True, overflow="crop", end="")
-        spans: list[tuple[int, int, _Key]] = []
-
-        def item(k: _Key) -> Text:
-            _, display, description, _, disabled, _, _ = k
-            text = Text.assemble((display, key_style), *([(" " + description, description_style)] if description else []))
+        for i, (start, _, k) in enumerate(self._spans):
+            _, display, description, _, disabled, _, is_palette = k
+            text = Text.assemble(("▏", self.get_component_rich_style("console-footer--separator"))
+                                 if is_palette else "", (display, key_style),
+                                 (" " + description, description_style) if description else "")
             text.stylize_before(item_style + (dim if disabled else Style()))
-            if self._hover is not None and self._hover == len(spans):
-                text.stylize(hover_style)
-            return text
-
-        palette = next((k for k in keys if k[6]), None)
-        for k in keys:
-            if k[6]:
-                continue
-            text = item(k)
-            spans.append((line.cell_len, line.cell_len + text.cell_len, k))
+            if i == self._hover:
+                text.stylize(hover)
+            line.truncate(start, pad=True)
             line.append_text(text)
-            line.append(" ")
-        if palette is not None:
-            text = item(palette)
-            # At the right edge, after a thin bar, with the cell of margin every key has; the bar
-            # may take the last key's margin (`_plan` leaves room for the rest).
-            at = max(0, self.size.width - text.cell_len - 2)
-            line.truncate(at, pad=True)
-            line.append("▏", item_style + self.get_component_rich_style("console-footer--separator"))
-            spans.append((at + 1, at + 1 + text.cell_len, palette))
-            line.append_text(text)
-        self._spans = spans
         return line
 
     def _key_at(self, x: int) -> int | None:
         return next((i for i, (start, end, _) in enumerate(self._spans) if start <= x < end), None)
 
-    def _set_hover(self, index: int | None) -> None:
-        if index == self._hover:
+    def _set_hover(self, index: int | None, force: bool = False) -> None:
+        if index == self._hover and not force:
             return
+        if index != self._hover:
+            self.refresh()
         self._hover = index
-        self.tooltip = self._spans[index][2][5] or None if index is not None else None
-        self.refresh()
+        self.tooltip = (self._spans[index][2][5] or None) if index is not None else None
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
+        self._mouse_x = event.x
         self._set_hover(self._key_at(event.x))
 
     def on_leave(self, event: events.Leave) -> None:
+        self._mouse_x = None
         self._set_hover(None)
 
     def on_mouse_down(self, event: events.MouseDown) -> None:
