@@ -127,3 +127,33 @@ def test_a_terminal_that_is_gone_makes_writes_no_ops(pipe):
     writer.write("after")  # no error, nothing written
     writer.flush()
     assert writer.dropped_frames == 1
+
+
+def test_a_frame_is_on_the_terminal_when_flushed_while_the_thread_is_idle(pipe):
+    # The thread is not even started: a frame flushed while it has nothing to write is written on
+    # the caller's side, so it does not wait for the thread to be scheduled (and to get the GIL).
+    r, w = pipe
+    writer = TerminalWriter(w)
+    writer.write("<row>")
+    writer.flush()
+    assert os.read(r, 1 << 16) == b"<row>"
+    # What the thread holds comes first: a control write waits for it, and so does the next frame.
+    writer.write_control("<modes>")
+    writer.write("<frame 2>")
+    writer.flush()
+    writer.start()
+    assert read_all(r, b"<frame 2>") == b"<modes><frame 2>"
+    assert writer.stop(5)
+
+
+def test_what_the_terminal_does_not_take_at_once_follows_from_the_thread_in_order(pipe):
+    r, w = pipe
+    writer = TerminalWriter(w, after=3600)
+    frame = "é" * FRAME + "<end of frame 1>"  # two bytes a character: a cut may fall inside one
+    writer.write(frame)
+    assert in_thread(writer.flush), "flush blocked on a terminal that does not read"
+    writer.write("<frame 2>")
+    writer.flush()  # behind the rest of frame 1, which the thread has not written yet
+    writer.start()
+    assert read_all(r, b"<frame 2>") == (frame + "<frame 2>").encode()
+    assert writer.stop(5)
