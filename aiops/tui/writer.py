@@ -39,6 +39,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -101,13 +102,16 @@ class TerminalWriter(threading.Thread):
             if self.gone or self._stale:
                 self.dropped_frames += 1
                 return
-            rest: str | bytes = frame
             if not self._pending and self._write_started is None:
                 rest = self._write_now(frame)
-                if not rest:
-                    return
-            self._pending.append((True, rest))
-            self._pending_frames += len(rest)
+                if rest:
+                    # The rest of a frame the terminal has begun: never dropped (a frame cut short
+                    # would leave it mid escape sequence), so not counted as a frame that waits.
+                    self._pending.append((False, rest))
+                    self._cond.notify()
+                return
+            self._pending.append((True, frame))
+            self._pending_frames += len(frame)
             started = self._write_started
             fell = self._pending_frames > self.limit or (
                 started is not None and time.monotonic() - started > self.after)
@@ -237,6 +241,15 @@ class TerminalWriter(threading.Thread):
             self._stopping = True
             self._cond.notify()
         if not self.is_alive():
+            if self.ident is None:  # never started: its descriptors are still ours to close
+                with self._cond:
+                    fds, self._direct_fd = (self._fd, self._direct_fd), None
+                for fd in fds:
+                    if fd is not None:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
             return True
         self.join(timeout)
         if self.is_alive():
@@ -249,8 +262,15 @@ class TerminalWriter(threading.Thread):
 def _nonblocking_opening(fd: int) -> int | None:
     """A second opening of the terminal behind `fd`, non-blocking: its own open file description,
     so the flag does not reach the thread's blocking writes (a `dup` shares it). Linux's
-    /proc/self/fd reopens ttys and pipes alike; None where that is not possible."""
+    /proc/self/fd reopens a terminal or a pipe as the same one; None for anything else (a file
+    would get an offset of its own, a pty's master side a new pty) or where it cannot."""
     try:
+        mode = os.fstat(fd)
+        if stat.S_ISCHR(mode.st_mode):
+            if not os.isatty(fd) or (os.major(mode.st_rdev), os.minor(mode.st_rdev)) == (5, 2):  # /dev/ptmx
+                return None
+        elif not stat.S_ISFIFO(mode.st_mode):
+            return None
         return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return None

@@ -157,3 +157,34 @@ def test_what_the_terminal_does_not_take_at_once_follows_from_the_thread_in_orde
     writer.start()
     assert read_all(r, b"<frame 2>") == (frame + "<frame 2>").encode()
     assert writer.stop(5)
+
+
+def test_a_frame_the_terminal_has_begun_is_never_cut_by_falling_behind(pipe):
+    r, w = pipe
+    writer = TerminalWriter(w, limit=10, after=3600)
+    frame = "\x1b[?2026h" + "é" * FRAME + "\x1b[?2026l"  # synchronized output: opened, then closed
+    writer.write(frame)
+    writer.flush()  # the terminal took part of it; the rest waits for the thread
+    writer.write("<frame 2>")
+    writer.flush()  # over the limit: this one is dropped, not the rest of the first
+    writer.write("<frame 3>")
+    writer.flush()
+    writer.start()
+    assert read_all(r, b"\x1b[?2026l") == frame.encode()
+    assert writer.stop(5)
+
+
+def test_a_file_is_written_at_its_end_by_the_thread_alone(tmp_path):
+    # Reopened, a file would get an offset of its own and the frame would overwrite its start.
+    path = tmp_path / "out"
+    path.write_bytes(b"EXISTING LINE\n")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        writer = TerminalWriter(fd)
+        writer.start()
+        writer.write("<frame>")
+        writer.flush()
+        assert writer.stop(5)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"EXISTING LINE\n<frame>"
