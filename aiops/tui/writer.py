@@ -206,7 +206,11 @@ class TerminalWriter(threading.Thread):
                         self.on_drained()
                     except Exception:  # noqa: BLE001 - a repaint request must not end the writer
                         log.exception("requesting a repaint failed")
-        with self._cond:  # a flush after this writes nothing itself
+        self._close()
+
+    def _close(self) -> None:
+        """Close both descriptors; a flush after this writes nothing itself."""
+        with self._cond:
             direct, self._direct_fd = self._direct_fd, None
         for fd in (self._fd, direct):
             try:
@@ -242,14 +246,7 @@ class TerminalWriter(threading.Thread):
             self._cond.notify()
         if not self.is_alive():
             if self.ident is None:  # never started: its descriptors are still ours to close
-                with self._cond:
-                    fds, self._direct_fd = (self._fd, self._direct_fd), None
-                for fd in fds:
-                    if fd is not None:
-                        try:
-                            os.close(fd)
-                        except OSError:
-                            pass
+                self._close()
             return True
         self.join(timeout)
         if self.is_alive():
