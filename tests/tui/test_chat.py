@@ -256,7 +256,7 @@ async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, 
         # Pick the api session from the list.
         sessions = app.sessions_list
         sessions.focus()
-        sessions.highlighted = sessions.get_option_index("script-1")
+        sessions.cursor = "script-1"
         await pilot.press("enter")
         await wait_text(pilot, "echo: beta from a script")
         assert app.selected == "script-1"
@@ -268,7 +268,7 @@ async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, 
         await wait_for(pilot, lambda: app.selected not in (first, "script-1"), "a new session")
         assert isinstance(app.focused, ChatInput)
         await wait_for(pilot, lambda: not app.chat.query(UserMessage), "an empty chat")
-        sessions.highlighted = sessions.get_option_index(first)
+        sessions.cursor = first
         sessions.focus()
         await pilot.press("enter")
         await wait_text(pilot, "echo: alpha in the console")

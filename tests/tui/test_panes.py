@@ -582,15 +582,15 @@ async def test_the_sessions_list_keeps_newest_first_and_the_cursor_while_session
 
         await wait_for(pilot, lambda: order() == ["script-b", "script-a"], "the newest first")
         sessions.focus()
-        sessions.highlighted = sessions.get_option_index("script-a")
+        sessions.cursor = "script-a"
         # The older session speaks again: it moves to the top, and the cursor stays on it.
         await engine.run("script-a", "alpha again", kind="api", timeout=10)
         await wait_for(pilot, lambda: order() == ["script-a", "script-b"], "the session that spoke on top")
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-a"
+        assert sessions.cursor == "script-a"
         # The other one speaks: the order changes back, and the cursor still follows its session.
         await engine.run("script-b", "beta again", kind="api", timeout=10)
         await wait_for(pilot, lambda: order() == ["script-b", "script-a"], "the newest first again")
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-a"
+        assert sessions.cursor == "script-a"
         assert "api (2)" in screen_text(app) and "●" in region_text(app, "#sessions")
 
 
@@ -633,7 +633,7 @@ async def test_a_session_that_changes_in_place_is_redrawn_and_the_rows_around_it
         assert row("script-a").startswith(f"{short['script-a']} ·") and "●" in row("script-a")
         # Picked, it is shown in the chat: bold, and no longer unread; the console session loses its bold.
         assert row_is_bold(app, console) and not row_is_bold(app, short["script-b"])
-        sessions.highlighted = sessions.get_option_index("script-a")  # the cursor away from both
+        sessions.cursor = "script-a"  # the cursor away from both
         await app.select_session("script-b")
         await wait_for(pilot, lambda: "●" not in row("script-b"), "b read")
         await wait_for(pilot, lambda: row_is_bold(app, short["script-b"]) and not row_is_bold(app, console),
@@ -673,14 +673,14 @@ async def test_rows_that_trade_places_open_the_session_they_show_by_key_and_by_c
         sessions = app.sessions_list
         short = {sid: str(sessions.sessions[sid]["short_id"]) for sid in ids}
         sessions.focus()
-        sessions.highlighted = sessions.get_option_index("script-2")
+        sessions.cursor = "script-2"
         for sid in ("script-0", "script-1"):  # the two oldest speak, in turn: each rises to the top
             await engine.run(sid, f"again from {sid}", kind="api", timeout=10)
         want = ["script-1", "script-0", "script-4", "script-3", "script-2"]
         await wait_for(pilot, lambda: order() == want, "the two that spoke on top")
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-2"
+        assert sessions.cursor == "script-2"
         await pilot.press("up")  # the row shown above the cursor's
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-3"
+        assert sessions.cursor == "script-3"
         await pilot.press("enter")
         await wait_chat(pilot, "hello from script-3")
         assert app.selected == "script-3"
@@ -708,15 +708,15 @@ async def test_a_session_out_of_sight_that_speaks_leaves_the_rows_in_sight_where
         await pilot.press("end")  # the oldest, at the bottom
         for _ in range(4):
             await pilot.press("up")  # the cursor a few rows above the bottom: nothing scrolls
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
+        assert sessions.cursor == "script-04"
         seen = session_rows(app)
         assert "api (30)" not in " ".join(seen)  # the group's heading is scrolled out of sight
         await engine.run("script-28", "again", kind="api", timeout=10)  # second from the top
-        await wait_for(pilot, lambda: sessions.get_option_index("script-28") < sessions.get_option_index("script-29"),
+        await wait_for(pilot, lambda: sessions.listing().index("script-28") < sessions.listing().index("script-29"),
                        "the session that spoke on top")
         await pilot.pause()
         assert session_rows(app) == seen
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-04"
+        assert sessions.cursor == "script-04"
 
 
 async def test_the_order_holds_while_the_operator_moves_the_cursor_and_follows_once_they_stop(make_app, fake_openai):
@@ -731,9 +731,9 @@ async def test_the_order_holds_while_the_operator_moves_the_cursor_and_follows_o
         ids, order = await api_sessions(pilot, app, 4)
         sessions = app.sessions_list
         sessions.focus()
-        sessions.highlighted = sessions.get_option_index("script-3")
+        sessions.cursor = "script-3"
         await pilot.press("down")  # the operator is moving through the list
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-2"
+        assert sessions.cursor == "script-2"
         before = sessions.sessions["script-0"].get("updated_at")
         await engine.run("script-0", "again from script-0", kind="api", timeout=10)  # the oldest speaks
         await wait_for(pilot, lambda: sessions.sessions["script-0"].get("updated_at") != before, "its activity")
@@ -742,8 +742,8 @@ async def test_the_order_holds_while_the_operator_moves_the_cursor_and_follows_o
             await pilot.pause()
         assert order() == ids[::-1], "the rows moved under a moving cursor"
         await pilot.press("down")  # the row shown below the cursor's
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-1"
+        assert sessions.cursor == "script-1"
         clock.advance(SETTLE + 0.1)  # the operator stopped
         await wait_for(pilot, lambda: order() == ["script-0", "script-3", "script-2", "script-1"],
                        "the new order once the cursor rests")
-        assert sessions.highlighted_option is not None and sessions.highlighted_option.id == "script-1"
+        assert sessions.cursor == "script-1"

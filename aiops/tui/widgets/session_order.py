@@ -71,6 +71,10 @@ class SessionOrder:
         known = [k for k in KIND_ORDER if k in self._groups]
         return known + sorted(set(self._groups) - set(KIND_ORDER))
 
+    def kind_of(self, sid: str) -> str | None:
+        """The group the session is in (None: not placed)."""
+        return self._kind.get(sid)
+
     def group(self, kind: str) -> list[str]:
         """The kind's sessions in order (the list itself: not to be changed)."""
         return self._groups.get(kind, [])

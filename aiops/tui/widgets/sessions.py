@@ -1,30 +1,37 @@
-"""The sessions pane: every session of every kind, grouped by kind."""
+"""The sessions pane: every session of every kind, grouped by kind.
+
+The list is virtual, as toolong draws a log's lines: nothing is kept per session but its place in
+`SessionOrder`. A line of the pane is found from the kinds' groups (a heading, then two lines per
+session) and the row drawn from the session's data when it comes into sight, so a session that
+comes, goes or moves costs the same with ten sessions stored or ten thousand.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from bisect import bisect_right
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from textual.binding import Binding, BindingType
 from textual.content import Content
+from textual.geometry import Region, Size, clamp
 from textual.message import Message
+from textual.reactive import Reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 from textual.timer import Timer
 from textual.visual import Visual
-from textual.widgets import OptionList
-from textual.widgets.option_list import Option
 
 from aiops.tui.format import STATE_MARK, ago, one_line
 from aiops.tui.keys import bindings_for
 from aiops.tui.widgets.fitted import Rows
 from aiops.tui.widgets.session_order import SessionOrder
-from aiops.tui.widgets.spliced import SplicedOptionList
 from aiops.tui.widgets.typeaway import TypesAway
 
 if TYPE_CHECKING:
-    from textual.css.styles import RulesMap
-    from textual.strip import Strip
+    from textual import events
     from textual.style import Style
-    from textual.visual import RenderOptions
 
 # Session events redraw the list at most this often (seconds): fifty streaming sessions change
 # state and gain unread marks many times a second, and a burst of them makes one redraw.
@@ -35,34 +42,13 @@ REDRAW_EVERY = 0.1
 # cursor would no longer be the one the next key moves to.
 SETTLE = 1.0
 
+# Rows' drawings kept (each session's, per style and width): more are dropped all at once.
+DRAWINGS_KEPT = 1024
 
-class SessionRow(Visual):
-    """A session's two lines, built from the list's data when drawn (a row scrolled out of sight
-    costs nothing), so a changed session needs no new option: the next draw shows it as it is."""
-
-    def __init__(self, owner: SessionsList, session_id: str) -> None:
-        self.owner = owner
-        self.session_id = session_id
-
-    def _rows(self) -> Rows:
-        s = self.owner.sessions.get(self.session_id)
-        return self.owner._prompt(s) if s is not None else Rows([Content("")])
-
-    def render_strips(self, width: int, height: int | None, style: Style, options: RenderOptions) -> list[Strip]:
-        return self._rows().render_strips(width, height, style, options)
-
-    def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
-        return self._rows().get_optimal_width(rules, container_width)
-
-    def get_height(self, rules: RulesMap, width: int) -> int:
-        return 2
-
-    @property
-    def plain(self) -> str:
-        return self._rows().plain
+ROW_HEIGHT = 2  # a session's lines: shorthand id, state and title; model, state and age
 
 
-class SessionsList(TypesAway, SplicedOptionList):
+class SessionsList(TypesAway, ScrollView, can_focus=True):
     """Sessions grouped by kind: shorthand id, title, model, state, last activity, unread.
 
     Picking a session hands the operator to the input; text typed here that is none of the list's
@@ -70,7 +56,50 @@ class SessionsList(TypesAway, SplicedOptionList):
     """
 
     PANE = "sessions"
-    BINDINGS = bindings_for("sessions")
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # As OptionList's, which this list was: the cursor moves by session, over the headings.
+        Binding("down", "cursor_down", "Down", show=False),
+        Binding("up", "cursor_up", "Up", show=False),
+        Binding("home", "first", "First", show=False),
+        Binding("end", "last", "Last", show=False),
+        Binding("pagedown", "page_down", "Page Down", show=False),
+        Binding("pageup", "page_up", "Page Up", show=False),
+        *bindings_for("sessions"),
+    ]
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "sessions-list--row", "sessions-list--heading", "sessions-list--row-highlighted",
+        "sessions-list--row-hover",
+    }
+    # OptionList's look (the pane's frame, padding and background are set in app.tcss).
+    DEFAULT_CSS = """
+    SessionsList {
+        height: auto;
+        max-height: 100%;
+        color: $foreground;
+        overflow-x: hidden;
+        background: $surface;
+        & > .sessions-list--row-highlighted {
+            color: $foreground;
+            background: $block-cursor-blurred-background;
+            text-style: $block-cursor-blurred-text-style;
+        }
+        &:focus {
+            background-tint: $foreground 5%;
+            & > .sessions-list--row-highlighted {
+                color: $block-cursor-foreground;
+                background: $block-cursor-background;
+                text-style: $block-cursor-text-style;
+            }
+        }
+        & > .sessions-list--heading { color: $text-disabled; }
+        & > .sessions-list--row-hover { background: $block-hover-background; }
+    }
+    """
+
+    # Widget declares `virtual_size` a layout reactive: every session that came or went would lay
+    # the whole screen out again for the list's new height. Only the scrollbars depend on it, and
+    # those are set by `_scroll_update` when it changes (as in GatesInbox).
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
 
     HELP = """\
 ## Sessions
@@ -108,22 +137,27 @@ to the message input.
         self.sessions: dict[str, dict[str, Any]] = {}
         self.unread: set[str] = set()
         self.selected: str | None = None
+        self._cursor: str | None = None  # the highlighted session
         self.hold = False  # rebuilds wait (the terminal is behind: nothing is drawn)
         self._held = False  # one waited
-        self._rows: dict[str, Option] = {}  # a session's option, kept across redraws
-        self._order = SessionOrder()  # the order the next redraw shows
-        self._shown: dict[str, list[str]] = {}  # the order on screen: each kind's session ids
-        self._headings: dict[str, tuple[int, Option]] = {}  # each kind's heading, for its count
+        self._order = SessionOrder()  # the order shown (changed only when the list is redrawn)
+        # The order's layout: each kind and its heading's line; the headings' lines (to bisect).
+        self._blocks: list[tuple[str, int]] = []
+        self._starts: list[int] = []
+        self._lines = 0
+        self._hover: str | None = None  # the session under the mouse
+        self._drawn: dict[str, dict[tuple[Style, int], list[Strip]]] = {}  # rows' drawings
+        self._headings: dict[str, tuple[tuple[int, Style, int], list[Strip]]] = {}
         # Sessions whose place in the order may have changed since the last redraw (new, gone,
         # last activity, kind).
         self._moved: set[str] = set()
-        self._reset = False  # the next redraw sets every option again (a new list of sessions)
+        self._reset = False  # the next redraw places every session again (a new list of sessions)
         self._moving_until = 0.0  # the cursor moved: the order holds until then (monotonic)
         self._settled: Timer | None = None  # the held order is shown then
         self._pending: Timer | bool = False  # a redraw is scheduled
         self._last = 0.0  # when the list was last redrawn (monotonic)
-        # Sessions whose rows show something new since the last redraw: a redraw in the same order
-        # draws only these again (the other rows' drawings are kept).
+        # Sessions whose rows show something new since the last redraw: only these are drawn
+        # again (the other rows' drawings are kept).
         self._changed: set[str] = set()
 
     def hold_rebuilds(self, hold: bool) -> None:
@@ -142,8 +176,7 @@ to the message input.
 
     def set_sessions(self, sessions: list[dict[str, Any]]) -> None:
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
-        self._rows = {sid: row for sid, row in self._rows.items() if sid in self.sessions}
-        self._changed.update(self.sessions)  # every one may show something new
+        self._drawn.clear()  # every row may show something new
         self._order.reset(self.sessions)
         self._moved.clear()
         self._reset = True
@@ -164,7 +197,7 @@ to the message input.
         """Take a deleted session off the list. (Not `remove`: that is every widget's own removal
         from the DOM.)"""
         self.sessions.pop(session_id, None)
-        self._rows.pop(session_id, None)
+        self._drawn.pop(session_id, None)
         self.unread.discard(session_id)
         self._moved.add(session_id)
         self.rebuild()
@@ -231,10 +264,9 @@ to the message input.
         self.rebuild()  # holds again (a new timer) when a key came meanwhile
 
     def rebuild_now(self, highlight: str | None = None) -> None:
-        """Redraw now; the cursor stays on its session (or moves to `highlight`). Rows are drawn
-        when shown (`SessionRow`), so a change that keeps the order only redraws what is on screen;
-        sessions that changed places swap options in place (`_move_rows`), and only a new or gone
-        session (or kind) sets the options again. While the terminal is behind (nothing is drawn)
+        """Redraw now; the cursor stays on its session (or moves to `highlight`). Only the rows
+        that changed are drawn again, and only where they are in sight; sessions that came, went
+        or moved are placed again in the order. While the terminal is behind (nothing is drawn)
         this waits for it."""
         if not self.is_mounted:
             return
@@ -254,138 +286,250 @@ to the message input.
             self._redraw_rows(changed)
             return
         moved, self._moved = self._moved, set()
-        kinds = self._order.update(self.sessions, moved)
         reset, self._reset = self._reset, False
-        if reset or not (self._move_rows(kinds, changed) or self._splice_rows(changed)):
-            self._set_order(highlight)
-        current = self.highlighted_option
-        if highlight is not None and (current is None or current.id != highlight):
-            self._highlight(highlight)
+        if not moved and not reset:
+            self._redraw_rows(changed)
+        else:
+            for sid in changed:
+                self._drawn.pop(sid, None)
+            self._place(moved, reset)
+        if highlight is not None:
+            self._move_to(highlight)
+        elif reset and self.cursor is not None:
+            self._scroll_to_row(self.cursor)
 
-    def _move_rows(self, kinds: set[str], changed: set[str]) -> bool:
-        """Put the rows of `kinds` in their new order by swapping options in place, and draw the
-        `changed` rows again; False (nothing done) when a group gained or lost a session.
-
-        Setting all the options again, as a new order did, measured the height of every one of them
-        and scrolled to the top and back (1,050 listed: 2-7 ms a redraw, 10,050: 14-60 ms; ten
-        redraws a second while sessions stream, and the view jumped at each). Within a group
-        every row is two lines, so OptionList's lines stay as they are: only the options between the
-        first and the last row that moved change places, and their drawings (which carry their
-        index, for the mouse) are dropped. OptionList's private lists, checked against Textual 8.2.8."""
-        if self._order.kinds() != list(self._shown):
-            return False
-        spans: list[tuple[int, list[str]]] = []
-        for kind in kinds:
-            old, new = self._shown[kind], self._order.group(kind)
-            if len(old) != len(new):
-                return False
-            lo = next((i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b), None)
-            if lo is None:
-                continue
-            hi = len(new) - next(i for i, (a, b) in enumerate(zip(reversed(old), reversed(new), strict=True))
-                                 if a != b)
-            ids = new[lo:hi]
-            if set(old[lo:hi]) != set(ids) or any(sid not in self._rows for sid in ids):
-                return False  # one session left the group and another came in (or came back)
-            spans.append((self.get_option_index(f"kind:{kind}") + 1 + lo, ids))
-        highlighted = self.highlighted_option
-        redraw = set(changed)
-        for at, ids in spans:
-            for i, sid in enumerate(ids, at):
-                option = self._rows[sid]
-                self._options[i] = option
-                self._option_to_index[option] = i
-            redraw.update(ids)
-        for kind in kinds:
-            self._shown[kind] = list(self._order.group(kind))
-        if highlighted is not None:
-            self.highlighted = self._option_to_index[highlighted]
-        self._redraw_rows(redraw)
-        return True
-
-    def _splice_rows(self, changed: set[str]) -> bool:
-        """Put the new order in place when sessions came or went (or a kind did), the `changed`
-        rows drawn again (`SplicedOptionList.splice_options`); False (nothing done) where it
-        cannot (a hidden list, one not measured yet).
-
-        Setting all the options again (10,050 listed) took 13-33 ms in the handler, measured every
-        option's height again, dropped every row's drawing, scrolled to the top and back, and the
-        list's new height then laid the whole screen out again: 17-40 ms more in the next frame. A
-        new session came in that way at every gate round of the bench, just before the model's
-        tool call, which then waited for both (docs/PERFORMANCE.md, "11:20-12:50 UTC")."""
-        if not self.splice_options(self._options_in_order(), changed):
-            return False
-        self._shown = {kind: list(self._order.group(kind)) for kind in self._order.kinds()}
-        if self.highlighted is None and self.selected in self._id_to_option:  # its session is gone
-            self.highlighted = self._option_to_index[self._id_to_option[self.selected]]
-        return True
+    def _place(self, moved: set[str], reset: bool) -> None:
+        """Put the `moved` sessions in their new places (`reset`: the order was set anew). Scrolled
+        down, the line at the top of the view stays there, unless its session went: sessions
+        coming or going above or below do not move what the operator is looking at. At the top,
+        the list stays at its top, where new sessions come in."""
+        top = round(self.scroll_offset.y)
+        anchor = None if reset or top == 0 else self._at(top)
+        self._order.update(self.sessions, moved)
+        self._layout()
+        if self.cursor is not None and self._order.kind_of(self.cursor) is None:  # its session went
+            self._cursor = self.selected if self.selected is not None and self._order.kind_of(
+                self.selected) is not None else None
+        if anchor is not None:
+            kind, sid, offset = anchor
+            y = self._heading_line(kind) if sid is None else self._line_of(sid)
+            if y is not None and y + offset != top:
+                self.scroll_to(y=y + offset, animate=False, immediate=True)
+        self.refresh()
 
     def _redraw_rows(self, session_ids: set[str] | None = None) -> None:
         """Draw the rows of `session_ids` (None: every row, for the ages) again from the data (new
-        states, unread marks, ages) where they are on screen.
-
-        The order is unchanged, so every row keeps its place and height: only those rows' drawings
-        are dropped from OptionList's cache of rendered options, keyed by (option, style, padding).
-        Dropping them all (`_clear_caches`, as the public `replace_option_prompt` does) redrew every
-        row on screen and measured every option's height again: with fifty sessions changing state
-        it was most of each frame, and a gate's row in the inbox waited for it.
-
-        Only the lines of those rows that are in sight are painted again: the whole list's lines
-        were, at every redraw (ten a second while sessions stream), most often for sessions
-        scrolled out of sight."""
-        # OptionList's private cache and index, checked against Textual 8.2.8.
-        cache = self._option_render_cache
+        states, unread marks, ages): their drawings are dropped, and their lines painted again
+        where they are in sight (most often they are not: sessions scrolled out of sight)."""
         if session_ids is None:
-            cache.clear()
+            self._drawn.clear()
             self.refresh()
             return
-        if not session_ids:
-            return
-        for key in [k for k in cache.keys() if k[0].id in session_ids]:
-            cache.discard(key)
-        top, height = self.scroll_offset.y, self.scrollable_content_region.height
-        lines = self._index_to_line
         for sid in session_ids:
-            option = self._rows.get(sid)
-            index = self._option_to_index.get(option) if option is not None else None
-            y = lines.get(index) if index is not None else None
-            if y is not None and top - 2 < y < top + height:
-                self.refresh_lines(y, 2)
+            self._drawn.pop(sid, None)
+        self._refresh_rows(session_ids)
 
-    def _options_in_order(self) -> list[Option]:
-        """Every kind's heading and its sessions' rows, in the order to show (the options of rows
-        and headings that did not change are the same objects)."""
-        options: list[Option] = []
+    # -- the layout: a heading's line, then two per session, kind after kind --
+
+    def _layout(self) -> None:
+        blocks: list[tuple[str, int]] = []
+        line = 0
         for kind in self._order.kinds():
+            blocks.append((kind, line))
+            line += 1 + ROW_HEIGHT * len(self._order.group(kind))
+        self._blocks, self._starts, self._lines = blocks, [start for _, start in blocks], line
+        self._size_virtual()
+
+    def _size_virtual(self) -> None:
+        size = Size(self.scrollable_content_region.width, self._lines)
+        if size != self.virtual_size:
+            self.virtual_size = size
+            self._scroll_update(size)
+
+    def _at(self, line: int) -> tuple[str, str | None, int] | None:
+        """What the list shows at `line`: (kind, session id or None for the kind's heading, the
+        line within the row); None past the end."""
+        if not 0 <= line < self._lines:
+            return None
+        kind, start = self._blocks[bisect_right(self._starts, line) - 1]
+        if line == start:
+            return kind, None, 0
+        row, offset = divmod(line - start - 1, ROW_HEIGHT)
+        return kind, self._order.group(kind)[row], offset
+
+    def _heading_line(self, kind: str) -> int | None:
+        return next((start for k, start in self._blocks if k == kind), None)
+
+    def _line_of(self, sid: str) -> int | None:
+        """The first line of the session's row (None: not listed)."""
+        kind = self._order.kind_of(sid)
+        start = self._heading_line(kind) if kind is not None else None
+        if kind is None or start is None:
+            return None
+        return start + 1 + ROW_HEIGHT * self._order.group(kind).index(sid)
+
+    def _refresh_rows(self, session_ids: Collection[str | None]) -> None:
+        """Paint again the lines of those rows that are in sight."""
+        top, height = round(self.scroll_offset.y), self.scrollable_content_region.height
+        for line in range(top, top + height):
+            at = self._at(line)
+            if at is None:
+                break
+            if at[1] in session_ids and (at[2] == 0 or line == top):
+                self.refresh_lines(line, ROW_HEIGHT - at[2])
+
+    def listing(self) -> list[str]:
+        """What the list shows, in order: "kind (count)" for each heading, the sessions' ids."""
+        out: list[str] = []
+        for kind, _ in self._blocks:
             group = self._order.group(kind)
-            heading = self._headings.get(kind)
-            if heading is None or heading[0] != len(group):
-                option = Option(Content.assemble((f"{kind} ({len(group)})", "bold underline")),
-                                id=f"kind:{kind}", disabled=True)
-                heading = self._headings[kind] = (len(group), option)
-            options.append(heading[1])
-            for sid in group:
-                row = self._rows.get(sid)
-                if row is None:
-                    row = self._rows[sid] = Option(SessionRow(self, sid), id=sid)
-                options.append(row)
-        return options
+            out.append(f"{kind} ({len(group)})")
+            out.extend(group)
+        return out
 
-    def _set_order(self, highlight: str | None) -> None:
-        highlighted = highlight or (self.highlighted_option.id if self.highlighted_option is not None
-                                    else self.selected)
-        options = self._options_in_order()
-        self._shown = {kind: list(self._order.group(kind)) for kind in self._order.kinds()}
-        with self.app.batch_update():
-            self.set_options(options)
-            if highlighted is not None:
-                self._highlight(highlighted)
+    # -- drawing --
 
-    def _highlight(self, session_id: str) -> None:
-        try:
-            self.highlighted = self.get_option_index(session_id)
-        except Exception:  # noqa: BLE001 - the session is gone
-            pass
+    def on_resize(self) -> None:
+        self._size_virtual()
+        self.refresh()
+
+    def notify_style_update(self) -> None:
+        # Focus and blur restyle the rows (the highlighted row's colours): drawn again.
+        self.refresh()
+        super().notify_style_update()
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        at = self._at(round(self.scroll_offset.y) + y)
+        if at is None:
+            return Strip.blank(width, self.get_visual_style("sessions-list--row").rich_style)
+        kind, sid, offset = at
+        strips = self._heading(kind, width) if sid is None else self._row(sid, width)
+        if offset < len(strips):
+            return strips[offset]
+        return Strip.blank(width, self.get_visual_style("sessions-list--row").rich_style)
+
+    def _heading(self, kind: str, width: int) -> list[Strip]:
+        count = len(self._order.group(kind))
+        style = self.get_visual_style("sessions-list--row", "sessions-list--heading")
+        key = (count, style, width)
+        kept = self._headings.get(kind)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        strips = self._draw(Content.assemble((f"{kind} ({count})", "bold underline")), style, width)
+        self._headings[kind] = (key, strips)
+        return strips
+
+    def _row(self, sid: str, width: int) -> list[Strip]:
+        if sid == self.cursor:
+            style = self.get_visual_style("sessions-list--row", "sessions-list--row-highlighted")
+        elif sid == self._hover:
+            style = self.get_visual_style("sessions-list--row", "sessions-list--row-hover")
+        else:
+            style = self.get_visual_style("sessions-list--row")
+        drawings = self._drawn.get(sid)
+        if drawings is None:
+            if len(self._drawn) >= DRAWINGS_KEPT:
+                self._drawn.clear()
+            drawings = self._drawn[sid] = {}
+        strips = drawings.get((style, width))
+        if strips is None:
+            s = self.sessions.get(sid)
+            strips = drawings[(style, width)] = self._draw(
+                self._prompt(s) if s is not None else Rows([Content("")]), style, width)
+        return strips
+
+    def _draw(self, visual: Visual, style: Style, width: int) -> list[Strip]:
+        return [strip.extend_cell_length(width, style.rich_style)
+                for strip in Visual.to_strips(self, visual, width, None, style)]
+
+    # -- the cursor and the mouse --
+
+    @property
+    def cursor(self) -> str | None:
+        """The highlighted session (what enter opens and `x` stops)."""
+        return self._cursor
+
+    @cursor.setter
+    def cursor(self, sid: str | None) -> None:
+        self._move_to(sid)
+
+    def _move_to(self, sid: str | None, scroll: bool = True) -> None:
+        old, self._cursor = self._cursor, sid
+        if old != sid:
+            self._refresh_rows({old, sid})
+        if sid is not None and scroll:
+            self._scroll_to_row(sid)
+
+    def _scroll_to_row(self, sid: str) -> None:
+        y = self._line_of(sid)
+        if y is not None and self.is_mounted:
+            self.scroll_to_region(Region(0, y, self.scrollable_content_region.width, ROW_HEIGHT),
+                                  force=True, animate=False, immediate=True)
+
+    def on_show(self) -> None:
+        if self.cursor is not None:
+            self._scroll_to_row(self.cursor)
+
+    def _first(self, direction: int) -> str | None:
+        """The first session (direction 1) or the last (-1)."""
+        if not self._blocks:
+            return None
+        group = self._order.group(self._blocks[0 if direction > 0 else -1][0])
+        return group[0] if direction > 0 else group[-1]
+
+    def _next(self, sid: str | None, direction: int) -> str | None:
+        """The session after `sid` (direction 1) or before it (-1), over the headings, round from
+        the last to the first."""
+        kind = self._order.kind_of(sid) if sid is not None else None
+        if sid is None or kind is None:
+            return self._first(direction)
+        group = self._order.group(kind)
+        at = group.index(sid) + direction
+        if 0 <= at < len(group):
+            return group[at]
+        kinds = [k for k, _ in self._blocks]
+        other = self._order.group(kinds[(kinds.index(kind) + direction) % len(kinds)])
+        return other[0] if direction > 0 else other[-1]
+
+    def _page(self, direction: int) -> None:
+        """The cursor a page down (1) or up (-1): to the session shown there, or the one past it
+        when that is a heading."""
+        y = self._line_of(self.cursor) if self.cursor is not None else None
+        if y is None:
+            self._move_to(self._first(direction))
+            return
+        height = self.scrollable_content_region.height
+        at = self._at(clamp(y + direction * height, 0, self._lines - 1))
+        if at is None:
+            return
+        kind, sid, _ = at
+        if sid is None:  # a heading: its first session going down, the one above it going up
+            first = self._order.group(kind)[0]
+            sid = first if direction > 0 else (self._next(first, -1) if kind != self._blocks[0][0] else first)
+        self._move_to(sid)
+
+    def _row_under(self, event: events.MouseEvent) -> str | None:
+        offset = event.get_content_offset(self)
+        at = self._at(round(self.scroll_offset.y) + offset.y) if offset is not None else None
+        return at[1] if at is not None else None
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        self._set_hover(self._row_under(event))
+
+    def on_leave(self) -> None:
+        self._set_hover(None)
+
+    def _set_hover(self, sid: str | None) -> None:
+        if sid != self._hover:
+            old, self._hover = self._hover, sid
+            self._refresh_rows({old, sid})
+
+    def on_click(self, event: events.Click) -> None:
+        sid = self._row_under(event)
+        if sid is not None:
+            self._move_to(sid)
+            self.action_select()
 
     # -- actions --
 
@@ -394,40 +538,38 @@ to the message input.
 
     def action_cursor_up(self) -> None:
         self._moving()
-        super().action_cursor_up()
+        self._move_to(self._next(self.cursor, -1))
 
     def action_cursor_down(self) -> None:
         self._moving()
-        super().action_cursor_down()
+        self._move_to(self._next(self.cursor, 1))
 
     def action_page_up(self) -> None:
         self._moving()
-        super().action_page_up()
+        self._page(-1)
 
     def action_page_down(self) -> None:
         self._moving()
-        super().action_page_down()
+        self._page(1)
 
     def action_first(self) -> None:
         self._moving()
-        super().action_first()
+        self._move_to(self._first(1))
 
     def action_last(self) -> None:
         self._moving()
-        super().action_last()
+        self._move_to(self._first(-1))
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        event.stop()
-        if event.option.id and not event.option.id.startswith("kind:"):
+    def action_select(self) -> None:
+        if self.cursor is not None and self.cursor in self.sessions:
             # The App moves the focus to the input; keys typed before it gets there are text for
             # the input too, letters of this list's bindings included.
             self.typing_away = True
-            self.post_message(self.Picked(event.option.id))
+            self.post_message(self.Picked(self.cursor))
 
     def action_new(self) -> None:
         self.post_message(self.NewRequested())
 
     def action_stop(self) -> None:
-        opt = self.highlighted_option
-        if opt is not None and opt.id and not opt.id.startswith("kind:"):
-            self.post_message(self.StopRequested(opt.id))
+        if self.cursor is not None and self.cursor in self.sessions:
+            self.post_message(self.StopRequested(self.cursor))
