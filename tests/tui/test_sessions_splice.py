@@ -238,3 +238,71 @@ async def test_sessions_coming_and_going_while_the_list_is_hidden_show_once_it_i
         assert session_lines(app)[1].strip().startswith("99 ")
         assert session_lines(app)[3].strip() == "cli (10)"
         assert "api (9)" in sl.listing()  # below, out of sight
+
+
+async def test_a_new_list_while_rebuilds_are_held_is_drawn_and_reached_only_once_they_go_on() -> None:
+    """The terminal behind (rebuilds held), the console reconnects and sets a smaller list: what is
+    drawn and what keys reach until the hold ends is the old list, whole, never half of each."""
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, kind, 1000.0 + n) for n, kind in enumerate(("cli", "api") * 5)])
+        sl.focus()
+        await pilot.pause()
+        sl.hold_rebuilds(True)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in (1, 3)])
+        sl.refresh()
+        await pilot.press("end", "up", "pageup")  # keys on the list as drawn: the old one
+        await pilot.hover("#sessions", offset=(3, 4))
+        await pilot.pause()
+        assert sl.listing()[0] == "cli (5)" and len(sl.listing()) == 12
+        app.now += 5
+        sl.hold_rebuilds(False)
+        await pilot.pause()
+        await pilot.pause()
+        assert sl.listing() == ["api (2)", "s3", "s1"]
+        assert [line.strip() for line in session_lines(app)[:1]] == ["api (2)"]
+
+
+async def test_the_session_at_the_top_of_the_view_speaking_leaves_the_view_where_it_is() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])  # s39 on top
+        await pilot.pause()
+        sl.scroll_to(y=21, animate=False, immediate=True)  # s29's row at the top of the view
+        await pilot.pause()
+        seen = session_lines(app)
+        assert seen[0].split()[0] == "29"
+        app.now += 5
+        sl.upsert({"client_id": "s29", "updated_at": 3000.0})  # it speaks: to the top of its kind
+        sl.rebuild_now()
+        await pilot.pause()
+        assert sl.listing()[1] == "s29"
+        # The rows below it stay where they were; the row above them moved down into its place.
+        shown = session_lines(app)
+        assert shown[2:] == seen[2:] and shown[0].split()[0] == "30"
+
+
+async def test_the_cursor_stays_in_view_when_its_session_moves_and_page_keys_start_at_the_ends() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])
+        sl.focus()
+        await pilot.pause()
+        await pilot.press("pagedown")  # no cursor yet: as OptionList, page down goes to the last
+        assert sl.cursor == "s0"
+        await pilot.press("pageup")
+        sl.cursor = None
+        await pilot.press("pageup")  # and page up to the first
+        assert sl.cursor == "s39"
+        sl.cursor = "s20"
+        await pilot.pause()
+        assert any(line.split()[:1] == ["20"] for line in session_lines(app))
+        app.now += 5
+        sl.upsert({"client_id": "s20", "updated_at": 3000.0})  # it speaks: to the top, far above
+        sl.rebuild_now()
+        await pilot.pause()
+        assert sl.cursor == "s20"
+        assert any(line.split()[:1] == ["20"] for line in session_lines(app))

@@ -177,10 +177,9 @@ to the message input.
     def set_sessions(self, sessions: list[dict[str, Any]]) -> None:
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
         self._drawn.clear()  # every row may show something new
-        self._order.reset(self.sessions)
         self._moved.clear()
-        self._reset = True
-        self.rebuild_now()
+        self._reset = True  # the order is set anew at the redraw, with its layout (not before: held
+        self.rebuild_now()  # while the terminal is behind, the lines shown are the old order's)
 
     def upsert(self, session: dict[str, Any]) -> None:
         sid = session.get("client_id")
@@ -299,23 +298,43 @@ to the message input.
             self._scroll_to_row(self.cursor)
 
     def _place(self, moved: set[str], reset: bool) -> None:
-        """Put the `moved` sessions in their new places (`reset`: the order was set anew). Scrolled
-        down, the line at the top of the view stays there, unless its session went: sessions
-        coming or going above or below do not move what the operator is looking at. At the top,
-        the list stays at its top, where new sessions come in."""
+        """Put the `moved` sessions in their new places (`reset`: every session placed anew).
+        Scrolled down, the first line in view that did not move itself stays where it is:
+        sessions coming, going or moving above or below do not move what the operator is looking
+        at. At the top, the list stays at its top, where new sessions come in. The cursor stays on
+        its session, kept in view as it moves (as OptionList kept its highlight)."""
         top = round(self.scroll_offset.y)
-        anchor = None if reset or top == 0 else self._at(top)
-        self._order.update(self.sessions, moved)
+        anchor = None if reset or top == 0 else self._anchor(top, moved)
+        cursor_at = self._line_of(self._cursor) if self._cursor is not None else None
+        if reset:
+            self._order.reset(self.sessions)
+        else:
+            self._order.update(self.sessions, moved)
         self._layout()
-        if self.cursor is not None and self._order.kind_of(self.cursor) is None:  # its session went
+        self._hover = None  # another row is under the mouse now: shown at its next move
+        if self._cursor is not None and self._order.kind_of(self._cursor) is None:  # its session went
             self._cursor = self.selected if self.selected is not None and self._order.kind_of(
                 self.selected) is not None else None
+            cursor_at = None
         if anchor is not None:
-            kind, sid, offset = anchor
+            (kind, sid, offset), below = anchor
             y = self._heading_line(kind) if sid is None else self._line_of(sid)
-            if y is not None and y + offset != top:
-                self.scroll_to(y=y + offset, animate=False, immediate=True)
+            if y is not None and y + offset - below != top:
+                self.scroll_to(y=max(0, y + offset - below), animate=False, immediate=True)
+        if self._cursor is not None and self._line_of(self._cursor) != cursor_at:
+            self._scroll_to_row(self._cursor)
         self.refresh()
+
+    def _anchor(self, top: int, moved: set[str]) -> tuple[tuple[str, str | None, int], int] | None:
+        """The first line in view that is a heading or a session not among `moved`, and how far
+        below the top it is."""
+        for line in range(top, top + self.scrollable_content_region.height):
+            at = self._at(line)
+            if at is None:
+                return None
+            if at[1] is None or at[1] not in moved:
+                return at, line - top
+        return None
 
     def _redraw_rows(self, session_ids: set[str] | None = None) -> None:
         """Draw the rows of `session_ids` (None: every row, for the ages) again from the data (new
@@ -496,8 +515,8 @@ to the message input.
         """The cursor a page down (1) or up (-1): to the session shown there, or the one past it
         when that is a heading."""
         y = self._line_of(self.cursor) if self.cursor is not None else None
-        if y is None:
-            self._move_to(self._first(direction))
+        if y is None:  # as OptionList: page down to the last session, page up to the first
+            self._move_to(self._first(-direction))
             return
         height = self.scrollable_content_region.height
         at = self._at(clamp(y + direction * height, 0, self._lines - 1))
