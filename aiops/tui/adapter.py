@@ -242,6 +242,11 @@ def _import_for_start(engine: bool, plugins: bool, server: bool) -> None:
 # ---- the adapter --------------------------------------------------------------------------------------
 
 
+# The sessions the console lists at start-up; the rest follow in pages of this size once it is
+# interactive (services.py).
+SESSIONS_PAGE = 1000
+
+
 class EngineAdapter:
     """The console's only door to the engine (and to the HTTP server it runs)."""
 
@@ -428,8 +433,9 @@ class EngineAdapter:
 
     # -- sessions and turns --
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return await self.engine.list_sessions()
+    async def sessions(self, limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
+        """Sessions, most recently active first: a page of them (`limit` from `offset`)."""
+        return await self.engine.list_sessions(limit=limit, offset=offset)
 
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         live = await self.engine.open_session(kind=kind)

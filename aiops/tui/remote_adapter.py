@@ -24,6 +24,7 @@ from aiops.engine import events as ev
 from aiops.integrations.remote import RemoteEngine, RemoteError
 from aiops.tui.adapter import (
     _ANSWERS,
+    SESSIONS_PAGE,
     EngineAdapter,
     HistoryLoaded,
     ModelProbe,
@@ -207,8 +208,8 @@ class RemoteAdapter(EngineAdapter):
         # takes that kind; elsewhere (an older aiops, a client token) they are `api` sessions.
         return self.remote.operator and bool(self.remote.info.get("console_sessions"))
 
-    async def sessions(self) -> list[dict[str, Any]]:
-        return await self.remote.list_sessions()
+    async def sessions(self, limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
+        return await self.remote.list_sessions(limit=limit, offset=offset)
 
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         # The server makes a session with its first message; until then it is this console's name.

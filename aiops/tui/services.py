@@ -14,9 +14,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from textual.css.query import NoMatches
+from textual.worker import Worker, WorkerCancelled
 
 from aiops.engine import gc_policy
-from aiops.tui.adapter import ServicesFailed
+from aiops.tui.adapter import SESSIONS_PAGE, ServicesFailed
 from aiops.tui.format import one_line, server_label
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Services:
     def __init__(self, app: AiopsApp) -> None:
         self.app = app
         self._rest_started = False
+        self._first_page = 0  # the sessions listed at start (older ones follow: list_older)
 
     async def start(self) -> None:
         """In a worker: start the engine and the server, and post how it went."""
@@ -91,6 +93,7 @@ class Services:
         if not app._drawing:
             return
         app.sessions_list.set_sessions(sessions)
+        self._first_page = len(sessions)
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
         # What was typed while the engine started goes out once the session's history is shown
@@ -114,8 +117,30 @@ class Services:
     async def _rest(self) -> None:
         app = self.app
         await app.adapter.warm_backends()
+        with contextlib.suppress(WorkerCancelled):
+            await self.list_older(self._first_page).wait()
         if app.settle_gc and app._drawing:
-            gc_policy.settle()  # start-up is over: see gc_policy
+            gc_policy.settle()  # start-up is over: see gc_policy (the sessions' data frozen too)
+
+    def list_older(self, listed: int) -> Worker[None]:
+        """The sessions past the first page the list was set with (`listed` of them), a page at a
+        time, put in the list as they come (a year of a busy team is ~10,000; each page costs the
+        loop a few ms). A list set again (a reconnect) starts this again, and the one running stops."""
+        return self.app.run_worker(self._older(listed), name="older_sessions", group="older_sessions",
+                                   exclusive=True, exit_on_error=False)
+
+    async def _older(self, offset: int) -> None:
+        app = self.app
+        while offset >= SESSIONS_PAGE and app._drawing:
+            try:
+                page = await app.adapter.sessions(offset=offset)
+            except Exception as e:  # noqa: BLE001 - the list keeps what it has; the log says why
+                log.warning("older sessions not listed (from the %d-th on): %s", offset + 1, e)
+                return
+            if not app._drawing:
+                return
+            app.sessions_list.add_older(page)
+            offset = offset + len(page) if len(page) == SESSIONS_PAGE else 0
 
     async def attach_state(self, msg: AttachState) -> None:
         """The link to the attached aiops: said in the header while it is down, and everything read
@@ -140,6 +165,7 @@ class Services:
             if not app._drawing:
                 return
             app.sessions_list.set_sessions(sessions)
+            self.list_older(len(sessions))
             app.gate_desk.set_gates(app.adapter.pending_gates())
             app.side.refresh_limits()
             if app.selected is not None:

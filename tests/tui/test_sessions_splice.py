@@ -306,3 +306,24 @@ async def test_the_cursor_stays_in_view_when_its_session_moves_and_page_keys_sta
         await pilot.pause()
         assert sl.cursor == "s20"
         assert any(line.split()[:1] == ["20"] for line in session_lines(app))
+
+
+async def test_older_sessions_come_in_below_without_moving_the_view_and_a_deleted_one_stays_gone() -> None:
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(10, 20)])
+        sl.focus()
+        sl.cursor = "s15"
+        await pilot.pause()
+        seen = session_lines(app)
+        sl.drop("s12")  # deleted while a page of older sessions was on its way
+        older = [session(12, "api", 1012.0), *(session(n, "api", 900.0 + n) for n in range(10))]
+        app.now += 5
+        assert sl.add_older(older) == 10
+        sl.add_older([session(15, "api", 1.0)])  # one the list has: as the list has it
+        sl.rebuild_now()
+        await pilot.pause()
+        assert sl.listing() == ["api (19)", *(f"s{n}" for n in (19, 18, 17, 16, 15, 14, 13, 11, 10)),
+                                *(f"s{n}" for n in range(9, -1, -1))]
+        assert sl.cursor == "s15" and session_lines(app)[1:9] == seen[1:9]  # s19 to s16, unmoved

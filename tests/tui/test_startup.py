@@ -10,6 +10,7 @@ from pathlib import Path
 from aiops.config import load_config, resolve_paths
 from aiops.engine.plugins import Plugin
 from aiops.integrations.remote import RemoteEngine
+from aiops.tui.adapter import SESSIONS_PAGE
 from aiops.tui.app import AiopsApp
 from tests.fakes.openai_server import FakeOpenAI
 from tests.tui.conftest import (
@@ -125,3 +126,32 @@ async def test_what_was_sent_comes_back_to_the_input_when_the_engine_cannot_star
     finally:
         if hanging.server is not None and hanging.server.is_serving():
             await hanging.drop()
+
+
+async def test_every_stored_session_is_listed_the_first_page_at_start_the_rest_once_it_is_up(
+        tmp_path: Path, fake_openai: FakeOpenAI, notes: NotesPlugin) -> None:
+    """A year of history is more than the first page (`SESSIONS_PAGE`, shown at start): the older
+    sessions follow in pages once the console is up, each at the bottom of its kind, and the
+    operator can reach the oldest one."""
+    from benchmarks import history
+
+    cfg = console_config(tmp_path, fake_openai)
+    stored = 2 * SESSIONS_PAGE + 300
+    history.build(cfg.paths.db_path, stored, 2)
+    app = AiopsApp(cfg, plugins=[notes], discover_plugins=False, server=False)
+    async with app.run_test(size=SIZE) as pilot:
+        sessions = app.sessions_list
+        await wait_for(pilot, lambda: len(sessions.sessions) >= stored, "every stored session listed", timeout=30)
+        await pilot.pause(0.2)  # (the list redraws at most ten times a second)
+        listing = sessions.listing()
+        headings = [line for line in listing if " (" in line]
+        counts = {h.split(" (")[0]: int(h.rsplit("(", 1)[1].rstrip(")")) for h in headings}
+        assert sum(counts.values()) == len(sessions.sessions) == len(listing) - len(headings)
+        # Each kind newest first: the oldest stored session (built first, a console one) is the last
+        # row of the console kind, which comes first.
+        assert listing[0] == f"console ({counts['console']})"
+        assert listing[counts["console"]] == f"console-{0:08x}"
+        sessions.focus()
+        sessions.cursor = f"console-{0:08x}"
+        await pilot.pause()
+        assert " 101 · " in region_text(app, "#sessions")  # its row (shorthand id 101), in sight

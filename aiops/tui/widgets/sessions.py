@@ -137,6 +137,7 @@ to the message input.
         self.sessions: dict[str, dict[str, Any]] = {}
         self.unread: set[str] = set()
         self.selected: str | None = None
+        self._gone: set[str] = set()  # sessions deleted since the list was set
         self._cursor: str | None = None  # the highlighted session
         self.hold = False  # rebuilds wait (the terminal is behind: nothing is drawn)
         self._held = False  # one waited
@@ -176,6 +177,7 @@ to the message input.
 
     def set_sessions(self, sessions: list[dict[str, Any]]) -> None:
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
+        self._gone.clear()
         self._drawn.clear()  # every row may show something new
         self._moved.clear()
         self._reset = True  # the order is set anew at the redraw, with its layout (not before: held
@@ -192,9 +194,25 @@ to the message input.
         self._moved.add(sid)
         self.rebuild()
 
+    def add_older(self, sessions: list[dict[str, Any]]) -> int:
+        """Sessions past those listed at start (the store's next page, most recently active
+        first), put in their places (at the bottom of their kinds, as a rule): those the list
+        already has (their events came first) or saw deleted are left as they are. How many came."""
+        came = 0
+        for s in sessions:
+            sid = s.get("client_id")
+            if sid and sid not in self.sessions and sid not in self._gone:
+                self.sessions[sid] = dict(s)
+                self._moved.add(sid)
+                came += 1
+        if came:
+            self.rebuild()
+        return came
+
     def drop(self, session_id: str) -> None:
         """Take a deleted session off the list. (Not `remove`: that is every widget's own removal
         from the DOM.)"""
+        self._gone.add(session_id)  # a page of older sessions read before it went may still hold it
         self.sessions.pop(session_id, None)
         self._drawn.pop(session_id, None)
         self.unread.discard(session_id)
