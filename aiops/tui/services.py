@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from textual.css.query import NoMatches
-from textual.worker import Worker, WorkerCancelled
+from textual.worker import Worker
 
 from aiops.engine import gc_policy
 from aiops.tui.adapter import SESSIONS_PAGE, ServicesFailed
@@ -117,10 +117,11 @@ class Services:
     async def _rest(self) -> None:
         app = self.app
         await app.adapter.warm_backends()
-        with contextlib.suppress(WorkerCancelled):
-            await self.list_older(self._first_page).wait()
         if app.settle_gc and app._drawing:
-            gc_policy.settle()  # start-up is over: see gc_policy (the sessions' data frozen too)
+            gc_policy.settle()  # start-up is over: see gc_policy
+        # After the collector's settling (a full collection, ~0.1 s on a year of history), not
+        # before: it would come a second later, when the operator is typing.
+        self.list_older(self._first_page)
 
     def list_older(self, listed: int) -> Worker[None]:
         """The sessions past the first page the list was set with (`listed` of them), a page at a
