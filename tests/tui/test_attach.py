@@ -21,10 +21,11 @@ from aiops.config import load_config, resolve_paths
 from aiops.engine import runfile
 from aiops.engine.lock import running
 from aiops.integrations.remote import RemoteEngine
+from aiops.tui.adapter import SESSIONS_PAGE
 from aiops.tui.app import AiopsApp
 from aiops.tui.widgets.gates import GatesInbox
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.support.server import ServeFactory, ServeProcess
+from tests.support.server import ApiServerFactory, ServeFactory, ServeProcess
 from tests.tui.conftest import chat_text, ready, region_text, send, wait_chat, wait_for
 
 EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
@@ -385,3 +386,24 @@ async def test_model_on_an_attached_consoles_new_session_sets_the_model_of_its_f
         await send(pilot, "hi")
         await wait_chat(pilot, "answered by the second", 20)
     assert fake_openai.last_request.json["model"] == "second-model"
+
+
+async def test_the_attached_console_lists_every_stored_session_past_the_first_page(
+        api_server_factory: ApiServerFactory, tmp_path: Path) -> None:
+    """As in-process (tests/tui/test_startup.py): the first page at start, the older ones in pages
+    over the API once the console is up."""
+    from benchmarks import history
+
+    data = tmp_path / "served-data"
+    stored = SESSIONS_PAGE + 500
+    history.build(resolve_paths(tmp_path, data).db_path, stored, 2)
+    srv = await api_server_factory(data_dir=data)
+    cfg = load_config(resolve_paths(srv.cfg.paths.config_dir, tmp_path / "attached-data"), load_dotenv=False)
+    app = AiopsApp(cfg, remote=RemoteEngine(srv.url), server=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: len(app.sessions_list.sessions) >= stored, "every stored session listed", 30)
+        await pilot.pause(0.2)  # (the list redraws at most ten times a second)
+        listing = app.sessions_list.listing()
+        assert len(listing) - sum(" (" in line for line in listing) == len(app.sessions_list.sessions)
+        assert f"console-{0:08x}" in listing  # the oldest
