@@ -1,6 +1,6 @@
-"""The operator's side of `make bench` keeps working (benchmarks.history, benchmarks.feel): the stored
-history is one aiops reads as its own, and a tiny run of the tokens/gates/memory case goes through
-every path. No number is judged here: speed is `make bench`'s business."""
+"""The operator's side of `make bench` keeps working (benchmarks.history, benchmarks.feel, and
+benchmarks.sessions_list beside it): the stored history is one aiops reads as its own, and tiny runs
+go through every path. No number is judged here: speed is `make bench`'s business."""
 
 from __future__ import annotations
 
@@ -79,3 +79,13 @@ def test_a_tiny_busy_console_run_measures_every_path(tmp_path: Path, tmux: objec
     assert doc["watched"]["keypress_to_screen_ms"]["n"] == 2 and doc["watched"]["answer_streaming_at_end"]
     assert all(ms >= 0 for ms in doc["watched"]["console_cpu_ms"].values())
     assert [t["target_ms"] for t in doc["targets"]] == [50.0, 50.0, 50.0, 20.0, 20.0]
+
+
+def test_a_tiny_sessions_list_run_times_each_change() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.sessions_list", "--sessions", "300", "--rounds", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "sessions list, 300 listed, 3 of each:"
+    assert [line.split()[0] for line in lines[1:]] == ["new", "one", "repaint", "cursor"]
+    assert all(" ms, max " in line for line in lines[1:])
