@@ -57,6 +57,10 @@ class GateDesk:
         app.main.set_gate_count(len(app.inbox.gates))
         if gate.id not in app.inbox.gates:
             return  # answered (or gone) before its toast: nothing waits
+        if app.inbox.shows(gate.id):
+            # Its row is in sight (and the bell rang): a toast over it would say it twice, and
+            # mounting the toast, then taking it down seconds later, lays the screen out each time.
+            return
         # Short and brief: the header badge and the inbox carry the details; this only says that
         # something waits and which key answers it.
         who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from textual import events
-from textual.widgets import Markdown
+from textual.widgets import Markdown, TabbedContent
 
 from aiops.engine import events as ev
 from aiops.engine.engine import Engine
@@ -57,15 +57,13 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         await ready(pilot)
         gate = await _ask(pilot, app, fake_openai)
         assert gate.tool == "write_note" and gate.operation == "write"
-        # Seen without stealing focus: the inbox, the header badge, a notification, the bell. The
-        # row comes first; the count and the toast follow it in the next frame.
+        # Seen without stealing focus: the inbox, the header badge, the bell. The row comes first;
+        # the count follows it in the next frame. No toast: the row is in sight.
         inbox = region_text(app, "#side")
         assert "write_note write" in inbox and "disk at 91%" in inbox
         await wait_for(pilot, lambda: "Gates (1)" in region_text(app, "#side"), "the tab's count")
         assert "⚑ 1 gate" in screen_text(app)
-        toast = next(n for n in app._notifications if "approval needed" in (n.title or ""))
-        assert "ctrl+g" in toast.title and toast.message == f"console {app.sessions_list.short_id(app.selected)} · " \
-            "write_note write"  # short: the badge and the inbox carry the rest
+        assert not any("approval needed" in (n.title or "") for n in app._notifications)
         assert app.bells == 1
         assert isinstance(app.focused, ChatInput)
         await wait_chat(pilot, "waiting for operator approval: write_note write")
@@ -440,6 +438,7 @@ async def test_a_gate_answered_before_its_toast_is_drawn_leaves_no_toast_and_no_
     app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
+        app.main.query_one("#side", TabbedContent).active = "tab-log"  # the inbox out of sight: a toast is due
         engine = app.adapter.engine
         answered: list[str] = []
 
@@ -459,3 +458,29 @@ async def test_a_gate_answered_before_its_toast_is_drawn_leaves_no_toast_and_no_
         assert answered
         assert not any("approval needed" in (n.title or "") for n in app._notifications)
         assert "Gates (0)" in region_text(app, "#side") and "⚑ 1 gate" not in screen_text(app)
+
+
+async def test_a_gate_whose_row_is_out_of_sight_is_announced_by_a_toast_naming_its_key(make_app, fake_openai):
+    """The toast says a gate waits and which key jumps to it, where the inbox does not show its
+    row: another side tab active, or the side pane hidden."""
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        side = app.main.query_one("#side", TabbedContent)
+        side.active = "tab-log"
+        await pilot.pause()
+        gate = await _ask(pilot, app, fake_openai)
+        toast = await wait_for(pilot, lambda: next(
+            (n for n in app._notifications if "approval needed" in (n.title or "")), None), "the toast")
+        assert "ctrl+g" in toast.title and toast.message == f"console {app.sessions_list.short_id(app.selected)} · " \
+            "write_note write"  # short: the badge and the inbox carry the rest
+        app.adapter.engine.gatekeeper.broker.resolve(gate.id, "approve", by="api:ops")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the inbox to empty")
+        app.clear_notifications()
+        await pilot.press("f3")  # the side pane hidden, the Gates tab active again behind it
+        side.active = "tab-gates"
+        await pilot.pause()
+        await _ask(pilot, app, fake_openai, "note that")
+        await wait_for(pilot, lambda: any("approval needed" in (n.title or "") for n in app._notifications),
+                       "the toast, the side pane hidden")
+

@@ -13,7 +13,7 @@ from textual.highlight import HighlightTheme, highlight
 from textual.message import Message
 from textual.reactive import Reactive
 from textual.widgets import OptionList
-from textual.widgets.option_list import Option
+from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from aiops.engine.events import GateInfo
 from aiops.gates.broker import summary_detail
@@ -177,6 +177,19 @@ goes to the message input.
         if self.border_title != title:  # setting it paints every line again, even the same title
             self.border_title = title
         self._repaint_changed(*before)
+
+    def shows(self, gate_id: str) -> bool:
+        """Whether the gate's row was on the terminal in the last frame: the inbox on the screen
+        shown (its tab active, its pane not hidden, no modal over it) and the row's first line
+        within its view."""
+        if self.app.screen is not self.screen or not self.is_on_screen:
+            return False
+        try:
+            y = self._index_to_line[self.get_option_index(gate_id)]
+        except (KeyError, OptionDoesNotExist):
+            return False
+        top = round(self.scroll_offset.y)
+        return top <= y < top + self.scrollable_content_region.height
 
     def _set_gate_options(self, gates: list[GateInfo], current: str | None, index: int) -> None:
         with self.app.batch_update():
