@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A page of older sessions that could not be read (an attached aiops unreachable for a while) is
+# tried again this many times, 2, 4, 8… seconds apart, before the list settles for what it has.
+OLDER_TRIES = 6
+
 
 # Seconds after the services started by which the rest of start-up (the model SDKs, the collector)
 # runs even if no session has been shown.
@@ -130,18 +134,42 @@ class Services:
         return self.app.run_worker(self._older(listed), name="older_sessions", group="older_sessions",
                                    exclusive=True, exit_on_error=False)
 
-    async def _older(self, offset: int) -> None:
+    async def _older(self, listed: int) -> None:
         app = self.app
-        while offset >= SESSIONS_PAGE and app._drawing:
+        sessions = app.sessions_list
+        if listed < SESSIONS_PAGE:  # the first page held them all
+            sessions.older_listed()
+            return
+        offset, deleted, failures = listed, sessions.deletions, 0
+        while app._drawing:
+            # The store pages by offset, most recently active first. A session deleted since the
+            # last page moves every one after it up a place: the page starts that much earlier
+            # (a session deleted further down only makes a few rows come twice, which the list
+            # ignores). New or active sessions move rows down: those come twice too.
+            offset = max(0, offset - max(0, sessions.deletions - deleted))
+            deleted = sessions.deletions
             try:
                 page = await app.adapter.sessions(offset=offset)
-            except Exception as e:  # noqa: BLE001 - the list keeps what it has; the log says why
-                log.warning("older sessions not listed (from the %d-th on): %s", offset + 1, e)
-                return
+            except Exception as e:  # noqa: BLE001 - tried again a little later; the log says why
+                if not app._drawing:
+                    return
+                failures += 1
+                if failures > OLDER_TRIES:
+                    log.warning("older sessions not listed (from the %d-th on): %s", offset + 1, e)
+                    return
+                log.info("older sessions (from the %d-th on) not read, trying again: %s", offset + 1, e)
+                await asyncio.sleep(min(30.0, 2.0 ** failures))
+                continue
             if not app._drawing:
                 return
-            app.sessions_list.add_older(page)
-            offset = offset + len(page) if len(page) == SESSIONS_PAGE else 0
+            failures = 0
+            sessions.add_older(page)
+            if sessions.deletions != deleted:
+                continue  # deleted while the page was read: it may start past a session, read again
+            offset += len(page)
+            if len(page) < SESSIONS_PAGE:
+                sessions.older_listed()
+                return
 
     async def attach_state(self, msg: AttachState) -> None:
         """The link to the attached aiops: said in the header while it is down, and everything read
@@ -166,6 +194,7 @@ class Services:
             if not app._drawing:
                 return
             app.sessions_list.set_sessions(sessions)
+            self._first_page = len(sessions)
             self.list_older(len(sessions))
             app.gate_desk.set_gates(app.adapter.pending_gates())
             app.side.refresh_limits()

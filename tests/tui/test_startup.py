@@ -5,7 +5,9 @@ back to the input when it cannot start. The header says "starting…" until then
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from aiops.config import load_config, resolve_paths
 from aiops.engine.plugins import Plugin
@@ -155,3 +157,49 @@ async def test_every_stored_session_is_listed_the_first_page_at_start_the_rest_o
         sessions.cursor = f"console-{0:08x}"
         await pilot.pause()
         assert " 101 · " in region_text(app, "#sessions")  # its row (shorthand id 101), in sight
+
+
+async def test_sessions_deleted_while_the_older_ones_load_take_none_of_the_rest_with_them(
+        tmp_path: Path, fake_openai: FakeOpenAI, notes: NotesPlugin) -> None:
+    """Another client deletes sessions of the first page while the older ones are being read page
+    by page (the store pages by offset: every later session moves up a place), and a page fails to
+    come once: every session that is still stored is listed all the same."""
+    from benchmarks import history
+
+    cfg = console_config(tmp_path, fake_openai)
+    stored = 2 * SESSIONS_PAGE + 300
+    history.build(cfg.paths.db_path, stored, 2)
+    app = AiopsApp(cfg, plugins=[notes], discover_plugins=False, server=False)
+    reads: list[int] = []
+    read = app.adapter.sessions
+
+    async def another_client_meanwhile(limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
+        reads.append(offset)
+        engine = app.adapter.engine
+        if len(reads) == 2:  # the first older page: three sessions of the first page go first
+            newest = await engine.list_sessions(limit=3)
+            for s in newest:
+                await engine.delete_session(s["client_id"])
+            await wait_until(lambda: all(s["client_id"] not in app.sessions_list.sessions for s in newest))
+        if len(reads) == 3:  # the next read does not come (the attached aiops away for a moment)
+            raise ConnectionError("the aiops went away")
+        return await read(limit=limit, offset=offset)
+
+    app.adapter.sessions = another_client_meanwhile  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: len(reads) >= 5, "the older pages read", timeout=30)
+        await pilot.pause(0.2)
+        kept = {s["client_id"] for s in await app.adapter.engine.list_sessions(limit=10 * stored)}
+        assert len(kept) == stored - 3
+        assert set(app.sessions_list.sessions) == kept
+        # The page read while they went is read again from three earlier (and fails, and is read
+        # once more), then the last one.
+        assert reads[1:] == [SESSIONS_PAGE, SESSIONS_PAGE - 3, SESSIONS_PAGE - 3, 2 * SESSIONS_PAGE - 3], reads
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.01)
