@@ -484,3 +484,18 @@ async def test_a_gate_whose_row_is_out_of_sight_is_announced_by_a_toast_naming_i
         await wait_for(pilot, lambda: any("approval needed" in (n.title or "") for n in app._notifications),
                        "the toast, the side pane hidden")
 
+
+
+async def test_a_gate_row_under_other_toasts_still_up_gets_a_toast_of_its_own(make_app, fake_openai):
+    app = make_app(extra_files={"aiops.toml": "[console]\nbell = false\n"})
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        for n in range(10):  # stacked at the bottom right, up over the whole side pane
+            app.notify("\n".join(f"something else {n}.{k}" for k in range(4)), timeout=30)
+        await pilot.pause()
+        await _ask(pilot, app, fake_openai)
+        inbox = app.inbox.scrollable_content_region
+        assert any(t.region.overlaps(inbox) for t in app.screen.query("Toast")), [
+            t.region for t in app.screen.query("Toast")]  # the row is drawn, under the toasts
+        await wait_for(pilot, lambda: any("approval needed" in (n.title or "") for n in app._notifications),
+                       "the gate's own toast")

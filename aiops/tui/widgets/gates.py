@@ -189,7 +189,12 @@ goes to the message input.
         except (KeyError, OptionDoesNotExist):
             return False
         top = round(self.scroll_offset.y)
-        return top <= y < top + self.scrollable_content_region.height
+        if not top <= y < top + self.scrollable_content_region.height:
+            return False
+        # Toasts still up sit over the side pane's bottom right: a row under one is not in sight.
+        area = self.scrollable_content_region
+        row = Region(area.x, area.y + y - top, area.width, self._heights.get(self.get_option_index(gate_id), 1))
+        return not any(toast.region.overlaps(row) for toast in self.screen.query("Toast"))
 
     def _set_gate_options(self, gates: list[GateInfo], current: str | None, index: int) -> None:
         with self.app.batch_update():
