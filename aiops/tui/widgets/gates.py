@@ -180,20 +180,20 @@ goes to the message input.
 
     def shows(self, gate_id: str) -> bool:
         """Whether the gate's row was on the terminal in the last frame: the inbox on the screen
-        shown (its tab active, its pane not hidden, no modal over it) and the row's first line
-        within its view."""
+        shown (its tab active, its pane not hidden, no modal over it), the row's first line within
+        its view, and no toast over the row."""
         if self.app.screen is not self.screen or not self.is_on_screen:
             return False
         try:
-            y = self._index_to_line[self.get_option_index(gate_id)]
+            index = self.get_option_index(gate_id)
+            y = self._index_to_line[index]
         except (KeyError, OptionDoesNotExist):
             return False
-        top = round(self.scroll_offset.y)
-        if not top <= y < top + self.scrollable_content_region.height:
+        top, area = round(self.scroll_offset.y), self.scrollable_content_region
+        if not top <= y < top + area.height:
             return False
         # Toasts still up sit over the side pane's bottom right: a row under one is not in sight.
-        area = self.scrollable_content_region
-        row = Region(area.x, area.y + y - top, area.width, self._heights.get(self.get_option_index(gate_id), 1))
+        row = Region(area.x, area.y + y - top, area.width, self._heights.get(index, 1))
         return not any(toast.region.overlaps(row) for toast in self.screen.query("Toast"))
 
     def _set_gate_options(self, gates: list[GateInfo], current: str | None, index: int) -> None:
