@@ -501,11 +501,11 @@ to the message input.
     def cursor(self, sid: str | None) -> None:
         self._move_to(sid)
 
-    def _move_to(self, sid: str | None, scroll: bool = True) -> None:
+    def _move_to(self, sid: str | None) -> None:
         old, self._cursor = self._cursor, sid
         if old != sid:
             self._refresh_rows({old, sid})
-        if sid is not None and scroll:
+        if sid is not None:
             self._scroll_to_row(sid)
 
     def _scroll_to_row(self, sid: str) -> None:
