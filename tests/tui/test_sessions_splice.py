@@ -185,14 +185,20 @@ async def test_a_new_session_above_the_rows_in_sight_leaves_them_where_they_are_
         assert any(line.strip().startswith("99 ") for line in session_lines(app))
 
 
+async def forty_api_sessions_scrolled_to(pilot: Any, app: Pane, y: int) -> SessionsList:
+    """The list set with 40 api sessions (s39 on top), its view scrolled to line `y`."""
+    sl = app.query_one(SessionsList)
+    sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])
+    await pilot.pause()
+    sl.scroll_to(y=y, animate=False, immediate=True)
+    await pilot.pause()
+    return sl
+
+
 async def test_rows_in_sight_stay_put_when_sessions_above_below_or_among_them_come_and_go() -> None:
     app = Pane()
     async with app.run_test(size=(90, 20)) as pilot:
-        sl = app.query_one(SessionsList)
-        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])  # s39 on top
-        await pilot.pause()
-        sl.scroll_to(y=20, animate=False, immediate=True)  # rows s30 down to s22 in sight
-        await pilot.pause()
+        sl = await forty_api_sessions_scrolled_to(pilot, app, 20)  # rows s30 down to s22 in sight
 
         def rows() -> list[str]:
             """The shorthand ids of the rows in sight, top first."""
@@ -267,11 +273,7 @@ async def test_a_new_list_while_rebuilds_are_held_is_drawn_and_reached_only_once
 async def test_the_session_at_the_top_of_the_view_speaking_leaves_the_view_where_it_is() -> None:
     app = Pane()
     async with app.run_test(size=(90, 20)) as pilot:
-        sl = app.query_one(SessionsList)
-        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])  # s39 on top
-        await pilot.pause()
-        sl.scroll_to(y=21, animate=False, immediate=True)  # s29's row at the top of the view
-        await pilot.pause()
+        sl = await forty_api_sessions_scrolled_to(pilot, app, 21)  # s29's row at the top of the view
         seen = session_lines(app)
         assert seen[0].split()[0] == "29"
         app.now += 5
