@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiops.engine.sqlite_worker import SQLiteWorker, StoreError
-from aiops.engine.types import Message, ToolCall, is_short_id
+from aiops.engine.types import Message, SessionKey, ToolCall, is_short_id
 
 __all__ = ["MIGRATIONS", "OWNER_KEY", "SQLITE_MAX_INT", "AuditRow", "SessionRow", "Store", "StoreError"]
 
@@ -91,6 +91,12 @@ MIGRATIONS: list[str] = [
     # whole: each asks where the turns on it began).
     """
     CREATE INDEX messages_by_turn ON messages(session_id, epoch, turn_id);
+    """,
+    # 4: the sessions listing's order (most recently updated first, then by id), so that a page
+    # of it, from the top or after a session's key (keyset paging), is read from the index instead
+    # of sorting every session. Adding a message moves its session's entry: one row of the index.
+    """
+    CREATE INDEX sessions_by_update ON sessions(updated_at, id);
     """,
 ]
 
@@ -302,8 +308,11 @@ class Store:
         return await self.worker.run(run)  # counts the messages: the thread
 
     async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
-                            owner: str | None = None) -> list[SessionRow]:
-        """Sessions, most recently updated first; only those of `kind` and of `owner` when given."""
+                            owner: str | None = None, before: SessionKey | None = None) -> list[SessionRow]:
+        """Sessions, most recently updated first (then by id, descending: one order, ties
+        included); only those of `kind` and of `owner` when given, and only those after `before`
+        in that order (keyset paging: the next page is the one after the last session read, which
+        sessions deleted or updated meanwhile do not shift, as they shift an offset)."""
 
         def run(conn: sqlite3.Connection) -> list[SessionRow]:
             sql = ("SELECT s.*, (SELECT COUNT(*) FROM messages m WHERE m.session_id=s.id "
@@ -316,9 +325,12 @@ class Store:
             if owner is not None:
                 where.append(f"{OWNER_SQL}=?")  # as indexed, so the index serves it
                 args.append(owner)
+            if before is not None:
+                where.append("(s.updated_at, s.id) < (?, ?)")  # a range of sessions_by_update
+                args += [before.updated_at, before.client_id]
             if where:
                 sql += " WHERE " + " AND ".join(where)
-            sql += " ORDER BY s.updated_at DESC LIMIT ? OFFSET ?"
+            sql += " ORDER BY s.updated_at DESC, s.id DESC LIMIT ? OFFSET ?"
             args += [limit, offset]
             return [_row_to_session(r) for r in conn.execute(sql, args)]
 

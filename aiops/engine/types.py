@@ -7,11 +7,13 @@ ever sees an OpenAI or Gemini object.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Role = Literal["system", "user", "assistant", "tool", "notice", "gate", "error"]
 
@@ -50,6 +52,38 @@ def new_id(prefix: str = "") -> str:
     # 48 random bits, as the first 12 hex digits of a uuid4 were, without building the UUID
     # (several are made per proxied request).
     return prefix + os.urandom(6).hex()
+
+
+class SessionKey(NamedTuple):
+    """A session's place in the sessions listing, which is most recently updated first, then by
+    id, descending: a page `before` it is the sessions after it in that order (keyset paging).
+    On the wire (`GET /api/v1/sessions?before=`): `<updated_at>,<client_id>`."""
+
+    updated_at: float
+    client_id: str
+
+    @classmethod
+    def of(cls, session: Mapping[str, Any]) -> SessionKey:
+        """The key of a listed session (a `list_sessions` row: `updated_at`, `client_id`)."""
+        return cls(float(session["updated_at"]), str(session["client_id"]))
+
+    def to_wire(self) -> str:
+        return f"{self.updated_at!r},{self.client_id}"  # repr: the float read back is this one
+
+    @classmethod
+    def from_wire(cls, text: str) -> SessionKey:
+        """Parse `<updated_at>,<client_id>` (the id may hold commas; the number cannot). Raises
+        ValueError saying what is wrong."""
+        at, comma, client_id = text.partition(",")
+        if not comma or not client_id:
+            raise ValueError("expected `<updated_at>,<client_id>` (a listed session's values)")
+        try:
+            updated_at = float(at)
+        except ValueError:
+            raise ValueError(f"updated_at {at!r} is not a number") from None
+        if not math.isfinite(updated_at):
+            raise ValueError(f"updated_at {at!r} is not a finite number")
+        return cls(updated_at, client_id)
 
 
 @dataclass(slots=True)

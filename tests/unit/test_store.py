@@ -9,7 +9,7 @@ import time
 import pytest
 
 from aiops.engine.store import MIGRATIONS, Store, StoreError
-from aiops.engine.types import Message, ToolCall
+from aiops.engine.types import Message, SessionKey, ToolCall
 
 
 @pytest.fixture
@@ -281,6 +281,78 @@ async def test_a_version_1_database_upgrades_and_lists_by_owner(tmp_path):
     plan = conn.execute("EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE json_extract(meta, '$.owner')=?",
                         ("bot",)).fetchall()
     assert "sessions_by_owner" in str(plan)
+    conn.close()
+
+
+async def test_keyset_pages_list_every_session_once_ties_by_id_whatever_moves_meanwhile(store):
+    """A page `before` a session's key is the sessions after it in the listing's one order (most
+    recently updated first, ties by id, descending): sessions deleted or active since the last page
+    shift none of the rest past the next, as they shift an offset."""
+    for i in range(10):
+        await store.create_session(f"s{i}", "api", None)
+    conn = sqlite3.connect(store.path)
+    with conn:  # s0-s3 updated at one instant: the id orders them
+        conn.executemany("UPDATE sessions SET updated_at=? WHERE id=?",
+                         [(1000.0 if i < 4 else 1000.0 + i, f"s{i}") for i in range(10)])
+    conn.close()
+    order = ["s9", "s8", "s7", "s6", "s5", "s4", "s3", "s2", "s1", "s0"]
+    assert [r.id for r in await store.list_sessions()] == order
+
+    first = await store.list_sessions(limit=4)
+    assert [r.id for r in first] == order[:4]
+    # Meanwhile two listed sessions are deleted, and a later one is active (to the top).
+    await store.delete_session("s9")
+    await store.delete_session("s7")
+    await store.add_message("s2", Message("user", "back again"))
+    after = SessionKey.of(first[-1].to_dict())
+    assert after == SessionKey(first[-1].updated_at, "s6")
+    second = await store.list_sessions(limit=4, before=after)
+    assert [r.id for r in second] == ["s5", "s4", "s3", "s1"]  # (s2 moved above: it is listed anew)
+    third = await store.list_sessions(limit=4, before=SessionKey.of(second[-1].to_dict()))
+    assert [r.id for r in third] == ["s0"]
+    assert await store.list_sessions(before=SessionKey(0.0, "s0")) == []
+    # Within a tie, by id: after s3 at 1000.0 come s1 and s0 (s2 is no longer at 1000.0).
+    assert [r.id for r in await store.list_sessions(before=SessionKey(1000.0, "s3"))] == ["s1", "s0"]
+    # With the filters and an offset counted from the key.
+    await store.create_session("p", "proxy", None, meta={"owner": "bot"})
+    assert [r.id for r in await store.list_sessions("api", limit=2, offset=1, before=after)] == ["s4", "s3"]
+    assert await store.list_sessions(owner="bot", before=after) == []
+
+
+def test_a_session_key_is_read_from_its_wire_form_or_refused_saying_why():
+    key = SessionKey(1732800000.123456, "api-a,b+c")
+    assert SessionKey.from_wire(key.to_wire()) == key  # the same float, an id with a comma
+    assert SessionKey.from_wire("1e+20,x") == SessionKey(1e20, "x")
+    for text, why in [("", "expected"), ("1732800000.5", "expected"), ("1732800000.5,", "expected"),
+                      ("soon,api-a", "not a number"), ("nan,api-a", "finite"), ("-inf,api-a", "finite")]:
+        with pytest.raises(ValueError, match=why):
+            SessionKey.from_wire(text)
+
+
+async def test_a_version_3_database_gains_the_index_the_listing_pages_by(tmp_path):
+    path = tmp_path / "db.sqlite3"
+    conn = sqlite3.connect(path)
+    for step in MIGRATIONS[:3]:
+        conn.executescript(step)
+    conn.execute("INSERT INTO sessions(id, short_id, kind, created_at, updated_at) VALUES "
+                 "('old', 101, 'api', 1, 1), ('older', 102, 'api', 1, 1)")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    s = Store(path)
+    await s.open()
+    try:
+        assert [r.id for r in await s.list_sessions()] == ["older", "old"]
+        assert [r.id for r in await s.list_sessions(before=SessionKey(1.0, "older"))] == ["old"]
+    finally:
+        await s.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    # A page is read from the index, from the key on: not every session sorted.
+    for where in ("", "WHERE (updated_at, id) < (?, ?) "):
+        plan = str(conn.execute(f"EXPLAIN QUERY PLAN SELECT id FROM sessions {where}ORDER BY updated_at DESC, "
+                                f"id DESC LIMIT 10", (1.0, "x") if where else ()).fetchall())
+        assert "sessions_by_update" in plan and "TEMP B-TREE" not in plan, plan
     conn.close()
 
 
