@@ -343,11 +343,13 @@ class AgentClient:
     # -- sessions --
 
     async def sessions(self, kind: str | None = None, limit: int | None = None,
-                       offset: int | None = None) -> list[dict[str, Any]]:
-        """Sessions, most recently updated first (a client token sees only those it created);
-        the next page starts at `offset + limit`."""
-        return (await self._call("GET", "/api/v1/sessions", params={"kind": kind, "limit": limit, "offset": offset},
-                                 expect=("sessions",)))["sessions"]
+                       offset: int | None = None, before: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently updated first (a client token sees only those it created).
+        The next page: `before=` the last session of this one (keyset paging: sessions deleted or
+        updated meanwhile shift no other, as they shift an `offset`)."""
+        key = f"{float(before['updated_at'])!r},{before['client_id']}" if before is not None else None
+        return (await self._call("GET", "/api/v1/sessions", expect=("sessions",),
+                                 params={"kind": kind, "limit": limit, "offset": offset, "before": key}))["sessions"]
 
     async def session(self, client_id: str, limit: int | None = None,
                       before: int | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from aiops.engine.sessions import LiveSession
     from aiops.engine.store import Store
     from aiops.engine.tools import ToolRegistry
-    from aiops.engine.types import Message
+    from aiops.engine.types import Message, SessionKey
     from aiops.gates.limits import LimitsConfig
 
 
@@ -69,7 +69,7 @@ class CommandHost(Protocol):
                       wait_for_delete: bool = True) -> LiveSession | None: ...
 
     async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
-                            owner: str | None = None) -> list[dict[str, Any]]: ...
+                            owner: str | None = None, before: SessionKey | None = None) -> list[dict[str, Any]]: ...
 
     async def delete_session(self, ref: str) -> bool: ...
 

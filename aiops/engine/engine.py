@@ -41,7 +41,7 @@ from aiops.engine.store import Store
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolRegistry
 from aiops.engine.turn import MAX_RESULT_CHARS, Turn, TurnResult
 from aiops.engine.turn_queue import TurnQueue
-from aiops.engine.types import Completion, Message, ToolSpec, new_id, valid_text
+from aiops.engine.types import Completion, Message, SessionKey, ToolSpec, new_id, valid_text
 
 if TYPE_CHECKING:
     from aiops.engine.commands import CommandHost
@@ -265,10 +265,11 @@ class Engine:
         return live
 
     async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
-                            owner: str | None = None) -> list[dict[str, Any]]:
-        """Sessions, most recently active first; only those of `kind` and of `owner` (the server
-        caller that created them) when given."""
-        rows = await self.store.list_sessions(kind, limit=limit, offset=offset, owner=owner)
+                            owner: str | None = None, before: SessionKey | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently active first (then by id); only those of `kind` and of `owner`
+        (the server caller that created them) when given, and those after `before` (the key of the
+        last session of the previous page: `SessionKey.of(row)`)."""
+        rows = await self.store.list_sessions(kind, limit=limit, offset=offset, owner=owner, before=before)
         out = []
         for r in rows:
             live = self.cache.get(r.id)

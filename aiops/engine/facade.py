@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:
     from aiops.engine.bus import Subscription
     from aiops.engine.events import GateInfo, RateInfo
-    from aiops.engine.types import Message
+    from aiops.engine.types import Message, SessionKey
 
 
 class TurnHandle(Protocol):
@@ -41,7 +41,10 @@ class EngineFacade(Protocol):
     def stop_turn(self, ref: str, *, clear_queue: bool = False, by: str = "stop") -> bool: ...
 
     async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
-                            owner: str | None = None) -> list[dict[str, Any]]: ...
+                            owner: str | None = None, before: SessionKey | None = None) -> list[dict[str, Any]]:
+        """Most recently active first, then by id; a page after another: `before` = the key of
+        its last session (`SessionKey.of`), which deletions and activity meanwhile do not shift."""
+        ...
 
     async def history(self, ref: str, *, limit: int | None = None,
                       before_id: int | None = None) -> list[Message]: ...

@@ -26,6 +26,8 @@ from aiops.config import SHIPPED_CONFIG_DIR
 from aiops.engine.events import CONTRACT_EVENTS
 from aiops.engine.plugins import Plugin, PluginAPI
 from aiops.engine.tools import Tool, ToolContext, ToolOutput
+from aiops.engine.types import SessionKey
+from aiops.integrations.remote import RemoteEngine
 from aiops.integrations.server.api import CLIENT_ID_PATTERN, ROUTES
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply, call_tool_when, split_text
@@ -432,6 +434,74 @@ async def test_sessions_are_listed_read_page_by_page_and_deleted(api_server: Api
                 await call
             assert (e.value.status, e.value.code) == (404, "not_found")
         assert [s["client_id"] for s in await agent.sessions()] == ["api-other"]
+
+
+async def test_sessions_are_paged_after_the_last_one_listed_whatever_is_deleted_meanwhile(
+        api_server: ApiServer) -> None:
+    """`before=<updated_at>,<client_id>` of a page's last session: the next page. A session deleted
+    meanwhile moves none of the rest past it, as it moves an offset (which still works)."""
+    async with api_server.client() as agent:
+        for name in ("api-a", "api-b", "api-c+d", "api-e"):  # (a `+`: quoted, not read as a space)
+            assert (await agent.send("hi", client_id=name))["status"] == "complete"
+        first = await agent.sessions(limit=2)
+        assert [s["client_id"] for s in first] == ["api-e", "api-c+d"]
+        assert (await agent.delete_session("api-e"))["deleted"] is True
+        assert [s["client_id"] for s in await agent.sessions(limit=2, before=first[-1])] == ["api-b", "api-a"]
+        assert [s["client_id"] for s in await agent.sessions(limit=2, offset=2)] == ["api-a"]  # api-b skipped
+        assert [s["client_id"] for s in await agent.sessions(kind="proxy", before=first[-1])] == []
+    # On the wire: the listed `updated_at` as JSON wrote it, a comma, the id (quoted).
+    key = f"{first[0]['updated_at']!r},{first[0]['client_id']}"
+    async with aiohttp.ClientSession() as http, http.get(
+            api_server.url + "/api/v1/sessions", params={"before": key, "limit": "1"}) as r:
+        assert r.status == 200 and [s["client_id"] for s in (await r.json())["sessions"]] == ["api-c+d"]
+
+
+async def test_an_attached_console_pages_an_older_aiops_by_offset(api_server: ApiServer) -> None:
+    """An aiops from before keyset paging refuses `before` (an unknown parameter) and its
+    `/api/v1/console` does not say `sessions_before`: the attached console's engine pages it as
+    consoles did then, the page after a session it listed starting where that listing ended."""
+    stored = [{"client_id": f"api-{i}", "updated_at": 100.0 - i} for i in range(5)]
+    asked: list[dict[str, str]] = []
+
+    async def older_aiops(request: web.Request) -> web.Response:
+        if request.path == "/api/v1/console":
+            return web.json_response({"principal": "ops", "role": "operator", "console_sessions": True})
+        if request.path == "/api/v1/gates":
+            return web.json_response({"gates": []})
+        if request.path == "/api/v1/rates":
+            return web.json_response({"usage": [], "limits": []})
+        asked.append(dict(request.query))
+        if set(request.query) - {"kind", "limit", "offset"}:
+            return web.json_response({"error": {"code": "invalid_request", "message": "unknown field"}}, status=400)
+        offset, limit = int(request.query.get("offset", 0)), int(request.query["limit"])
+        return web.json_response({"sessions": stored[offset:offset + limit]})
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", older_aiops)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    remote = RemoteEngine(f"http://127.0.0.1:{runner.addresses[0][1]}")
+    try:
+        await remote.start(follow=False)
+        first = await remote.list_sessions(limit=2)
+        second = await remote.list_sessions(limit=2, before=SessionKey.of(first[-1]))
+        third = await remote.list_sessions(limit=2, before=SessionKey.of(second[-1]))
+        assert [s["client_id"] for s in first + second + third] == [s["client_id"] for s in stored]
+        assert [q.get("offset") for q in asked] == [None, "2", "4"]
+        # After a session it did not list last: from the top.
+        assert await remote.list_sessions(limit=1, before=SessionKey(50.0, "api-9")) == stored[:1]
+    finally:
+        await remote.close()
+        await runner.cleanup()
+    # The current aiops says it pages by key.
+    remote = RemoteEngine(api_server.url)
+    try:
+        await remote.start(follow=False)
+        assert remote.info["sessions_before"] is True
+    finally:
+        await remote.close()
 
 
 async def test_stop_cancels_a_hanging_turn(api_server: ApiServer) -> None:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import pytest
@@ -167,6 +168,22 @@ async def test_bad_query_parameters_are_a_400_naming_them(api_server: ApiServer,
     assert status == 400 and "offset: " in our_error(body)[1]
     status, body, _ = await call(api_server, "GET", "/api/v1/sessions?offset=9223372036854775807")
     assert (status, body) == (200, {"sessions": []})  # the largest offset SQLite takes
+
+
+@pytest.mark.parametrize(("before", "why"), [
+    ("1732800000.5", "expected `<updated_at>,<client_id>`"),
+    ("1732800000.5,", "expected `<updated_at>,<client_id>`"),
+    ("soon,api-a", "updated_at 'soon' is not a number"),
+    ("nan,api-a", "updated_at 'nan' is not a finite number"),
+    ("x" * 1025, "at most 1024 characters"),
+])
+async def test_a_malformed_sessions_cursor_is_a_400_saying_why(api_server: ApiServer, before: str, why: str) -> None:
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions?" + urlencode({"before": before}))
+    code, message = our_error(body)
+    assert (status, code) == (400, "invalid_request") and message.startswith("invalid request: before: "), message
+    assert why in message, message
+    status, body, _ = await call(api_server, "GET", "/api/v1/sessions?" + urlencode({"before": "1732800000.5,api-a"}))
+    assert (status, body) == (200, {"sessions": []})
 
 
 async def test_submitting_to_an_unknown_shorthand_id_is_404(api_server: ApiServer) -> None:

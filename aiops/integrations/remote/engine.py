@@ -30,7 +30,7 @@ from urllib.parse import quote
 import aiohttp
 
 from aiops.engine import events as ev
-from aiops.engine.types import Message, ToolCall
+from aiops.engine.types import Message, SessionKey, ToolCall
 from aiops.sse import SseParser
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,9 @@ class RemoteEngine:
         self._stream_task: asyncio.Task[None] | None = None
         self._seq_changed = asyncio.Event()
         self._closed = False
+        # Against an aiops without keyset paging: the last session listed, and the offset its
+        # listing ended at (`list_sessions`).
+        self._listed_to: tuple[SessionKey, int] | None = None
 
     # -- lifecycle --
 
@@ -294,15 +297,34 @@ class RemoteEngine:
 
     # -- the facade's operations --
 
-    async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0) -> list[dict[str, Any]]:
+    async def list_sessions(self, kind: str | None = None, limit: int = 1000, offset: int = 0, *,
+                            before: SessionKey | None = None) -> list[dict[str, Any]]:
+        """Most recently active first; only those after `before` when given (keyset paging, see
+        `SessionKey`). The server answers 1,000 at most: more are read a page at a time, each after
+        the last session of the one before.
+
+        An aiops from before keyset paging (its `/api/v1/console` does not say `sessions_before`)
+        is paged by offset: a page `before` the last session this listed starts where that listing
+        ended (deletions meanwhile shift it, as they did); before any other session, at the top."""
+        keyset = bool(self.info.get("sessions_before"))
+        if before is not None and not keyset:
+            if self._listed_to is not None and self._listed_to[0] == before:
+                offset += self._listed_to[1]
+            before = None
         out: list[dict[str, Any]] = []
         while True:
-            page = await self._call("GET", "/api/v1/sessions",
-                                    params={"kind": kind, "limit": min(1000, limit - len(out)), "offset": offset})
+            page = await self._call("GET", "/api/v1/sessions", params={
+                "kind": kind, "limit": min(1000, limit - len(out)), "offset": offset or None,
+                "before": before.to_wire() if before is not None else None})
             rows = page.get("sessions") or []
             out.extend(rows)
-            offset += len(rows)
+            if keyset and rows:
+                before, offset = SessionKey.of(rows[-1]), 0
+            else:
+                offset += len(rows)
             if len(rows) < 1000 or len(out) >= limit:
+                if not keyset and out:
+                    self._listed_to = (SessionKey.of(out[-1]), offset)
                 return out
 
     async def session(self, ref: str, limit: int = 1) -> dict[str, Any] | None:

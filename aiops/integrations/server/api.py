@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 import aiops
 from aiops.engine import events as ev
 from aiops.engine.engine import Engine, EngineError, LiveSession
 from aiops.engine.store import SQLITE_MAX_INT
 from aiops.engine.turn import Turn
-from aiops.engine.types import is_short_id, new_id
+from aiops.engine.types import SessionKey, is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound, waiting_notice
 from aiops.integrations.server import operator_api
 from aiops.integrations.server.addresses import configured_hosts, shown_to
@@ -109,7 +110,27 @@ class SessionsQuery(_Query):
     kind: Literal["console", "cli", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
         None, description="Only sessions of this kind.")
     limit: int = Field(200, ge=1, le=1000, description="At most this many, most recently updated first.")
-    offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at `offset + limit`).")
+    offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at "
+                        "`offset + limit`; sessions deleted or updated meanwhile shift it: page with `before`).")
+    before: str | None = Field(
+        None, max_length=1024, description="`<updated_at>,<client_id>` of the last session of the previous page: "
+        "only the sessions after it in the listing's order (keyset paging; ties in `updated_at` are ordered by "
+        "`client_id`, descending). Deletions and activity meanwhile move no other session past it, so none is "
+        "skipped (a session active meanwhile moves above it: to the top of a new listing).")
+
+    @field_validator("before")
+    @classmethod
+    def _a_session_key(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                SessionKey.from_wire(v)
+            except ValueError as e:
+                raise PydanticCustomError("session_key", str(e)) from None
+        return v
+
+    @property
+    def after(self) -> SessionKey | None:
+        return SessionKey.from_wire(self.before) if self.before is not None else None
 
 
 class HistoryQuery(_Query):
@@ -549,7 +570,7 @@ async def list_sessions(request: web.Request) -> web.Response:
     engine = get_engine(request)
     who = caller(request)
     # An operator sees every session; a client only those it created (the store finds them by owner).
-    rows = await engine.list_sessions(q.kind, limit=q.limit, offset=q.offset,
+    rows = await engine.list_sessions(q.kind, limit=q.limit, offset=q.offset, before=q.after,
                                       owner=None if who.operator else who.principal)
     return _json(SessionList(sessions=[SessionInfo.model_validate(r) for r in rows]))
 
@@ -675,8 +696,10 @@ ROUTES: tuple[ApiRoute, ...] = (
              path_schemas={"client_id": {"pattern": CLIENT_ID_PATTERN, "maxLength": 128}},
              content_description="text/event-stream"),
     ApiRoute("GET", f"{PREFIX}/sessions", list_sessions, "listSessions", "List sessions", "sessions",
-             description="Most recently updated first. A client token sees only the sessions it created; "
-                         "operators see every session.",
+             description="Most recently updated first (then by `client_id`, descending). The next page: "
+                         "`before=<updated_at>,<client_id>` of the last session listed (or `offset`, which "
+                         "deletions and activity meanwhile shift). A client token sees only the sessions it "
+                         "created; operators see every session.",
              query=SessionsQuery, response=SessionList),
     ApiRoute("GET", f"{PREFIX}/sessions/{{id}}", get_session, "getSession", "A session with its history",
              "sessions", description="History is paginated from the end: the latest `limit` messages, "

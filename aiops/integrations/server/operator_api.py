@@ -245,6 +245,8 @@ class ConsoleInfo(BaseModel):
     console_sessions: bool = Field(False, description="An operator's `POST /api/v1/submit` may say `kind: "
                                    "\"console\"`: the session it creates is a console session, as the "
                                    "in-process console's are (an attached console does so).")
+    sessions_before: bool = Field(False, description="`GET /api/v1/sessions` takes `before` (keyset paging; "
+                                  "an attached console pages the older sessions with it).")
     model_status: list[ModelStateOut] | None = Field(
         None, description="Operators: what the server knows of each enabled model's reachability (its last "
                           "probe, then its turns); empty until something asked it to probe "
@@ -374,7 +376,7 @@ async def console_info(request: web.Request) -> web.Response:
                        epoch=feed.epoch, last_event_id=feed.position, default_model=cfg.models.default_model,
                        models=models, commands=engine.commands.names(), tools=engine.tools.names(),
                        plugins=[p.to_dict() for p in engine.plugin_status] if who.operator else None,
-                       console_sessions=True,
+                       console_sessions=True, sessions_before=True,
                        model_status=_model_states(request.app[HEALTH_KEY].snapshot()) if who.operator else None)
     return _json(info)
 
