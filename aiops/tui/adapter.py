@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from aiops.engine.events import Event
     from aiops.engine.lock import DataDirLock
     from aiops.engine.types import Message as HistoryMessage
+    from aiops.engine.types import SessionKey
     from aiops.prompts.tree import PromptTree
 
 log = logging.getLogger(__name__)
@@ -433,9 +434,10 @@ class EngineAdapter:
 
     # -- sessions and turns --
 
-    async def sessions(self, limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
-        """Sessions, most recently active first: a page of them (`limit` from `offset`)."""
-        return await self.engine.list_sessions(limit=limit, offset=offset)
+    async def sessions(self, limit: int = SESSIONS_PAGE, *, before: SessionKey | None = None) -> list[dict[str, Any]]:
+        """Sessions, most recently active first: a page of them (`limit`, the first ones or those
+        after `before`, the last session of the page before)."""
+        return await self.engine.list_sessions(limit=limit, before=before)
 
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         live = await self.engine.open_session(kind=kind)

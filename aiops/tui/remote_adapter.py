@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from aiops.config import Config
     from aiops.engine.lock import DataDirLock
+    from aiops.engine.types import SessionKey
     from aiops.prompts.tree import PromptTree
 
 log = logging.getLogger(__name__)
@@ -208,8 +209,8 @@ class RemoteAdapter(EngineAdapter):
         # takes that kind; elsewhere (an older aiops, a client token) they are `api` sessions.
         return self.remote.operator and bool(self.remote.info.get("console_sessions"))
 
-    async def sessions(self, limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
-        return await self.remote.list_sessions(limit=limit, offset=offset)
+    async def sessions(self, limit: int = SESSIONS_PAGE, *, before: SessionKey | None = None) -> list[dict[str, Any]]:
+        return await self.remote.list_sessions(limit=limit, before=before)
 
     async def open_session(self, kind: str = "console") -> dict[str, Any]:
         # The server makes a session with its first message; until then it is this console's name.

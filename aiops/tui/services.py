@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.css.query import NoMatches
 from textual.worker import Worker
 
 from aiops.engine import gc_policy
+from aiops.engine.types import SessionKey
 from aiops.tui.adapter import SESSIONS_PAGE, ServicesFailed
 from aiops.tui.format import one_line, server_label
 
@@ -48,13 +49,19 @@ def _import_shown_later() -> None:
         log.debug("could not pre-import the chat's widgets", exc_info=True)
 
 
+def after_page(page: list[dict[str, Any]]) -> SessionKey | None:
+    """Where the next page of sessions starts: after the last of `page`; None when `page` was the
+    last (not a full one)."""
+    return SessionKey.of(page[-1]) if len(page) >= SESSIONS_PAGE else None
+
+
 class Services:
     """The engine and the server as the console starts and shows them."""
 
     def __init__(self, app: AiopsApp) -> None:
         self.app = app
         self._rest_started = False
-        self._first_page = 0  # the sessions listed at start (older ones follow: list_older)
+        self._older_from: SessionKey | None = None  # the first page's last session (list_older)
 
     async def start(self) -> None:
         """In a worker: start the engine and the server, and post how it went."""
@@ -97,7 +104,7 @@ class Services:
         if not app._drawing:
             return
         app.sessions_list.set_sessions(sessions)
-        self._first_page = len(sessions)
+        self._older_from = after_page(sessions)
         app.gate_desk.set_gates(app.adapter.pending_gates())
         app.side.refresh_limits()
         # What was typed while the engine started goes out once the session's history is shown
@@ -125,51 +132,44 @@ class Services:
             gc_policy.settle()  # start-up is over: see gc_policy
         # After the collector's settling (a full collection, ~0.1 s on a year of history), not
         # before: it would come a second later, when the operator is typing.
-        self.list_older(self._first_page)
+        self.list_older(self._older_from)
 
-    def list_older(self, listed: int) -> Worker[None]:
-        """The sessions past the first page the list was set with (`listed` of them), a page at a
-        time, put in the list as they come (a year of a busy team is ~10,000; each page costs the
-        loop a few ms). A list set again (a reconnect) starts this again, and the one running stops."""
-        return self.app.run_worker(self._older(listed), name="older_sessions", group="older_sessions",
+    def list_older(self, after: SessionKey | None) -> Worker[None]:
+        """The sessions past the first page the list was set with (`after`: its last session, or
+        None when that page held them all), a page at a time, put in the list as they come (a year
+        of a busy team is ~10,000; each page costs the loop a few ms). A list set again (a
+        reconnect) starts this again, and the one running stops."""
+        return self.app.run_worker(self._older(after), name="older_sessions", group="older_sessions",
                                    exclusive=True, exit_on_error=False)
 
-    async def _older(self, listed: int) -> None:
+    async def _older(self, after: SessionKey | None) -> None:
         app = self.app
         sessions = app.sessions_list
-        if listed < SESSIONS_PAGE:  # the first page held them all
-            sessions.older_listed()
-            return
-        offset, deleted, failures = listed, sessions.deletions, 0
-        while app._drawing:
-            # The store pages by offset, most recently active first. A session deleted since the
-            # last page moves every one after it up a place: the page starts that much earlier
-            # (a session deleted further down only makes a few rows come twice, which the list
-            # ignores). New or active sessions move rows down: those come twice too.
-            offset = max(0, offset - max(0, sessions.deletions - deleted))
-            deleted = sessions.deletions
+        failures = 0
+        # Each page is the sessions after the last one read, in the store's order (most recently
+        # active first, then by id): a session deleted or active meanwhile moves no other one past
+        # the page, as it moved an offset. One active meanwhile is listed by its event; one deleted
+        # after a page that holds it was read is kept out by the list.
+        while after is not None and app._drawing:
             try:
-                page = await app.adapter.sessions(offset=offset)
+                page = await app.adapter.sessions(before=after)
             except Exception as e:  # noqa: BLE001 - tried again a little later; the log says why
                 if not app._drawing:
                     return
                 failures += 1
                 if failures > OLDER_TRIES:
-                    log.warning("older sessions not listed (from the %d-th on): %s", offset + 1, e)
+                    log.warning("older sessions not listed (those after %s): %s", after.client_id, e)
                     return
-                log.info("older sessions (from the %d-th on) not read, trying again: %s", offset + 1, e)
+                log.info("older sessions (after %s) not read, trying again: %s", after.client_id, e)
                 await asyncio.sleep(min(30.0, 2.0 ** failures))
                 continue
             if not app._drawing:
                 return
             failures = 0
             sessions.add_older(page)
-            if sessions.deletions != deleted:
-                continue  # deleted while the page was read: it may start past a session, read again
-            offset += len(page)
-            if len(page) < SESSIONS_PAGE:
-                sessions.older_listed()
-                return
+            after = after_page(page)
+        if app._drawing:
+            sessions.older_listed()
 
     async def attach_state(self, msg: AttachState) -> None:
         """The link to the attached aiops: said in the header while it is down, and everything read
@@ -194,8 +194,8 @@ class Services:
             if not app._drawing:
                 return
             app.sessions_list.set_sessions(sessions)
-            self._first_page = len(sessions)
-            self.list_older(len(sessions))
+            self._older_from = after_page(sessions)
+            self.list_older(self._older_from)
             app.gate_desk.set_gates(app.adapter.pending_gates())
             app.side.refresh_limits()
             if app.selected is not None:

@@ -407,3 +407,104 @@ async def test_the_attached_console_lists_every_stored_session_past_the_first_pa
         listing = app.sessions_list.listing()
         assert len(listing) - sum(" (" in line for line in listing) == len(app.sessions_list.sessions)
         assert f"console-{0:08x}" in listing  # the oldest
+
+
+class LaggingRelay(CuttableRelay):
+    """A relay whose event streams the test can hold back (their bytes kept, then passed on in
+    order) while every other answer passes: the console's events lag behind the answers to its
+    requests, as on a slow or congested link."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.conns.update((writer, up_writer))
+        events = False  # the request on this connection (one at a time) is the event stream
+
+        async def up() -> None:
+            nonlocal events
+            try:
+                while data := await reader.read(65536):
+                    if data.startswith((b"GET ", b"POST ", b"DELETE ")):
+                        events = data.startswith(b"GET /api/v1/events")
+                    up_writer.write(data)
+                    await up_writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                up_writer.close()
+
+        async def down() -> None:
+            try:
+                while data := await up_reader.read(65536):
+                    if events:
+                        await self.flowing.wait()
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(up(), down())
+
+
+async def test_a_deletion_the_attached_console_has_not_heard_of_yet_hides_no_older_session(
+        api_server_factory: ApiServerFactory, tmp_path: Path) -> None:
+    """Another client deletes a session of the first page just before the next page of older
+    sessions is read, and the console's event stream lags behind the answers to its requests (a
+    slow link): the page is read with the deletion made and not yet heard of. Paged by offset, the
+    sessions after the deleted one moved up a place under that page and one was never listed;
+    paged after the last session read, every session still stored is listed, and the deleted one
+    goes once its event comes."""
+    import aiohttp
+
+    from benchmarks import history
+
+    data = tmp_path / "served-data"
+    stored = SESSIONS_PAGE + 500
+    history.build(resolve_paths(tmp_path, data).db_path, stored, 2)
+    srv = await api_server_factory(data_dir=data)
+    relay = LaggingRelay(int(srv.url.rsplit(":", 1)[1]))
+    await relay.start()
+    cfg = load_config(resolve_paths(srv.cfg.paths.config_dir, tmp_path / "attached-data"), load_dotenv=False)
+    app = AiopsApp(cfg, remote=RemoteEngine(f"http://127.0.0.1:{relay.port}"), server=False)
+    reads: list[dict[str, Any]] = []
+    deleted: list[str] = []
+    read = app.adapter.sessions
+
+    async def another_client_meanwhile(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        reads.append(kwargs)
+        if len(reads) != 2:  # (the first page at start; the second read is the first older page)
+            return await read(*args, **kwargs)
+        relay.flowing.clear()  # the deletion's event waits in the link
+        async with aiohttp.ClientSession() as http:
+            async with http.get(srv.url + "/api/v1/sessions?limit=1") as r:
+                newest = (await r.json())["sessions"][0]["client_id"]
+            async with http.delete(f"{srv.url}/api/v1/sessions/{newest}") as r:
+                assert r.status == 200, await r.text()
+        deleted.append(newest)
+        page = await read(*args, **kwargs)
+        asyncio.get_running_loop().call_soon(relay.flowing.set)  # heard of once this page is in
+        return page
+
+    def older_ones_read() -> bool:
+        listed = app.sessions_list.sessions
+        return bool(deleted) and deleted[0] not in listed and not any(
+            w.name == "older_sessions" and not w.is_finished for w in app.workers)
+
+    app.adapter.sessions = another_client_meanwhile  # type: ignore[method-assign]
+    try:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await ready(pilot)
+            await wait_for(pilot, older_ones_read, "the older sessions read and the deletion heard of", 30)
+            kept = {s["client_id"] for s in await srv.engine.list_sessions(limit=2 * stored)}
+            assert len(kept) == stored - 1
+            listed = set(app.sessions_list.sessions)
+            assert sorted(kept - listed) == []  # every session still stored is listed
+            assert listed - kept == {app.selected}  # and beside them only the console's new session
+    finally:
+        await relay.cut()

@@ -162,19 +162,21 @@ async def test_every_stored_session_is_listed_the_first_page_at_start_the_rest_o
 async def test_sessions_deleted_while_the_older_ones_load_take_none_of_the_rest_with_them(
         tmp_path: Path, fake_openai: FakeOpenAI, notes: NotesPlugin) -> None:
     """Another client deletes sessions of the first page while the older ones are being read page
-    by page (the store pages by offset: every later session moves up a place), and a page fails to
-    come once: every session that is still stored is listed all the same."""
+    by page, and a page fails to come once: every session that is still stored is listed all the
+    same. Each page is read after the last session of the one before (a deletion moves none of the
+    rest past it), the failed one again from the same session."""
     from benchmarks import history
 
     cfg = console_config(tmp_path, fake_openai)
     stored = 2 * SESSIONS_PAGE + 300
     history.build(cfg.paths.db_path, stored, 2)
     app = AiopsApp(cfg, plugins=[notes], discover_plugins=False, server=False)
-    reads: list[int] = []
+    reads: list[dict[str, Any]] = []
+    pages: list[list[dict[str, Any]]] = []
     read = app.adapter.sessions
 
-    async def another_client_meanwhile(limit: int = SESSIONS_PAGE, offset: int = 0) -> list[dict[str, Any]]:
-        reads.append(offset)
+    async def another_client_meanwhile(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        reads.append(kwargs)
         engine = app.adapter.engine
         if len(reads) == 2:  # the first older page: three sessions of the first page go first
             newest = await engine.list_sessions(limit=3)
@@ -183,18 +185,22 @@ async def test_sessions_deleted_while_the_older_ones_load_take_none_of_the_rest_
             await wait_until(lambda: all(s["client_id"] not in app.sessions_list.sessions for s in newest))
         if len(reads) == 3:  # the next read does not come (the attached aiops away for a moment)
             raise ConnectionError("the aiops went away")
-        return await read(limit=limit, offset=offset)
+        pages.append(await read(*args, **kwargs))
+        return pages[-1]
 
     app.adapter.sessions = another_client_meanwhile  # type: ignore[method-assign]
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: len(reads) >= 5, "the older pages read", timeout=30)
+        await wait_for(pilot, lambda: len(reads) >= 4 and not any(
+            w.name == "older_sessions" and not w.is_finished for w in app.workers), "the older pages read", 30)
         await pilot.pause(0.2)
         kept = {s["client_id"] for s in await app.adapter.engine.list_sessions(limit=10 * stored)}
         assert len(kept) == stored - 3
         assert set(app.sessions_list.sessions) == kept
-        # The page read while they went is read again from three earlier (and fails, and is read
-        # once more), then the last one.
-        assert reads[1:] == [SESSIONS_PAGE, SESSIONS_PAGE - 3, SESSIONS_PAGE - 3, 2 * SESSIONS_PAGE - 3], reads
+        # Each older page after the last session of the page before; the one that failed, again
+        # from the same session; then no more.
+        assert [len(p) for p in pages] == [SESSIONS_PAGE, SESSIONS_PAGE, 300]
+        after = [(p[-1]["updated_at"], p[-1]["client_id"]) for p in pages[:2]]
+        assert [r.get("before") for r in reads[1:]] == [after[0], after[1], after[1]], reads
 
 
 async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -209,12 +209,6 @@ to the message input.
             self.rebuild()
         return came
 
-    @property
-    def deletions(self) -> int:
-        """Sessions deleted since the list was set (pages of older sessions start that much
-        earlier: services.py)."""
-        return len(self._gone)
-
     def older_listed(self) -> None:
         """Every older session is in: no page is on its way that could bring a deleted one back."""
         self._gone.clear()
