@@ -14,6 +14,7 @@ from textual.widgets import OptionList, TextArea
 
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp, _terminal_quiet
+from aiops.tui.screens.main import MAX_WIDTH
 from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat_input import ChatInput
 from aiops.tui.widgets.footer import ConsoleFooter
@@ -218,6 +219,28 @@ async def test_panes_hide_show_and_resize(make_app):
         await pilot.press("f2", "f3")
         await wait_text(pilot, "╭─ Sessions")
         await wait_text(pilot, "Limits")
+
+
+async def test_the_chat_column_is_never_squeezed_to_nothing(make_app):
+    # Textual's TextArea (the input) crashed drawing its placeholder in a zero-width column.
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for _ in range(16):  # the sessions pane as wide as it goes (the keys widen it while typing)
+            await pilot.press("alt+right")
+        await wait_for(pilot, lambda: app.main.sessions_width == MAX_WIDTH, "the widest sessions pane")
+        await wait_for(pilot, lambda: app.chat_input.content_size.width > 0, "an input with room to draw")
+        await pilot.resize_terminal(70, 24)  # under 100 columns: one pane at a time
+        await wait_for(pilot, lambda: app.main.narrow and app.chat_input.outer_size.width == 70, "the input alone")
+        await wait_text(pilot, "Chat  Sessions  Gates (0)")
+
+
+async def test_the_console_starts_on_a_terminal_under_80_columns(make_app):
+    app = make_app()
+    async with app.run_test(size=(72, 24)) as pilot:
+        await ready(pilot)
+        await wait_text(pilot, "╭─ Chat")
+        assert app.main.narrow and app.chat_input.outer_size.width == 72
 
 
 async def test_f1_explains_the_focused_pane(make_app):
