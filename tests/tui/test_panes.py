@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from textual.color import Color
 from textual.command import CommandPalette
-from textual.widgets import OptionList, TextArea
+from textual.widgets import OptionList, Tab, TextArea
 
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp, _terminal_quiet
@@ -241,6 +241,54 @@ async def test_the_console_starts_on_a_terminal_under_80_columns(make_app):
         await ready(pilot)
         await wait_text(pilot, "╭─ Chat")
         assert app.main.narrow and app.chat_input.outer_size.width == 72
+
+
+async def test_a_narrowed_side_pane_keeps_every_tab_whole_in_sight_and_clickable(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+g")  # the focus in the side pane: alt+left narrows it
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        side = app.main.query_one("#side")
+        await pilot.press("alt+left", "alt+left")  # 42 -> 34 columns, frame included
+        for width in (33, 32, 31, 30):  # the widths where "Gates (0)" pushed "Log" out of sight
+            app.main.resize_pane(-1)
+            await wait_for(pilot, lambda w=width: side.outer_size.width == w, f"a side pane {width} wide")
+            await pilot.pause()
+            row = region_lines(app, "#side")[1]  # the tab bar, inside the frame
+            inside = side.content_region
+            for tab in side.query(Tab):
+                assert inside.contains_region(tab.region), (width, tab.label_text, row)
+                assert tab.label_text in row, (width, tab.label_text, row)
+            # The labels whole, as on a wide pane (only the space between them narrows).
+            assert row.strip("│ ").split() == ["Gates", "(0)", "Prompt", "Limits", "Log"], (width, row)
+        # "Log" is where it is drawn, and clicking it shows the log.
+        x = side.region.x + row.index("Log")
+        await pilot.click(offset=(x + 1, side.region.y + 1))
+        await wait_for(pilot, lambda: app.main.side_tab() == "log", "the log tab")
+        await wait_for(pilot, lambda: app.main.query_one("#log").display and app.main.query_one("#log").region,
+                       "the log on screen")
+        # The keys work as before: F5 cycles on to the gates, alt+right widens the pane again, and
+        # the tabs are as they were.
+        await pilot.press("f5")
+        await wait_for(pilot, lambda: app.main.side_tab() == "gates", "the gates tab")
+        await pilot.press("alt+right", "alt+right", "alt+right")
+        await wait_for(pilot, lambda: side.outer_size.width == 42, "the side pane as it opened")
+        await wait_for(pilot, lambda: "│ Gates (0)  Prompt  Limits  Log " in region_lines(app, "#side")[1],
+                       "the wide tab bar")
+
+
+async def test_a_terminal_narrower_than_its_tab_bar_keeps_every_view_in_sight(make_app):
+    app = make_app()
+    async with app.run_test(size=(40, 24)) as pilot:
+        await ready(pilot)
+        bar = screen_text(app).splitlines()[1]
+        assert bar.split() == ["Chat", "Sessions", "Gates", "0", "Prompt", "Limits", "Log"]
+        await pilot.click(offset=(bar.index("Log") + 1, 1))
+        await wait_for(pilot, lambda: app.main.view == "log", "the log view")
+        await pilot.click(offset=(bar.index("Gates") + 1, 1))
+        # The pane's frame names it in full.
+        await wait_for(pilot, lambda: region_lines(app, "#side")[0].startswith("╭─ Gates (0) "), "the inbox")
 
 
 async def test_f1_explains_the_focused_pane(make_app):

@@ -11,17 +11,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rich.cells import cell_len
 from textual import on
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Horizontal, Vertical
-from textual.content import Content
 from textual.css.query import NoMatches
 from textual.reactive import Reactive, reactive
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Static, Tab, TabbedContent, TabPane, Tabs
+from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from aiops.tui.widgets.chat import ChatView
 from aiops.tui.widgets.chat_input import ChatInput
@@ -32,6 +30,7 @@ from aiops.tui.widgets.log import LogView
 from aiops.tui.widgets.prompt_tree import PromptPane
 from aiops.tui.widgets.sessions import SessionsList
 from aiops.tui.widgets.status import StatusBar
+from aiops.tui.widgets.tab_fit import FittedTabs, TabFit, TabLabel
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,29 @@ FRAMED = ("#sessions-pane", "#chat", "#side")
 
 class SidePane(TabbedContent):
     """The side pane's tabs. A pane's widget taking focus shows its tab (as in TabbedContent) only
-    while it still has focus: a focus that a quicker tab switch overtook must not switch back."""
+    while it still has focus: a focus that a quicker tab switch overtook must not switch back.
+
+    The tab bar's labels are fitted to the pane's width (widgets/tab_fit.py): narrowed, the pane
+    keeps every tab whole in sight. `fitted.labels` holds each pane's full label, by pane id."""
+
+    def __init__(self, *, id: str, initial: str) -> None:
+        super().__init__(id=id, initial=initial)
+        self.fitted = TabFit({f"tab-{v}": side_label(v, 0) for v in SIDE_TABS})
+        self._bar: Tabs | None = None
+
+    def bar(self) -> Tabs | None:
+        """The pane's own tab bar (None until mounted)."""
+        if self._bar is None:
+            self._bar = next((child for child in self.children if isinstance(child, Tabs)), None)
+        return self._bar
+
+    def set_label(self, pane_id: str, label: TabLabel) -> None:
+        self.fitted.set(pane_id, label, self.bar(), self.get_tab)
+
+    def on_resize(self) -> None:
+        bar = self.bar()
+        if bar is not None:
+            self.fitted.fit(bar, self.get_tab)
 
     def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
         event.prevent_default()  # the base class handler runs only through the call below
@@ -56,27 +77,10 @@ class SidePane(TabbedContent):
         super()._on_tab_pane_focused(event)
 
 
-def gates_label(count: int) -> str:
-    """The Gates tab's label. It always carries the count, "(0)" included, so that a gate coming
-    or going keeps the label's width (see `relabel`)."""
-    return f"Gates ({count})"
-
-
-def relabel(tab: Tab, label: str) -> None:
-    """Give `tab` a new label; one of the same width is redrawn in place.
-
-    Textual's `Tab.label` lays the whole screen out again and slides the tab bar's underline for 0.3
-    s (a frame every 17 ms): a gate round relabelled the Gates tab twice, 15-25 ms a layout frame
-    here (docs/PERFORMANCE.md). A label of the same width moves nothing, so it is set without
-    either. `Tab._label` is what `Tab.label` reads back (checked against Textual 8.2.8)."""
-    if tab.label_text == label:
-        return
-    if cell_len(tab.label_text) != cell_len(label):
-        tab.label = label
-        return
-    content = Content(label)
-    tab._label = content
-    Static.update(tab, content, layout=False)
+def side_label(view: str, gates: int) -> TabLabel:
+    """A view's tab label. The Gates tab always carries the count, "(0)" included, so that a gate
+    coming or going keeps the label's width (see `tab_fit.relabel`)."""
+    return TabLabel("Gates", gates) if view == "gates" else TabLabel(view.capitalize())
 
 
 class MainScreen(Screen[None]):
@@ -105,8 +109,7 @@ class MainScreen(Screen[None]):
         # Titles are set here, not on mount: the App may already have named the session by then.
         chat.border_title = "Chat"
         yield StatusBar(id="status")
-        yield Tabs(*(Tab(gates_label(0) if v == "gates" else v.capitalize(), id=f"v-{v}") for v in VIEWS),
-                   id="narrow-tabs")
+        yield FittedTabs({f"v-{v}": side_label(v, 0) for v in VIEWS}, id="narrow-tabs")
         with Horizontal(id="main"):
             with Vertical(id="sessions-pane") as pane:
                 pane.border_title = "Sessions"
@@ -116,7 +119,7 @@ class MainScreen(Screen[None]):
                 yield chat
                 yield ChatInput(id="input")
             with SidePane(id="side", initial="tab-gates"):
-                with TabPane(gates_label(0), id="tab-gates"):
+                with TabPane(side_label("gates", 0).full, id="tab-gates"):
                     yield GatesInbox(sessions.short_id, clock=self.clock, id="gates")
                 with TabPane("Prompt", id="tab-prompt"):
                     yield PromptPane(id="prompt")
@@ -201,12 +204,13 @@ class MainScreen(Screen[None]):
     def _title_side(self) -> None:
         """The side pane is framed like the others; when narrow its own tab bar is hidden (the
         screen's tab bar picks the pane), so the frame names what it shows."""
-        side = self.query_one("#side", TabbedContent)
+        side = self.query_one("#side", SidePane)
         if not self.narrow:
             side.border_title = None
             return
-        tab = side.get_tab(side.active) if side.active else None
-        side.border_title = tab.label if tab is not None else None
+        # The full label: the tab bar's own may be one fitted to a narrower pane.
+        label = side.fitted.labels.get(side.active) if side.active else None
+        side.border_title = label.full if label is not None else None
 
     def watch_view(self) -> None:
         if self.is_mounted:
@@ -381,19 +385,17 @@ class MainScreen(Screen[None]):
         return True
 
     def set_gate_count(self, count: int) -> None:
-        label = gates_label(count)
+        label = side_label("gates", count)
         self.query_one(StatusBar).gates = count
-        side = self.query_one("#side", TabbedContent)
+        side = self.query_one("#side", SidePane)
         try:
-            tab = side.get_tab("tab-gates")
+            side.get_tab("tab-gates")
         except NoMatches:
             # A warm start can bring the engine up before the tabbed pane has mounted its tabs
             # (the console crashed there): label them once they are.
             self.call_after_refresh(self.set_gate_count, count)
             return
-        relabel(tab, label)
-        narrow = self.query_one("#narrow-tabs", Tabs).get_tab("v-gates")
-        if narrow is not None:
-            relabel(narrow, label)
+        side.set_label("tab-gates", label)
+        self.query_one("#narrow-tabs", FittedTabs).set_label("v-gates", label)
         if self.narrow:
             self._title_side()
