@@ -512,6 +512,26 @@ async def test_the_key_bar_follows_the_focus_between_panes_on_the_same_keys_and_
         await wait_for(pilot, lambda: not app.inbox.gates, "the gate answered")
 
 
+async def test_the_mouse_pointer_is_a_hand_over_a_key_of_the_key_bar(make_app, monkeypatch):
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: footer_words(app)[:2] == ["⏎", "Send"], "the input's keys")
+        # What the terminal is told: Textual sends each change of shape (kitty's OSC 22) through this.
+        shapes: list[str] = []
+        monkeypatch.setattr(app, "_set_pointer_shape", shapes.append)
+        line = screen_text(app).splitlines()[-1]
+        help_at = line.index("Help")
+        await pilot.hover(offset=(help_at, 23))
+        await wait_for(pilot, lambda: shapes[-1:] == ["pointer"], "a hand over Help")
+        await pilot.hover(offset=(help_at + len("Help"), 23))  # the cell between two keys
+        await wait_for(pilot, lambda: shapes[-1:] == ["default"], "the arrow between keys")
+        await pilot.hover(offset=(line.index("Palette"), 23))
+        await wait_for(pilot, lambda: shapes[-1:] == ["pointer"], "a hand over the palette's key")
+        await pilot.hover(offset=(10, 10))  # off the bar, over the chat
+        await wait_for(pilot, lambda: shapes[-1:] == ["default"], "the arrow off the bar")
+
+
 async def test_a_dialog_shows_its_own_keys_in_the_footer(make_app, fake_openai):
     fake_openai.responder = call_tool_when("note", ("write_note", {"text": "f"}))
     app = make_app()

@@ -197,6 +197,12 @@ class ConsoleFooter(Widget, can_focus=False):
             self.refresh()
         self._hover = index
         self.tooltip = (self._spans[index][2][5] or None) if index is not None else None
+        # A hand over a key, as FooterKey's `:hover` gives it (terminals with pointer shapes, OSC
+        # 22). One widget draws every key, so the shape follows the key under the mouse, not a
+        # pseudo-class. The screen reads it before this widget sees the move: setting it (to
+        # "default" too: clearing the rule would not) asks the screen to read it again, and the
+        # terminal hears only a change.
+        self.styles.pointer = "pointer" if index is not None else "default"
 
     def on_mouse_move(self, event: events.MouseMove) -> None:
         self._mouse_x = event.x
