@@ -319,6 +319,28 @@ async def test_keyset_pages_list_every_session_once_ties_by_id_whatever_moves_me
     assert await store.list_sessions(owner="bot", before=after) == []
 
 
+async def test_a_client_tokens_sessions_tied_in_time_page_by_key_each_once(store):
+    """A client token's listing (by owner) is read through the owner's index and sorted apart:
+    sessions updated at one instant still come in the one order, ties by id, so paging by key
+    neither skips nor repeats one."""
+    ids = [f"k{i:02d}" for i in (7, 3, 15, 0, 11, 19, 4, 8, 13, 1, 17, 5, 10, 2, 18, 6, 14, 9, 16, 12)]
+    for sid in ids:
+        await store.create_session(sid, "api", None, meta={"owner": "bot"})
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute("UPDATE sessions SET updated_at=1000.0")
+    conn.close()
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await store.list_sessions(limit=3, owner="bot", before=after)
+        seen += [r.id for r in page]
+        if len(page) < 3:
+            break
+        after = SessionKey.of(page[-1].to_dict())
+    assert seen == sorted(ids, reverse=True)
+
+
 def test_a_session_key_is_read_from_its_wire_form_or_refused_saying_why():
     key = SessionKey(1732800000.123456, "api-a,b+c")
     assert SessionKey.from_wire(key.to_wire()) == key  # the same float, an id with a comma

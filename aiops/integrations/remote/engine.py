@@ -305,7 +305,8 @@ class RemoteEngine:
 
         An aiops from before keyset paging (its `/api/v1/console` does not say `sessions_before`)
         is paged by offset: a page `before` the last session this listed starts where that listing
-        ended (deletions meanwhile shift it, as they did); before any other session, at the top."""
+        ended; before any other session, at the top. A deletion meanwhile shifts the offset, so one
+        older session can be missed until the next full listing (nothing here counts deletions)."""
         keyset = bool(self.info.get("sessions_before"))
         if before is not None and not keyset:
             if self._listed_to is not None and self._listed_to[0] == before:
