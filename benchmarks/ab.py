@@ -98,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.mean(lp for _, lp, _ in rs):.2f} | "
                   f"{' / '.join('' if x is None else f'{x:.1f}' for _, _, x in rs)} | "
                   f"{'' if label == 'relay' else f'{cpu / relay_mean:.1f}'} |")
+    # Paired, round by round: one process of each tree against the other measured beside it. A
+    # process's CPU per request moves by ±20 % from one start to the next on these machines, so
+    # a mean of a few rounds can lean either way; the median of the pairs and the count of rounds
+    # each way say more (docs/PERFORMANCE.md, "18:00-19:00 UTC").
+    print("\n| conc | this tree / ref, per round | median | rounds lower |")
+    print("|---:|---|---:|---:|")
+    for conc in args.concurrency:
+        ratios = [b[0] / a[0] for a, b in zip(rows[(args.ref, conc)], rows[("this tree", conc)], strict=True) if a[0]]
+        if ratios:
+            print(f"| {conc} | {' / '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} | "
+                  f"{sum(x < 1 for x in ratios)} of {len(ratios)} |")
     return 0
 
 
