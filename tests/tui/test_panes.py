@@ -8,6 +8,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+import pytest
 from textual.color import Color
 from textual.command import CommandPalette
 from textual.widgets import OptionList, Tab, TextArea
@@ -228,11 +229,146 @@ async def test_the_chat_column_is_never_squeezed_to_nothing(make_app):
         await ready(pilot)
         for _ in range(16):  # the sessions pane as wide as it goes (the keys widen it while typing)
             await pilot.press("alt+right")
-        await wait_for(pilot, lambda: app.main.sessions_width == MAX_WIDTH, "the widest sessions pane")
+        await wait_for(pilot, lambda: app.main.sessions_width == 120 - 16 - 42, "the widest sessions pane")
         await wait_for(pilot, lambda: app.chat_input.content_size.width > 0, "an input with room to draw")
         await pilot.resize_terminal(70, 24)  # under 100 columns: one pane at a time
         await wait_for(pilot, lambda: app.main.narrow and app.chat_input.outer_size.width == 70, "the input alone")
         await wait_text(pilot, "Chat  Sessions  Gates (0)")
+
+
+def assert_every_pane_on_screen(app) -> None:
+    """Every pane shown lies inside the terminal, and the chat column keeps its 16 columns."""
+    width = app.size.width
+    for selector in ("#sessions-pane", "#center", "#side"):
+        pane = app.main.query_one(selector)
+        if pane.display and (pane.region or pane.outer_size.width):
+            region = pane.region
+            assert 0 <= region.x and region.x + pane.outer_size.width <= width, (selector, region, width)
+    if app.main.query_one("#center").display:
+        assert app.chat_input.outer_size.width >= 16, app.chat_input.outer_size
+    # The rightmost pane's frame is drawn whole: its corner is the terminal's last column.
+    assert region_lines(app, "#main")[0].endswith("╮"), region_lines(app, "#main")[0]
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)], ids=["120x40", "80x24"])
+async def test_widening_panes_never_pushes_one_off_screen_nor_squeezes_the_input(make_app, size):
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        for _ in range(24):  # while typing: the sessions pane, far past any limit
+            await pilot.press("alt+right")
+        await pilot.pause()
+        assert_every_pane_on_screen(app)
+        await pilot.press("x")  # the input still takes a letter and shows it
+        await wait_for(pilot, lambda: app.chat_input.text == "x" and "x" in region_text(app, "#input"),
+                       "the letter in the input")
+        await pilot.press("ctrl+g")  # the side pane, the same
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        for _ in range(24):
+            await pilot.press("alt+right")
+        await pilot.pause()
+        assert_every_pane_on_screen(app)
+        await pilot.press("i")  # back to the input
+        await wait_for(pilot, lambda: isinstance(app.focused, ChatInput), "the input")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.chat_input.text == "xy" and "xy" in region_text(app, "#input"),
+                       "the letters in the input")
+        assert_every_pane_on_screen(app)
+
+
+def toasts(app, text: str) -> int:
+    """How many notifications say `text`."""
+    return sum(text in n.message for n in app._notifications)
+
+
+async def test_the_resize_keys_stop_at_the_limit_and_say_so(make_app):
+    app = make_app()
+    # 120 columns: sessions 28 | chat 50 | side 42
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        sessions, center, side = (app.main.query_one(s) for s in ("#sessions-pane", "#center", "#side"))
+        for _ in range(9):  # 28 -> 60 in steps of 4, then the last 2 columns
+            await pilot.press("alt+right")
+        await wait_for(pilot, lambda: sessions.outer_size.width == 62 and center.outer_size.width == 16,
+                       "the sessions pane as wide as the chat lets it")
+        assert not toasts(app, "as wide as it goes")
+        await pilot.press("alt+right", "alt+right", "alt+right")  # no effect: said so, once
+        await wait_for(pilot, lambda: toasts(app, "the sessions pane is as wide as it goes: the chat keeps 16 columns"),
+                       "the toast")
+        await pilot.pause()
+        assert toasts(app, "as wide as it goes") == 1
+        assert sessions.outer_size.width == 62 and app.main.sessions_width == 62
+        # The side pane is at its limit too now (the chat's 16 columns are all that is left).
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        await pilot.press("alt+right")
+        await wait_for(pilot, lambda: toasts(app, "the side pane is as wide as it goes"), "the toast")
+        assert side.outer_size.width == 42 and app.main.side_width == 42
+        assert_every_pane_on_screen(app)
+        # Narrower down to the least width, and no further.
+        for _ in range(7):  # 42 -> 18, then the last 2 columns
+            await pilot.press("alt+left")
+        await wait_for(pilot, lambda: side.outer_size.width == 16, "the narrowest side pane")
+        await pilot.press("alt+left")
+        await wait_for(pilot, lambda: toasts(app, "the side pane is as narrow as it goes (16 columns)"), "the toast")
+        assert side.outer_size.width == 16 and center.outer_size.width == 120 - 62 - 16
+        # One pane at a time on a small terminal: nothing to resize, and the key says so.
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: app.main.narrow, "the one-pane layout")
+        await pilot.press("alt+right")
+        await wait_for(pilot, lambda: toasts(app, "one pane at a time under 100 columns: no pane to resize"),
+                       "the toast")
+
+
+async def test_a_terminal_narrowed_after_widening_keeps_every_pane_on_screen(make_app):
+    app = make_app()
+    async with app.run_test(size=(160, 40), notifications=True) as pilot:
+        await ready(pilot)
+        sessions, center, side = (app.main.query_one(s) for s in ("#sessions-pane", "#center", "#side"))
+        for _ in range(20):
+            await pilot.press("alt+right")
+        await wait_for(pilot, lambda: sessions.outer_size.width == MAX_WIDTH, "the widest sessions pane")
+        await wait_for(pilot, lambda: toasts(app, f"the sessions pane is as wide as it goes ({MAX_WIDTH} columns)"),
+                       "the toast")
+        # Narrower terminals: the widened pane gives way; the operator's width is kept.
+        for width, shown in ((120, 62), (100, 42)):
+            await pilot.resize_terminal(width, 40)
+            await wait_for(pilot, lambda w=width: app.main.size.width == w and center.outer_size.width == 16,
+                           f"the chat at its least on {width} columns")
+            assert sessions.outer_size.width == shown and side.outer_size.width == 42
+            assert_every_pane_on_screen(app)
+            assert app.main.sessions_width == MAX_WIDTH
+        # Under 100 columns one pane at a time; wider again, the chosen width comes back.
+        await pilot.resize_terminal(80, 24)
+        await wait_for(pilot, lambda: app.main.narrow, "the one-pane layout")
+        await pilot.resize_terminal(160, 40)
+        await wait_for(pilot, lambda: sessions.outer_size.width == MAX_WIDTH, "the chosen width again")
+        assert_every_pane_on_screen(app)
+        # A key moves the pane from where it is drawn: narrower at once, the chat gets the room.
+        await pilot.resize_terminal(120, 40)
+        await wait_for(pilot, lambda: sessions.outer_size.width == 62, "the pane given way")
+        await pilot.press("alt+left")
+        await wait_for(pilot, lambda: sessions.outer_size.width == 58 and center.outer_size.width == 20,
+                       "a narrower sessions pane")
+        # The side pane widened while the sessions pane is hidden has to share when it comes back.
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: not sessions.display, "the sessions pane hidden")
+        await pilot.press("alt+right")  # while typing: the sessions pane, hidden
+        await wait_for(pilot, lambda: toasts(app, "the sessions pane is hidden"), "the toast")
+        assert app.main.sessions_width == 58
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        for _ in range(20):
+            await pilot.press("alt+right")
+        await wait_for(pilot, lambda: side.outer_size.width == MAX_WIDTH, "the widest side pane")
+        assert_every_pane_on_screen(app)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: sessions.display and sessions.region, "the sessions pane back")
+        # 58 + 90 columns do not fit beside the chat's 16: the wider gives way first, here to an even split.
+        await wait_for(pilot, lambda: center.outer_size.width == 16, "the chat at its least")
+        assert sessions.outer_size.width == 52 and side.outer_size.width == 52
+        assert (app.main.sessions_width, app.main.side_width) == (58, MAX_WIDTH)
+        assert_every_pane_on_screen(app)
 
 
 async def test_the_console_starts_on_a_terminal_under_80_columns(make_app):

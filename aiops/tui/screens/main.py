@@ -38,6 +38,7 @@ NARROW_WIDTH = 100
 SIDE_TABS = ("gates", "prompt", "limits", "log")
 VIEWS = ("chat", "sessions", *SIDE_TABS)
 MIN_WIDTH, MAX_WIDTH = 16, 90
+"""The least and most columns of the sessions and side panes (frames included), wherever they fit."""
 # The panes whose frame turns $accent while the focus is in them (app.tcss draws them unfocused).
 FRAMED = ("#sessions-pane", "#chat", "#side")
 
@@ -98,9 +99,12 @@ class MainScreen(Screen[None]):
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.clock = clock
+        # The widths the operator chose (alt+left / alt+right). A terminal too narrow for them beside
+        # the chat's least width draws the panes narrower (`fitted_widths`) and keeps these.
         self.sessions_width = 28
         self.side_width = 42
         self.narrow = False
+        self._limit_said: tuple[str, float] | None = None  # the last "as wide as it goes", and when
         self._focus_target: Widget | None = None
 
     def compose(self) -> ComposeResult:
@@ -185,9 +189,49 @@ class MainScreen(Screen[None]):
                 self.view = self._view_of(self.focused)
             self._apply_view()
         else:
-            sessions.styles.width = self.sessions_width
-            side.styles.width = self.side_width
+            self._fit_panes(width)
             self._title_side()
+
+    def _fit_panes(self, width: int | None = None) -> None:
+        """Give the side panes the widths they are drawn at (not on a narrow terminal)."""
+        if self.narrow:
+            return
+        shown_sessions, shown_side = self.fitted_widths(self.size.width if width is None else width)
+        # A hidden pane keeps the width it had: its frame is not drawn, and it is fitted again when shown.
+        if shown_sessions is not None:
+            self.query_one("#sessions-pane").styles.width = shown_sessions
+        if shown_side is not None:
+            self.query_one("#side").styles.width = shown_side
+
+    def chat_min_width(self) -> int:
+        """The chat column's least width: app.tcss's `#center { min-width }`."""
+        least = self.query_one("#center").styles.min_width
+        return int(least.value) if least is not None and least.is_cells else 0
+
+    def fitted_widths(self, width: int) -> tuple[int | None, int | None]:
+        """The widths the sessions and side panes are drawn at beside the chat on a terminal `width`
+        columns wide (None: the pane is hidden).
+
+        The operator's widths where they fit; where they do not (a terminal narrowed since they were
+        chosen, a hidden pane shown again), the wider pane gives way first, down to the other's
+        width, then both alike: the chat keeps its least width and no pane is pushed off screen."""
+        chosen = [None if self.has_class("-no-sessions") else self.sessions_width,
+                  None if self.has_class("-no-side") else self.side_width]
+        room = width - self.chat_min_width()
+        shown = [w for w in chosen if w is not None]
+        if width > 0 and sum(shown) > room:  # (no width yet: not laid out)
+            # The largest cap that fits: min(w, cap) summed over the shown panes is the room.
+            cap = room
+            if len(shown) == 2:
+                least = min(shown)
+                cap = room - least if 2 * least <= room else room // 2
+            fitted = [None if w is None else max(MIN_WIDTH, min(w, cap)) for w in chosen]
+            if len(shown) == 2 and 2 * min(shown) > room and room % 2:
+                # An odd room: the column left over goes to the pane chosen wider.
+                wider = 0 if (chosen[0] or 0) >= (chosen[1] or 0) else 1
+                fitted[wider] = (fitted[wider] or 0) + 1
+            chosen = fitted
+        return chosen[0], chosen[1]
 
     def _apply_view(self) -> None:
         v = self.view
@@ -254,8 +298,10 @@ class MainScreen(Screen[None]):
         view = "chat" if name == "input" else name
         if view == "sessions":
             self.remove_class("-no-sessions")
+            self._fit_panes()
         elif view in SIDE_TABS:
             self.remove_class("-no-side")
+            self._fit_panes()
             self.query_one("#side", TabbedContent).active = f"tab-{view}"
         if self.narrow:
             self.view = view
@@ -293,6 +339,7 @@ class MainScreen(Screen[None]):
             return
         hidden = not self.has_class(cls)
         self.set_class(hidden, cls)
+        self._fit_panes()  # shown again: the panes share what the chat leaves (a hidden one took it all)
         if hidden:
             focused = self.focused
             if focused is not None and self._view_of(focused) != "chat":
@@ -331,15 +378,52 @@ class MainScreen(Screen[None]):
         self.show_pane(self.side_tab() if nxt == "side" else nxt)
 
     def resize_pane(self, delta: int) -> None:
+        """Widen (delta > 0) or narrow the focused side pane (the sessions pane while typing), as far
+        as `MIN_WIDTH`, `MAX_WIDTH` and the chat's least width beside the other pane let it; a key
+        that can go no further says so."""
         if self.narrow:
+            self._say_limit(f"one pane at a time under {NARROW_WIDTH} columns: no pane to resize")
             return
         target = "side" if self._view_of(self.focused) in SIDE_TABS else "sessions"
+        name = "side pane" if target == "side" else "sessions pane"
+        width = self.size.width
+        sessions, side = self.fitted_widths(width)
+        current, other = (side, sessions) if target == "side" else (sessions, side)
+        if current is None:  # the sessions pane hidden while typing
+            self._say_limit(f"the {name} is hidden")
+            return
+        # From the widths drawn, not the ones chosen: a pane the terminal holds narrower than chosen
+        # narrows at the first key, and the room it gives goes to the chat, not to the other pane.
+        chat = self.chat_min_width()
+        most = min(MAX_WIDTH, width - chat - (other or 0))
+        new = max(MIN_WIDTH, min(most, current + delta))
+        if delta > 0 and new <= current:
+            self._say_limit(f"the {name} is as wide as it goes ({MAX_WIDTH} columns)" if most >= MAX_WIDTH
+                            else f"the {name} is as wide as it goes: the chat keeps {chat} columns")
+            return
+        if delta < 0 and new >= current:
+            self._say_limit(f"the {name} is as narrow as it goes ({MIN_WIDTH} columns)")
+            return
+        # What is drawn becomes the choice, the other pane's too (held narrower, it would take back
+        # the room given up here); a key that had no effect above forgot nothing.
         if target == "side":
-            self.side_width = max(MIN_WIDTH, min(MAX_WIDTH, self.side_width + delta))
-            self.query_one("#side").styles.width = self.side_width
+            self.side_width = new
+            if sessions is not None:
+                self.sessions_width = sessions
         else:
-            self.sessions_width = max(MIN_WIDTH, min(MAX_WIDTH, self.sessions_width + delta))
-            self.query_one("#sessions-pane").styles.width = self.sessions_width
+            self.sessions_width = new
+            if side is not None:
+                self.side_width = side
+        self._fit_panes(width)
+
+    def _say_limit(self, message: str) -> None:
+        """A toast for a resize key that had no effect, as other keys with none say (two seconds);
+        once while it shows, not a stack of them for a held key."""
+        now = self.clock()
+        if self._limit_said is not None and self._limit_said[0] == message and now - self._limit_said[1] < 2:
+            return
+        self._limit_said = (message, now)
+        self.notify(message, timeout=2)
 
     def draw_now(self, widget: Widget) -> bool:
         """Put `widget`'s pending repaint on the terminal now, alone, instead of in the next frame.
