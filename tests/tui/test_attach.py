@@ -213,10 +213,12 @@ class CuttableRelay:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self.conns.update((writer, up_writer))
+        conn: dict[str, Any] = {}  # what `_passing` notes about this connection
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, down: bool) -> None:
             try:
                 while data := await src.read(65536):
+                    await self._passing(conn, data, down)
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):
@@ -224,7 +226,10 @@ class CuttableRelay:
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True))
+
+    async def _passing(self, conn: dict[str, Any], data: bytes, down: bool) -> None:
+        """Each read, before it is passed on (`down`: from aiops to the console)."""
 
     async def cut(self) -> None:
         assert self.server is not None
@@ -419,37 +424,12 @@ class LaggingRelay(CuttableRelay):
         self.flowing = asyncio.Event()
         self.flowing.set()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.conns.update((writer, up_writer))
-        events = False  # the request on this connection (one at a time) is the event stream
-
-        async def up() -> None:
-            nonlocal events
-            try:
-                while data := await reader.read(65536):
-                    if data.startswith((b"GET ", b"POST ", b"DELETE ")):
-                        events = data.startswith(b"GET /api/v1/events")
-                    up_writer.write(data)
-                    await up_writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                up_writer.close()
-
-        async def down() -> None:
-            try:
-                while data := await up_reader.read(65536):
-                    if events:
-                        await self.flowing.wait()
-                    writer.write(data)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                writer.close()
-
-        await asyncio.gather(up(), down())
+    async def _passing(self, conn: dict[str, Any], data: bytes, down: bool) -> None:
+        if not down:  # a request: the one on this connection (one at a time) may be the event stream
+            if data.startswith((b"GET ", b"POST ", b"DELETE ")):
+                conn["events"] = data.startswith(b"GET /api/v1/events")
+        elif conn.get("events"):
+            await self.flowing.wait()
 
 
 async def test_a_deletion_the_attached_console_has_not_heard_of_yet_hides_no_older_session(

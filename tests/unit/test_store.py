@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -255,16 +256,22 @@ async def test_sessions_list_by_owner_and_kind_in_pages(store):
     assert [r.to_dict()["owner"] for r in everyone] == ["bot", "bot", None, "ops", "bot", "bot"]
 
 
-async def test_a_version_1_database_upgrades_and_lists_by_owner(tmp_path):
-    path = tmp_path / "db.sqlite3"
+def old_database(path: Path, version: int, sessions: str) -> None:
+    """A database as an aiops of schema `version` left it, holding the `sessions` rows (SQL values)."""
     conn = sqlite3.connect(path)
-    conn.executescript(MIGRATIONS[0])
-    conn.execute("INSERT INTO sessions(id, short_id, kind, created_at, updated_at, meta) VALUES "
-                 "('old-bot', 101, 'api', 1, 1, '{\"owner\": \"bot\"}'), ('old-console', 102, 'console', 2, 2, '{}')")
+    for step in MIGRATIONS[:version]:
+        conn.executescript(step)
+    conn.execute(f"INSERT INTO sessions(id, short_id, kind, created_at, updated_at, meta) VALUES {sessions}")
     conn.execute("UPDATE counters SET value=103")
-    conn.execute("PRAGMA user_version = 1")
+    conn.execute(f"PRAGMA user_version = {version}")
     conn.commit()
     conn.close()
+
+
+async def test_a_version_1_database_upgrades_and_lists_by_owner(tmp_path):
+    path = tmp_path / "db.sqlite3"
+    old_database(path, 1, "('old-bot', 101, 'api', 1, 1, '{\"owner\": \"bot\"}'), "
+                          "('old-console', 102, 'console', 2, 2, '{}')")
     s = Store(path)
     await s.open()
     try:
@@ -353,14 +360,7 @@ def test_a_session_key_is_read_from_its_wire_form_or_refused_saying_why():
 
 async def test_a_version_3_database_gains_the_index_the_listing_pages_by(tmp_path):
     path = tmp_path / "db.sqlite3"
-    conn = sqlite3.connect(path)
-    for step in MIGRATIONS[:3]:
-        conn.executescript(step)
-    conn.execute("INSERT INTO sessions(id, short_id, kind, created_at, updated_at) VALUES "
-                 "('old', 101, 'api', 1, 1), ('older', 102, 'api', 1, 1)")
-    conn.execute("PRAGMA user_version = 3")
-    conn.commit()
-    conn.close()
+    old_database(path, 3, "('old', 101, 'api', 1, 1, '{}'), ('older', 102, 'api', 1, 1, '{}')")
     s = Store(path)
     await s.open()
     try:
