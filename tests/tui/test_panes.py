@@ -306,12 +306,12 @@ async def test_the_resize_keys_stop_at_the_limit_and_say_so(make_app):
         assert side.outer_size.width == 42 and app.main.side_width == 42
         assert_every_pane_on_screen(app)
         # Narrower down to the least width, and no further.
-        for _ in range(7):  # 42 -> 18, then the last 2 columns
+        for _ in range(6):  # 42 -> 22, then the last 2 columns (its tabs at their narrowest)
             await pilot.press("alt+left")
-        await wait_for(pilot, lambda: side.outer_size.width == 16, "the narrowest side pane")
+        await wait_for(pilot, lambda: side.outer_size.width == 20, "the narrowest side pane")
         await pilot.press("alt+left")
-        await wait_for(pilot, lambda: toasts(app, "the side pane is as narrow as it goes (16 columns)"), "the toast")
-        assert side.outer_size.width == 16 and center.outer_size.width == 120 - 62 - 16
+        await wait_for(pilot, lambda: toasts(app, "the side pane is as narrow as it goes (20 columns)"), "the toast")
+        assert side.outer_size.width == 20 and center.outer_size.width == 120 - 62 - 20
         # One pane at a time on a small terminal: nothing to resize, and the key says so.
         await pilot.resize_terminal(80, 24)
         await wait_for(pilot, lambda: app.main.narrow, "the one-pane layout")
@@ -412,6 +412,30 @@ async def test_a_narrowed_side_pane_keeps_every_tab_whole_in_sight_and_clickable
         await wait_for(pilot, lambda: side.outer_size.width == 42, "the side pane as it opened")
         await wait_for(pilot, lambda: "│ Gates (0)  Prompt  Limits  Log " in region_lines(app, "#side")[1],
                        "the wide tab bar")
+
+
+async def test_the_side_pane_at_its_narrowest_still_shows_and_clicks_every_tab(make_app):
+    """alt+left stops the side pane where its tabs are at their narrowest and still whole: each
+    one on screen inside the frame and clickable, the count kept."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.focused, GatesInbox), "the inbox")
+        side = app.main.query_one("#side")
+        for _ in range(10):
+            app.main.resize_pane(-4)
+        await wait_for(pilot, lambda: side.outer_size.width == 20, "the side pane at its least width")
+        await pilot.pause()
+        for view in ("log", "gates"):  # whichever tab is active, every one in sight
+            row = region_lines(app, "#side")[1]
+            for tab in side.query(Tab):
+                assert side.content_region.contains_region(tab.region), (tab.label_text, row)
+            assert row.strip("│ ").split() == ["Ga…", "0", "Pr…", "Li…", "Log"], row
+            x = side.region.x + row.index("Log" if view == "log" else "Ga…")
+            await pilot.click(offset=(x + 1, side.region.y + 1))
+            await wait_for(pilot, lambda v=view: app.main.side_tab() == v, f"the {view} tab")
+            await pilot.pause()
 
 
 async def test_a_terminal_narrower_than_its_tab_bar_keeps_every_view_in_sight(make_app):

@@ -39,6 +39,9 @@ SIDE_TABS = ("gates", "prompt", "limits", "log")
 VIEWS = ("chat", "sessions", *SIDE_TABS)
 MIN_WIDTH, MAX_WIDTH = 16, 90
 """The least and most columns of the sessions and side panes (frames included), wherever they fit."""
+SIDE_MIN_WIDTH = 20
+"""The side pane's least width: its four tabs at their narrowest ("Ga… 0 Pr… Li… Log", a cell apart:
+widgets/tab_fit.py) in the frame. Narrower, a tab was cut off the bar, neither seen nor clickable."""
 # The panes whose frame turns $accent while the focus is in them (app.tcss draws them unfocused).
 FRAMED = ("#sessions-pane", "#chat", "#side")
 
@@ -225,7 +228,8 @@ class MainScreen(Screen[None]):
             if len(shown) == 2:
                 least = min(shown)
                 cap = room - least if 2 * least <= room else room // 2
-            fitted = [None if w is None else max(MIN_WIDTH, min(w, cap)) for w in chosen]
+            fitted = [None if w is None else max(least, min(w, cap))
+                      for w, least in zip(chosen, (MIN_WIDTH, SIDE_MIN_WIDTH), strict=True)]
             if len(shown) == 2 and 2 * min(shown) > room and room % 2:
                 # An odd room: the column left over goes to the pane chosen wider.
                 wider = 0 if (chosen[0] or 0) >= (chosen[1] or 0) else 1
@@ -379,7 +383,7 @@ class MainScreen(Screen[None]):
 
     def resize_pane(self, delta: int) -> None:
         """Widen (delta > 0) or narrow the focused side pane (the sessions pane while typing), as far
-        as `MIN_WIDTH`, `MAX_WIDTH` and the chat's least width beside the other pane let it; a key
+        as its least width, `MAX_WIDTH` and the chat's least width beside the other pane let it; a key
         that can go no further says so."""
         if self.narrow:
             self._say_limit(f"one pane at a time under {NARROW_WIDTH} columns: no pane to resize")
@@ -395,14 +399,15 @@ class MainScreen(Screen[None]):
         # From the widths drawn, not the ones chosen: a pane the terminal holds narrower than chosen
         # narrows at the first key, and the room it gives goes to the chat, not to the other pane.
         chat = self.chat_min_width()
+        least = SIDE_MIN_WIDTH if target == "side" else MIN_WIDTH
         most = min(MAX_WIDTH, width - chat - (other or 0))
-        new = max(MIN_WIDTH, min(most, current + delta))
+        new = max(least, min(most, current + delta))
         if delta > 0 and new <= current:
             self._say_limit(f"the {name} is as wide as it goes ({MAX_WIDTH} columns)" if most >= MAX_WIDTH
                             else f"the {name} is as wide as it goes: the chat keeps {chat} columns")
             return
         if delta < 0 and new >= current:
-            self._say_limit(f"the {name} is as narrow as it goes ({MIN_WIDTH} columns)")
+            self._say_limit(f"the {name} is as narrow as it goes ({least} columns)")
             return
         # What is drawn becomes the choice, the other pane's too (held narrower, it would take back
         # the room given up here); a key that had no effect above forgot nothing.

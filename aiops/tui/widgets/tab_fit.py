@@ -10,8 +10,9 @@ before does not fit (the wide layout is the first, unchanged):
 3. a count without its brackets: "Gates 3";
 4. the longest names cut with "…" ("Prom…"), a count kept whole, no name under three cells.
 
-A cut or compact label has the full one as its tooltip. Below the narrowest step (a side pane under
-about 20 columns) the row is cropped again, and Textual keeps the active tab in view.
+A cut or compact label has the full one as its tooltip. Below the narrowest step the row is cropped
+again, and Textual keeps the active tab in view: the side pane is never that narrow
+(`SIDE_MIN_WIDTH`, screens/main.py), a small terminal's bar under about 26 columns is.
 """
 
 from __future__ import annotations
