@@ -113,7 +113,7 @@ class SessionsQuery(_Query):
     offset: int = Field(0, ge=0, le=SQLITE_MAX_INT, description="Skip this many first (the next page starts at "
                         "`offset + limit`; sessions deleted or updated meanwhile shift it: page with `before`).")
     before: str | None = Field(
-        None, max_length=1024, description="`<updated_at>,<client_id>` of the last session of the previous page: "
+        None, max_length=200, description="`<updated_at>,<client_id>` of the last session of the previous page: "
         "only the sessions after it in the listing's order (keyset paging; ties in `updated_at` are ordered by "
         "`client_id`, descending). Deletions and activity meanwhile move no other session past it, so none is "
         "skipped (a session active meanwhile moves above it: to the top of a new listing).")
