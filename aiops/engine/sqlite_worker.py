@@ -1,19 +1,22 @@
 """One SQLite connection, driven so that the event loop never waits on a long statement.
 
-Statements run in the order they were issued, on one connection. Reads and writes of any size go
-through one worker thread, so the event loop never waits on a long query.
+Statements run in the order they were issued, on one connection. Reads, and writes of more than a
+row, go through one worker thread, so the event loop never waits on a long query.
 
-Small writes (one row: add a message, open a session, an audit record) are group-committed: the
-ones issued in the same loop iteration are committed together at the start of the next (one
-transaction, each write in its own savepoint so one that fails is undone alone), on the worker
-thread, queued behind whatever it has. SQLite releases the GIL while it works, so the second core
-takes the commits while the loop goes on serving; under load a commit carries several writes.
-(Until issue 27 the first write of an iteration ran inline on the loop when the worker was idle:
-a quicker round trip for one write on an idle machine, but under load it put every commit's work
-on the loop thread, a commit per iteration more, and cost more CPU per request in total; see
-docs/PERFORMANCE.md. `inline_writes=True` still does that.) A read flushes the writes issued
-before it first. Commits never fsync: with WAL and synchronous=NORMAL only checkpoints do, and
-automatic checkpoints are off; the worker runs them every CHECKPOINT_EVERY commits.
+Small writes (one row: add a message, open a session, an audit record) are committed on the loop
+itself when the worker thread is idle: the first of a loop iteration at once, the ones issued after
+it in the same iteration together at the start of the next (one transaction, each write in its own
+savepoint so one that fails is undone alone). When the worker is busy, the batch is queued behind
+what it has and committed there. A one-row commit costs the loop less than handing it over does:
+the put that wakes the thread, the thread taking the GIL from the loop, the answer's way back
+through the loop's self-pipe. On an idle 2-core machine a streamed proxy request cost 18-24 % less
+CPU in all with writes inline, and its loop thread ~10 % less (docs/PERFORMANCE.md, issue 27,
+"18:00-19:30 UTC"); an earlier A/B on a machine at load 8-11, where the second core was the
+only one free, had found the thread cheaper, which is why `inline_writes=False` (every batch on
+the thread) is kept and tested. A read flushes the writes issued before it first. Commits never
+fsync: with WAL and synchronous=NORMAL only checkpoints do, and automatic checkpoints are off;
+the worker runs them every CHECKPOINT_EVERY commits, so a commit on the loop never waits for the
+disk.
 
 The worker is one thread fed by a plain queue, its answers handed back to the loop with one
 `call_soon_threadsafe` per job: a ThreadPoolExecutor's submit, its concurrent future and the
@@ -82,11 +85,12 @@ def _to_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[Any, BaseException |
 
 class SQLiteWorker:
     """Async access to one SQLite connection driven by a single worker thread. `prepare` runs on
-    the connection once it is open (the schema's migrations). With `inline_writes`, the first
-    small write of a loop iteration runs on the loop itself when the worker is idle (see above)."""
+    the connection once it is open (the schema's migrations). With `inline_writes` (the default),
+    small writes are committed on the loop itself when the worker is idle (see above); without,
+    every batch of them on the worker thread."""
 
     def __init__(self, path: Path, prepare: Callable[[sqlite3.Connection], Any] | None = None, *,
-                 inline_writes: bool = False) -> None:
+                 inline_writes: bool = True) -> None:
         self.path = path
         self.inline_writes = inline_writes
         self._prepare = prepare

@@ -233,7 +233,7 @@ def _row_to_session(r: sqlite3.Row) -> SessionRow:
 class Store:
     """The SQL of sessions, messages and the audit log; its statements run on a SQLiteWorker."""
 
-    def __init__(self, path: Path, *, inline_writes: bool = False) -> None:
+    def __init__(self, path: Path, *, inline_writes: bool = True) -> None:
         self.path = path
         self.worker = SQLiteWorker(path, prepare=_prepare, inline_writes=inline_writes)
 

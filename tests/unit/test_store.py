@@ -22,6 +22,16 @@ async def store(tmp_path):
 
 
 @pytest.fixture
+async def threaded_store(tmp_path):
+    """A store whose one-row writes are all group-committed on its thread (`inline_writes=False`;
+    the default commits the first of a loop iteration on the loop when the thread is idle)."""
+    s = Store(tmp_path / "db.sqlite3", inline_writes=False)
+    await s.open()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
 async def inline_store(tmp_path):
     """A store whose first small write of a loop iteration runs on the loop (`inline_writes`)."""
     s = Store(tmp_path / "db.sqlite3", inline_writes=True)
@@ -424,22 +434,22 @@ async def test_a_read_sees_every_write_issued_before_it(store):
     await asyncio.gather(*writes)
 
 
-async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_them_waiting(store, tmp_path):
+async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_them_waiting(threaded_store, tmp_path):
     """Another process (`aiops audit`, a backup) holding the write lock past the busy timeout."""
-    await store.create_session("a", "api", None)
-    store.worker.connection.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
+    await threaded_store.create_session("a", "api", None)
+    threaded_store.worker.connection.execute("PRAGMA busy_timeout = 50")  # the environment, not our code: a short wait
     other = sqlite3.connect(tmp_path / "db.sqlite3", isolation_level=None)
     try:
-        assert (await store.add_message("a", Message("user", "first"))).content == "first"
-        second = asyncio.ensure_future(store.add_message("a", Message("user", "second")))
-        third = asyncio.ensure_future(store.add_message("a", Message("user", "third")))
+        assert (await threaded_store.add_message("a", Message("user", "first"))).content == "first"
+        second = asyncio.ensure_future(threaded_store.add_message("a", Message("user", "second")))
+        third = asyncio.ensure_future(threaded_store.add_message("a", Message("user", "third")))
         other.execute("BEGIN IMMEDIATE")  # before their batch begins: it finds the database locked
         for write in (second, third):
             with pytest.raises(sqlite3.OperationalError, match="locked"):
                 await asyncio.wait_for(write, 5)
     finally:
         other.close()
-    await store.add_message("a", Message("user", "fourth"))  # the store still works
+    await threaded_store.add_message("a", Message("user", "fourth"))  # the store still works
     assert committed(tmp_path / "db.sqlite3") == [("a", "first"), ("a", "fourth")]
 
 
@@ -463,20 +473,20 @@ async def test_a_batch_that_cannot_start_fails_its_writers_instead_of_leaving_th
     assert committed(tmp_path / "db.sqlite3") == [("a", "first"), ("a", "third")]
 
 
-async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause(store, tmp_path):
-    await store.create_session("a", "api", None)
-    await store.add_message("a", Message("user", "kept"))
-    pages = store.worker.connection.execute("PRAGMA page_count").fetchone()[0]
-    store.worker.connection.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
+async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause(threaded_store, tmp_path):
+    await threaded_store.create_session("a", "api", None)
+    await threaded_store.add_message("a", Message("user", "kept"))
+    pages = threaded_store.worker.connection.execute("PRAGMA page_count").fetchone()[0]
+    threaded_store.worker.connection.execute(f"PRAGMA max_page_count = {pages + 2}")  # a disk with two pages left
     results = await asyncio.gather(
-        store.add_message("a", Message("user", "small")),
-        store.add_message("a", Message("user", "x" * 100_000)),
-        store.add_message("a", Message("user", "small too")),
+        threaded_store.add_message("a", Message("user", "small")),
+        threaded_store.add_message("a", Message("user", "x" * 100_000)),
+        threaded_store.add_message("a", Message("user", "small too")),
         return_exceptions=True)
     # One batch; SQLite undoes all of it, and every writer hears why
     assert all(isinstance(r, sqlite3.OperationalError) and "full" in str(r) for r in results)
     assert committed(tmp_path / "db.sqlite3") == [("a", "kept")]
-    assert (await store.add_message("a", Message("user", "small"))).id  # what fits still does
+    assert (await threaded_store.add_message("a", Message("user", "small"))).id  # what fits still does
 
 
 async def test_a_full_disk_fails_every_write_of_its_batch_with_the_real_cause_with_inline_writes(
