@@ -371,7 +371,7 @@ class AiopsApp(App[int]):
     @on(DeltasArrived)
     async def _deltas(self, msg: DeltasArrived) -> None:
         for event in msg.events:
-            await self.sessions.follow(event)
+            await self.sessions.follow(event, moves=False)  # (a streaming answer stays in its place)
 
     @on(ToolCallStarted)
     @on(ToolCallFinished)

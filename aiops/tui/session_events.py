@@ -201,9 +201,10 @@ class SessionEvents:
             app.notify(f"session {shown.get('short_id') or sid} ({sid}) was deleted", timeout=6)
             await self.select_latest_console(list(app.sessions_list.sessions.values()))
 
-    async def follow(self, event: ev.Event, *, unread: bool = False) -> None:
+    async def follow(self, event: ev.Event, *, unread: bool = False, moves: bool = True) -> None:
         """An event of a session: kept for the live turn's replay, drawn when its session is shown
-        (otherwise `unread` marks the session), and the session's last activity."""
+        (otherwise `unread` marks the session), and the session's last activity (which, with
+        `moves`, places it again among the sessions last active)."""
         app = self.app
         sid = event.session_id
         if sid is None or not app._drawing:
@@ -215,7 +216,7 @@ class SessionEvents:
                 return
         elif unread:
             app.sessions_list.mark_unread(sid)
-        app.sessions_list.touch(sid, event.ts)
+        app.sessions_list.touch(sid, event.ts, move=moves)
 
     def _track_live(self, event: ev.Event) -> None:
         app = self.app

@@ -14,7 +14,9 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from aiops.tui.widgets.sessions import SessionsList
+from tests.fakes.openai_server import Reply
 from tests.support.terminal import Terminal, full
+from tests.tui.conftest import SIZE, ready, send, wait_for
 
 KINDS = ("console", "cli", "api", "proxy", "slack")
 
@@ -329,3 +331,33 @@ async def test_older_sessions_come_in_below_without_moving_the_view_and_a_delete
         assert sl.listing() == ["api (19)", *(f"s{n}" for n in (19, 18, 17, 16, 15, 14, 13, 11, 10)),
                                 *(f"s{n}" for n in range(9, -1, -1))]
         assert sl.cursor == "s15" and session_lines(app)[1:9] == seen[1:9]  # s19 to s16, unmoved
+
+
+async def test_a_streaming_answer_keeps_its_session_in_place_until_the_turn_ends(make_app, fake_openai) -> None:
+    """Fifty sessions streaming would swap places ten times a second if every delta counted as
+    activity: the list moves a session when its turn starts or ends, not while its answer streams."""
+    fake_openai.script(Reply.text("a long answer, " * 12, chunks=12, chunk_delay=0.05, hold_after=2),
+                       Reply.text("quick"))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        streaming = app.chat.session_id
+        assert streaming is not None
+        await send(pilot, "tell me at length")
+        await wait_for(pilot, lambda: fake_openai.held >= 1, "the answer under way, held halfway")
+
+        def console_top() -> list[str]:
+            listing = app.sessions_list.listing()
+            return listing[listing.index(next(x for x in listing if x.startswith("console ("))) + 1:][:2]
+
+        # Meanwhile another session's turn starts and ends: it goes above the one streaming.
+        other = await app.adapter.engine.submit("console-other", "and you?", kind="console")
+        await other.wait(10)
+        await wait_for(pilot, lambda: console_top() == ["console-other", streaming], "the other session on top")
+        fake_openai.release()  # the rest of the answer streams in, over half a second
+        await pilot.pause(0.3)  # three of the list's redraws meanwhile
+        assert streaming in app.live.turn  # (still streaming)
+        assert console_top() == ["console-other", streaming]
+        await wait_for(pilot, lambda: streaming not in app.live.turn, "the answer's end")
+        await wait_for(pilot, lambda: console_top() == [streaming, "console-other"],
+                       "the session whose turn ended on top")

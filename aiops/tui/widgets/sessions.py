@@ -223,12 +223,21 @@ to the message input.
         self._moved.add(session_id)
         self.rebuild()
 
-    def touch(self, session_id: str, ts: float | None = None) -> None:
+    def touch(self, session_id: str, ts: float | None = None, *, move: bool = True) -> None:
+        """The session was active at `ts`: its age, and (with `move`) its place among the last
+        active. Deltas of an answer streaming do not move it: fifty sessions streaming would swap
+        places ten times a second, each time a redraw of every row in sight, and the row the
+        operator reaches for would not stay put; the turn's start and end move it."""
         s = self.sessions.get(session_id)
-        if s is not None:
-            s["updated_at"] = ts or time.time()
+        if s is None:
+            return
+        was = s.get("updated_at")
+        s["updated_at"] = ts or time.time()
+        if move:
             self._changed.add(session_id)  # its age, drawn at the next redraw
             self._moved.add(session_id)  # and its place, when the list is next redrawn
+        elif ago(was) != ago(s["updated_at"]):
+            self._changed.add(session_id)  # only when the age it shows changed
 
     def mark_unread(self, session_id: str) -> None:
         if session_id != self.selected and session_id not in self.unread:
