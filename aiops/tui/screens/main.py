@@ -228,8 +228,8 @@ class MainScreen(Screen[None]):
             if len(shown) == 2:
                 least = min(shown)
                 cap = room - least if 2 * least <= room else room // 2
-            fitted = [None if w is None else max(least, min(w, cap))
-                      for w, least in zip(chosen, (MIN_WIDTH, SIDE_MIN_WIDTH), strict=True)]
+            fitted = [None if w is None else max(floor, min(w, cap))
+                      for w, floor in zip(chosen, (MIN_WIDTH, SIDE_MIN_WIDTH), strict=True)]
             if len(shown) == 2 and 2 * min(shown) > room and room % 2:
                 # An odd room: the column left over goes to the pane chosen wider.
                 wider = 0 if (chosen[0] or 0) >= (chosen[1] or 0) else 1
