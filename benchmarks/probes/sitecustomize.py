@@ -5,7 +5,10 @@
 - `LOOP_PROBE_SAMPLE_MS=20`: how long a callback runs before its stack is sampled (default 20);
 - `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more;
 - `LOOP_PROBE_FRAMES=1`: every frame a Textual screen draws, with its start, its length, whether
-  it laid the screen out, and the widgets that asked for it (a layout's, else a repaint's).
+  it laid the screen out, and the widgets that asked for it (a layout's, else a repaint's);
+- `LOOP_PROBE_FULL_MAP=1` (with FRAMES): every rebuild of the compositor's map of all widgets (the
+  hidden ones too), its length and its caller, and the widgets out of sight that asked for a repaint
+  (which throws that map away).
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
 consoles and servers inherit the environment; `AIOPS_*` variables are not passed on, hence the names).
@@ -27,6 +30,7 @@ _STALL_MS = float(os.environ.get("LOOP_PROBE_STALL_MS") or 0)
 _GC = bool(os.environ.get("LOOP_PROBE_GC"))
 _SAMPLE_AFTER = float(os.environ.get("LOOP_PROBE_SAMPLE_MS") or 20) / 1000
 _FRAMES = bool(os.environ.get("LOOP_PROBE_FRAMES"))
+_FULL_MAP = bool(os.environ.get("LOOP_PROBE_FULL_MAP"))
 
 
 def _names(widgets: Any, most: int = 6) -> str:
@@ -51,6 +55,36 @@ def _frames(out: Any) -> None:
             out.write(f"FRAME {t0:.4f} {ms:.1f}ms {'layout' if layout else 'paint'} {asked}\n")
 
         module.Screen._on_timer_update = timed
+        if not _FULL_MAP:
+            return
+        from textual._compositor import Compositor
+
+        update_widgets = Compositor.update_widgets
+        full_map = Compositor.full_map.fget
+
+        def updating(compositor: Any, widgets: set[Any]) -> None:
+            if not compositor._full_map_invalidated:
+                hidden = widgets - compositor.visible_widgets.keys()
+                if hidden:
+                    out.write(f"HIDDEN {time.monotonic():.4f} {_names(hidden)}\n")
+            update_widgets(compositor, widgets)
+
+        def mapping(compositor: Any) -> Any:
+            if not compositor._full_map_invalidated:
+                return full_map(compositor)
+            t0 = time.monotonic()
+            result = full_map(compositor)
+            caller = sys._getframe(1)
+            where = []
+            while caller is not None and len(where) < 5:
+                where.append(f"{caller.f_code.co_name}:{caller.f_lineno}")
+                caller = caller.f_back
+            out.write(f"FULLMAP {t0:.4f} {(time.monotonic() - t0) * 1000:.1f}ms {len(result)} widgets "
+                      f"{' < '.join(where)}\n")
+            return result
+
+        Compositor.update_widgets = updating  # type: ignore[method-assign]
+        Compositor.full_map = property(mapping)  # type: ignore[assignment]
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name: str, path: Any, target: Any = None) -> Any:

@@ -23,6 +23,7 @@ from aiops.tui.widgets.gates import GatesInbox
 from aiops.tui.widgets.limits import LimitsTable
 from aiops.tui.widgets.sessions import REDRAW_EVERY, SETTLE
 from tests.fakes.openai_server import Reply, call_tool_when
+from tests.support.terminal import full
 from tests.tui.conftest import (
     SIZE,
     ManualClock,
@@ -753,8 +754,13 @@ async def test_the_frame_of_the_pane_holding_the_focus_is_drawn_in_the_accent_co
 
         def accented() -> set[str]:
             accent = Color.parse(app.theme_variables["accent"]).rgb
-            return {pane for pane in ("#sessions-pane", "#chat", "#side")
-                    if tuple(color_of(app, "╭", pane).triplet) == accent}
+            lit = {pane for pane in ("#sessions-pane", "#chat", "#side")
+                   if tuple(color_of(app, "╭", pane).triplet) == accent}
+            # The titles with their frames (the side pane's tab bar names it on a wide terminal).
+            titled = {pane for pane, title in (("#sessions-pane", "Sessions"), ("#chat", "Chat"))
+                      if tuple(color_of(app, title, pane).triplet) == accent}
+            assert titled == lit - {"#side"}, (titled, lit)
+            return lit
 
         assert accented() == set()  # the input (below the chat's frame) has the focus
         await pilot.press("ctrl+g")  # to the gates inbox, in the side pane
@@ -769,6 +775,45 @@ async def test_the_frame_of_the_pane_holding_the_focus_is_drawn_in_the_accent_co
                        and accented() == {"#sessions-pane"}, "the new theme's accent")
         app.chat_input.focus()
         await wait_for(pilot, lambda: accented() == set(), "no frame lit")
+
+
+async def test_a_focus_move_repaints_the_frames_alone_and_the_terminal_shows_them_right(make_app, terminal):
+    """Only the frames' cells are sent for a focus move (MainScreen's `_light_frame`), and the
+    terminal shows what a whole redraw would: lit frame, titles, the panes' insides unchanged."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        terminal.start(app)
+
+        def lit() -> set[str]:
+            """The panes whose frame's every edge the terminal draws in the accent colour."""
+            accent = Color.parse(app.theme_variables["accent"]).rgb
+            out = set()
+            for pane in ("#sessions-pane", "#chat", "#side"):
+                r = app.screen.query_one(pane).region
+                mid = r.y + r.height // 2
+                edges = [terminal.grid[y][x] for x, y in ((r.x, r.y), (r.right - 1, r.y), (r.x, mid),
+                                                         (r.right - 1, mid), (r.x + 2, r.bottom - 1))]
+                assert "".join(ch for ch, _ in edges) == "╭╮││─", (pane, edges)
+                colours = {tuple(style.color.triplet) if style and style.color else None for _, style in edges}
+                assert len(colours) == 1, (pane, edges)  # the frame in one colour, edge to edge
+                if colours == {accent}:
+                    out.add(pane)
+            return out
+
+        async def moved(what: str, move: Callable[[], object], expected: set[str]) -> None:
+            move()
+            await pilot.pause()
+            await pilot.pause()
+            assert terminal.grid == full(app), what
+            assert lit() == expected, what
+
+        await moved("to the gates inbox", lambda: app.inbox.focus(), {"#side"})
+        await moved("to the chat", lambda: app.chat.focus(), {"#chat"})
+        await moved("to the sessions list", lambda: app.sessions_list.focus(), {"#sessions-pane"})
+        await moved("another theme", lambda: setattr(app, "theme", "nord"), {"#sessions-pane"})
+        await moved("back to the input", lambda: app.chat_input.focus(), set())
+        await moved("to the gates inbox again", lambda: app.inbox.focus(), {"#side"})
 
 
 async def test_session_rows_use_the_width_they_get(make_app, fake_openai):

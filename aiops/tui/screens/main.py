@@ -16,6 +16,7 @@ from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.geometry import Region
 from textual.reactive import Reactive, reactive
 from textual.screen import Screen
 from textual.widget import Widget
@@ -44,6 +45,35 @@ SIDE_MIN_WIDTH = 20
 widgets/tab_fit.py) in the frame. Narrower, a tab was cut off the bar, neither seen nor clickable."""
 # The panes whose frame turns $accent while the focus is in them (app.tcss draws them unfocused).
 FRAMED = ("#sessions-pane", "#chat", "#side")
+EDGES = ("border_top", "border_right", "border_bottom", "border_left")
+
+
+def _light_frame(pane: Widget, color: Color | None) -> None:
+    """Draw `pane`'s frame and title in `color` (None: as app.tcss draws them), repainting the frame.
+
+    The rules are set, not the style properties: the frame's setter repaints the whole pane (for the
+    side pane a third of the screen, ~20 ms a frame on a slow machine, twice per gate round) and
+    the title colour's every descendant (colours inherit; a title's does not), the hidden tabs'
+    among them, which throws away the compositor's map of all widgets. Only the frame's cells
+    change, so only they are repainted."""
+    styles = pane.styles
+    for edge in EDGES:
+        if color is None:
+            styles.clear_rule(edge)
+        else:
+            styles.set_rule(edge, ("round", color))
+    if color is None:
+        styles.clear_rule("border_title_color")
+        styles.clear_rule("auto_border_title_color")
+    else:
+        styles.set_rule("border_title_color", color)
+        # (The CSS declaration sets this too: TabbedContent's own CSS has an auto colour.)
+        styles.set_rule("auto_border_title_color", False)
+    # The regions are the widget's, offset by its gutter (`Widget.refresh` takes content regions).
+    width, height = pane.outer_size
+    gutter_x, gutter_y = pane.content_offset
+    pane.refresh(*(Region(x - gutter_x, y - gutter_y, w, h) for x, y, w, h in (
+        (0, 0, width, 1), (0, height - 1, width, 1), (0, 0, 1, height), (width - 1, 0, 1, height))))
 
 
 class SidePane(TabbedContent):
@@ -162,17 +192,9 @@ class MainScreen(Screen[None]):
                 pane = self.query_one(selector)
             except NoMatches:
                 continue
-            styles = pane.styles
-            if focused is not None and pane in focused.ancestors_with_self:
-                if styles.inline.get_rule("border_title_color", None) != accent:
-                    styles.border = ("round", accent)
-                    styles.border_title_color = accent
-                    # (The CSS declaration sets this too: TabbedContent's own CSS has an auto colour.)
-                    styles.auto_border_title_color = False
-            elif styles.inline.has_rule("border_title_color"):
-                styles.border = None
-                styles.border_title_color = None
-                styles.clear_rule("auto_border_title_color")
+            color = accent if focused is not None and pane in focused.ancestors_with_self else None
+            if pane.styles.inline.get_rule("border_title_color", None) != color:
+                _light_frame(pane, color)
 
     def on_resize(self, event: Any) -> None:
         self._apply_layout(event.size.width)
