@@ -8,7 +8,9 @@
   it laid the screen out, and the widgets that asked for it (a layout's, else a repaint's);
 - `LOOP_PROBE_FULL_MAP=1` (with FRAMES): every rebuild of the compositor's map of all widgets (the
   hidden ones too), its length and its caller, and the widgets out of sight that asked for a repaint
-  (which throws that map away).
+  (which throws that map away);
+- `LOOP_PROBE_LAYOUT_WHO=1` (with FRAMES): under each layout frame, where each widget that asked
+  for it asked (the first asking's callers).
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
 consoles and servers inherit the environment; `AIOPS_*` variables are not passed on, hence the names).
@@ -31,6 +33,8 @@ _GC = bool(os.environ.get("LOOP_PROBE_GC"))
 _SAMPLE_AFTER = float(os.environ.get("LOOP_PROBE_SAMPLE_MS") or 20) / 1000
 _FRAMES = bool(os.environ.get("LOOP_PROBE_FRAMES"))
 _FULL_MAP = bool(os.environ.get("LOOP_PROBE_FULL_MAP"))
+_WHO = bool(os.environ.get("LOOP_PROBE_LAYOUT_WHO"))
+_who: dict[Any, str] = {}
 
 
 def _names(widgets: Any, most: int = 6) -> str:
@@ -49,12 +53,34 @@ def _frames(out: Any) -> None:
         def timed(screen: Any) -> None:
             layout = screen._layout_required or screen._scroll_required
             asked = _names(screen._layout_widgets) if layout else _names(screen._dirty_widgets)
+            if layout and _WHO:
+                askers = {w for ws in screen._layout_widgets.values() for w in ws} | set(screen._layout_widgets)
+                for widget in list(askers)[:8]:
+                    if (where := _who.pop(widget, None)) is not None:
+                        out.write(f"  WHO {type(widget).__name__}: {where}\n")
+                _who.clear()
             t0 = time.monotonic()
             update(screen)
             ms = (time.monotonic() - t0) * 1000
             out.write(f"FRAME {t0:.4f} {ms:.1f}ms {'layout' if layout else 'paint'} {asked}\n")
 
         module.Screen._on_timer_update = timed
+        if _WHO:
+            from textual.widget import Widget
+
+            refresh = Widget.refresh
+
+            def asking(widget: Any, *regions: Any, repaint: bool = True, layout: bool = False,
+                       recompose: bool = False) -> Any:
+                if layout and widget not in _who:
+                    caller, where = sys._getframe(1), []
+                    while caller is not None and len(where) < 7:
+                        where.append(f"{caller.f_code.co_name}:{caller.f_lineno}")
+                        caller = caller.f_back
+                    _who[widget] = " < ".join(where)
+                return refresh(widget, *regions, repaint=repaint, layout=layout, recompose=recompose)
+
+            Widget.refresh = asking  # type: ignore[method-assign]
         if not _FULL_MAP:
             return
         from textual._compositor import Compositor
