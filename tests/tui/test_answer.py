@@ -107,6 +107,34 @@ async def test_an_answer_streamed_in_any_pieces_looks_at_each_step_as_the_same_t
         assert "Rollback" in "\n".join(_lines(streamed))  # the setext heading, drawn as one
 
 
+async def test_a_streamed_answer_lays_the_screen_out_about_once_per_draw():
+    """Each layout of the screen is a frame of the whole chat (25-110 ms on a 2-core machine with a
+    long answer): a paragraph or heading mounted by a draw must not ask for a second one of its own
+    afterwards. Lists and tables may still take two; over the answer, no more than one per draw."""
+    app = Side(AnswerMarkdown())
+    async with app.run_test(size=(80, 160)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        layouts = 0
+        refresh_layout = screen._refresh_layout
+
+        def counted(size: Any = None, scroll: bool = False) -> None:
+            nonlocal layouts
+            layouts += screen._layout_required
+            refresh_layout(size, scroll)
+
+        screen._refresh_layout = counted  # type: ignore[method-assign]  # observed, not changed
+        per_draw = []
+        for i in range(0, len(TOKENS), 7):
+            before = layouts
+            await app.markdown.append("".join(TOKENS[i:i + 7]))
+            for _ in range(5):  # a late request would come within these
+                await pilot.pause()
+            per_draw.append(layouts - before)
+        assert sum(per_draw) <= len(per_draw), per_draw
+        assert "Rollback" in "\n".join(_lines(app))
+
+
 def test_the_answer_is_drawn_less_often_while_the_operator_types():
     clock = ManualClock()
     pacing = AnswerPacing(clock)
