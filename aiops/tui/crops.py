@@ -9,7 +9,9 @@ sessions streaming that is most frames; with a gate round, most of its six to ei
 (docs/PERFORMANCE.md, "2026-11-28, 08:40-09:35 UTC").
 
 `install()` wraps it. Each widget renders only the lines that are drawn (from the first to the
-last of them, in one call). And when the changed regions fall in areas apart (no two touching) that
+last of them, in one call), and only those where a changed span reaches into it: a pane's frame
+repainted (a focus move lights it) is four thin regions that make one area the pane's size, and
+the widgets inside it, which none of them touches, are not rendered at all. And when the changed regions fall in areas apart (no two touching) that
 leave most of their bounding box unchanged, each area is rendered as a crop of its own and the
 pieces are put together, a cut of a line taken only from the area it lies in (there, every widget
 that overlaps it was rendered, so what is in front is in front). What reaches the terminal is the
@@ -61,14 +63,18 @@ def apart(regions: Iterable[Region]) -> list[Region]:
 @functools.cache  # once a process
 def install() -> None:
     """Idempotent; the console calls it before its first frame."""
-    partial = TEXTUAL["render_partial_update"] = Compositor.render_partial_update
+    TEXTUAL["render_partial_update"] = Compositor.render_partial_update
     TEXTUAL["_render_chops"] = Compositor._render_chops
 
     def _render_chops(
-        self: Compositor, crop: Region, is_rendered_line: Callable[[int], bool]
+        self: Compositor, crop: Region, is_rendered_line: Callable[[int], bool],
+        spans: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     ) -> Sequence[Mapping[int, Strip]]:
         # Textual's, but each widget renders only the lines that will be drawn, not its whole
-        # visible height (its other lines stay as they are in its cache, or dirty there).
+        # visible height (its other lines stay as they are in its cache, or dirty there); and, given
+        # the spans that will be drawn (x from, x to, per line), only the lines where one of them
+        # reaches into it: a pane's frame repainted is four thin regions around its widgets, whose
+        # cells in between are not drawn.
         cuts = self.cuts
         chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
         lines = [y for y in crop.line_range if is_rendered_line(y)]
@@ -83,6 +89,8 @@ def install() -> None:
                 continue
             first_cut, last_cut = x, x + width
             drawn = [y for y in lines if top <= y < top + height]
+            if spans is not None:
+                drawn = [y for y in drawn if any(x1 < last_cut and x2 > first_cut for x1, x2 in spans[y])]
             if not drawn:
                 continue
             # One call from the first line drawn to the last: lines between them come from the
@@ -101,15 +109,21 @@ def install() -> None:
         return cast("Sequence[Mapping[int, Strip]]", chops)  # as Textual's: None where nothing was drawn
 
     def render_partial_update(self: Compositor) -> ChopsUpdate | None:
-        boxes = apart(self._dirty_regions)
-        if not boxes:
-            return partial(self)
+        if not self._dirty_regions:
+            return None
         screen = self.size.region
         regions = self._dirty_regions.copy()
         self._dirty_regions.clear()
         spans = list(self._regions_to_spans(regions))
+        by_line: dict[int, list[tuple[int, int]]] = {}
+        for y, x1, x2 in spans:
+            by_line.setdefault(y, []).append((x1, x2))
         cuts = self.cuts
         chop_ends = [cut_set[1:] for cut_set in cuts]
+        boxes = apart(regions)
+        if not boxes:  # one crop around all, as Textual's own (with the narrower rendering)
+            crop = Region.from_union(list(regions)).intersection(screen)
+            return ChopsUpdate(_render_chops(self, crop, by_line.__contains__, by_line), spans, chop_ends)
         chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
         for box in boxes:
             crop = box.intersection(screen)
@@ -118,7 +132,7 @@ def install() -> None:
             left, right = crop.x, crop.right
             # The lines with a change inside this area (not those whose changes lie in another).
             lines = {y for y, x1, x2 in spans if crop.y <= y < crop.bottom and x1 < right and x2 > left}
-            part = self._render_chops(crop, lines.__contains__)
+            part = _render_chops(self, crop, lines.__contains__, by_line)
             for y in lines:
                 line = chops[y]
                 for (cut, strip), end in zip(part[y].items(), chop_ends[y], strict=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from textual.app import App, ComposeResult
+from textual.color import Color
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.geometry import Region
 from textual.widgets import Static
@@ -97,3 +98,46 @@ def test_areas_are_drawn_apart_only_when_they_leave_their_box_mostly_unchanged()
     chat, status = Region(30, 2, 60, 36), Region(0, 0, 120, 1)
     assert crops.apart([chat, status]) == []  # the chat fills most of the box: one crop
     assert crops.apart([row]) == []
+
+
+class Framed(App[None]):
+    """A framed pane of rows beside another, as the console's panes."""
+
+    CSS = """
+    #pane { width: 40; border: round green; }
+    #pane > Static { height: 1; }
+    #other { width: 1fr; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            with Vertical(id="pane"):
+                yield from (Static(f"row {i}", id=f"p{i}") for i in range(10))
+            yield Static("beside\n" * 10, id="other")
+
+
+async def test_a_frame_repainted_renders_none_of_the_widgets_inside_it(terminal: Terminal) -> None:
+    """The four edges of a pane's frame (a focus move lights it) touch, so they make one area the
+    size of the pane: the rows inside it are not drawn, so they are not rendered either."""
+    app = Framed()
+    async with app.run_test(size=(80, 14)) as pilot:
+        for _ in range(3):  # (the rows' first paint comes a frame after the layout)
+            await pilot.pause()
+        terminal.start(app)
+        pane = app.query_one("#pane")
+        rendered: list[str] = []
+        for widget in [*pane.children, app.query_one("#other")]:
+            def counting(crop: Region, widget: Static = widget, render=widget.render_lines) -> list:  # type: ignore[no-untyped-def]
+                rendered.append(widget.id or "")
+                return render(crop)
+            widget.render_lines = counting  # type: ignore[method-assign]  # observed, not changed
+        for edge in ("border_top", "border_right", "border_bottom", "border_left"):
+            pane.styles.set_rule(edge, ("round", Color.parse("red")))
+        width, height = pane.outer_size
+        pane.refresh(*(Region(x - 1, y - 1, w, h) for x, y, w, h in (
+            (0, 0, width, 1), (0, height - 1, width, 1), (0, 0, 1, height), (width - 1, 0, 1, height))))
+        await pilot.pause()
+        await pilot.pause()
+        assert rendered == []  # (before the full render below, which renders every widget)
+        assert terminal.grid == full(app)
+        assert terminal.grid[0][0][1].color.triplet == Color.parse("red").rich_color.triplet  # drawn
