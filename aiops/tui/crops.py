@@ -11,12 +11,13 @@ sessions streaming that is most frames; with a gate round, most of its six to ei
 `install()` wraps it. Each widget renders only the lines that are drawn (from the first to the
 last of them, in one call), and only those where a changed span reaches into it: a pane's frame
 repainted (a focus move lights it) is four thin regions that make one area the pane's size, and
-the widgets inside it, which none of them touches, are not rendered at all. And when the changed regions fall in areas apart (no two touching) that
-leave most of their bounding box unchanged, each area is rendered as a crop of its own and the
-pieces are put together, a cut of a line taken only from the area it lies in (there, every widget
-that overlaps it was rendered, so what is in front is in front). What reaches the terminal is the
-same spans as before; one area, or areas that fill their box, take Textual's own path (with the
-narrower rendering). A layout frame, whose changes fill the screen, costs what it did.
+the widgets inside it, which none of them touches, are not rendered at all. And when the changed
+regions fall in areas apart (no two touching) that leave most of their bounding box unchanged,
+each area is rendered as a crop of its own and the pieces are put together, a cut of a line taken
+only from the area it lies in (there, every widget that overlaps it was rendered, so what is in
+front is in front). What reaches the terminal is the same spans as before; one area, or areas that
+fill their box, are rendered in one crop around all, as Textual's own path (with the narrower
+rendering). A layout frame, whose changes fill the screen, costs what it did.
 tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
 Textual's own full render of the screen, with a widget layered over others and scrolled panes whose
 blocks are cut off at their edges.
