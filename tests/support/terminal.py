@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
+from rich.cells import cell_len
 from rich.console import Console
 from rich.segment import ControlType
 from rich.style import Style
@@ -20,12 +21,25 @@ from aiops.tui import crops
 Cell = tuple[str, Style | None]
 
 
+def _put(row: list[Cell], x: int, ch: str, style: Style | None) -> int:
+    """`ch` written at column `x` of `row` as a terminal does: a wide character (CJK, most emoji)
+    takes two cells, the second of them empty. The column after it."""
+    width = cell_len(ch)
+    for i, cell in enumerate([(ch, style), ("", style)][:width]):
+        if x + i < len(row):
+            row[x + i] = cell
+        else:
+            row.append(cell)
+    return x + width
+
+
 def cells(strips: Iterable[Strip]) -> list[list[Cell]]:
     grid = []
     for strip in strips:
         row: list[Cell] = []
         for segment in strip:
-            row.extend((ch, segment.style) for ch in segment.text)
+            for ch in segment.text:
+                _put(row, len(row), ch, segment.style)
         grid.append(row)
     return grid
 
@@ -66,8 +80,7 @@ class Terminal:
             if segment.text == "\n":
                 continue
             for ch in segment.text:
-                self.grid[y][x] = (ch, segment.style)
-                x += 1
+                x = _put(self.grid[y], x, ch, segment.style)
 
 
 @pytest.fixture

@@ -141,3 +141,20 @@ async def test_a_frame_repainted_renders_none_of_the_widgets_inside_it(terminal:
         assert rendered == []  # (before the full render below, which renders every widget)
         assert terminal.grid == full(app)
         assert terminal.grid[0][0][1].color.triplet == Color.parse("red").rich_color.triplet  # drawn
+
+
+async def test_the_model_terminal_gives_wide_characters_two_cells(terminal: Terminal) -> None:
+    """Wide characters (the command palette's 🔎, CJK text) take two cells on a terminal: the model
+    terminal follows, so a frame that draws them is checked like any other."""
+    app = Board()
+    async with app.run_test(size=(WIDTH, HEIGHT)) as pilot:
+        await pilot.pause()
+        await pilot.pause()
+        terminal.start(app)
+        for n, text in enumerate(["🔎 search", "日本語のテキスト", "plain again", "混在 mixed 🔎 text"]):
+            app.query_one("#c3", Static).update(text)
+            app.query_one("#status", Static).update(f"status {n} 🔎")
+            await pilot.pause()
+            await pilot.pause()
+            assert terminal.grid == full(app), text
+            assert all(len(row) == WIDTH for row in terminal.grid), text
