@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import ssl
 import threading
 import time
 import uuid
@@ -242,11 +243,12 @@ class FakeServer:
     path_prefix = ""
 
     def __init__(self, *, responder: Responder | None = None, api_key: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None) -> None:
         self.responder = responder
         self.api_key = api_key  # when set, requests must carry it (else the provider's auth error)
         self.host = host
         self.port = port
+        self.tls = tls  # served over https with this context (tests/fakes/tls_proxy.py: Authority)
         self._cond = threading.Condition()
         self._queue: deque[ScriptItem] = deque()
         self._requests: list[RecordedRequest] = []
@@ -310,7 +312,7 @@ class FakeServer:
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.tls)
         await site.start()
         self.port = self._runner.addresses[0][1]
 
@@ -341,10 +343,10 @@ class FakeServer:
 
     @property
     def base_url(self) -> str:
-        """Scheme, host and port: "http://127.0.0.1:PORT"."""
+        """Scheme, host and port: "http://127.0.0.1:PORT" (https with `tls`)."""
         if self._thread is None:
             raise RuntimeError(f"{type(self).__name__} is not started")
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -677,8 +679,9 @@ class FakeOpenAI(FakeServer):
     path_prefix = "/v1"
 
     def __init__(self, *, models: Iterable[str] = ("fake-model",), responder: Responder | None = None,
-                 api_key: str | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(responder=responder, api_key=api_key, host=host, port=port)
+                 api_key: str | None = None, host: str = "127.0.0.1", port: int = 0,
+                 tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(responder=responder, api_key=api_key, host=host, port=port, tls=tls)
         self.models = list(models)
 
     def _add_routes(self, app: web.Application) -> None:

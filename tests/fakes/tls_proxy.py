@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import ipaddress
 import ssl
 import threading
 from collections.abc import Callable
@@ -53,12 +54,20 @@ class ProxiedResponse:
 Handler = Callable[[ProxiedRequest], ProxiedResponse]
 
 
+def _alt_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-class _Authority:
-    """A throwaway CA and one leaf certificate per host, made on first use."""
+class Authority:
+    """A throwaway CA (its certificate in `ca_file`) and one leaf certificate per host (a name or an
+    IP address), made on first use; `context(host)` is a server's TLS context for it."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -86,7 +95,7 @@ class _Authority:
         cert = (x509.CertificateBuilder().subject_name(_name(host)).issuer_name(self.cert.subject)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=2))
-                .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+                .add_extension(x509.SubjectAlternativeName([_alt_name(host)]), critical=False)
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
@@ -110,7 +119,7 @@ class TlsInterceptingProxy:
         self.handlers = handlers
         self.requests: list[ProxiedRequest] = []
         self.connects: list[str] = []  # every CONNECT target, handled or not
-        self._authority = _Authority(folder)
+        self._authority = Authority(folder)
         self.ca_file = self._authority.ca_file
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None

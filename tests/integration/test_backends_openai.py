@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -30,6 +31,7 @@ from aiops.engine.types import (
 )
 from tests.fakes.fixtures import openai_model_entry
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply, call_tool_when, split_text
+from tests.fakes.tls_proxy import Authority
 
 MakeBackend = Callable[..., OpenAIBackend]
 
@@ -312,6 +314,35 @@ async def test_connection_refused(backend_for: MakeBackend) -> None:
     _, err = await stream_error(backend_for(base_url=url, key="gone"), HI)
     assert err.reason == "connection refused"
     assert url in str(err) and "'gone'" in str(err)
+
+
+async def test_a_model_over_https_answers_only_behind_a_certificate_the_machine_trusts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """https keeps the SDK's own TLS: a certificate from an unknown CA is refused, and the CA named
+    by SSL_CERT_FILE (a company's own, say) is trusted. (Plain-http models skip the SSL context the
+    SDK would make for them: see test_import_discipline.)"""
+    authority = Authority(tmp_path)
+    with FakeOpenAI(tls=authority.context("127.0.0.1")) as fake:
+        assert fake.url.startswith("https://")
+        config = ModelConfig(**openai_model_entry(fake))
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+        untrusted = make_backend("corp", config, {})
+        try:
+            _, err = await stream_error(untrusted, HI)
+        finally:
+            await untrusted.aclose()
+        assert "TLS handshake failed" in str(err) and "CERTIFICATE_VERIFY_FAILED" in str(err)
+        assert fake.requests == []  # refused before a byte of the request was sent
+
+        monkeypatch.setenv("SSL_CERT_FILE", str(authority.ca_file))
+        fake.script(Reply.text("over tls"))
+        trusted = make_backend("corp", config, {})
+        try:
+            done = completion_of(await collect(trusted, HI))
+        finally:
+            await trusted.aclose()
+        assert done.text == "over tls"
 
 
 async def test_cancelling_the_consumer_hangs_up_on_the_server(fake_openai: FakeOpenAI,

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import openai
 from openai import AsyncAPIResponse
+from openai._vendor.httpx_aiohttp import AiohttpTransport  # the SDK imports it; see _PlainHttpTransport
 
 from aiops.config import ModelConfig
 from aiops.engine.backends.base import ModelError
@@ -148,7 +149,8 @@ def known_connection_failure(exc: BaseException, url: str) -> str | None:
         if isinstance(e, socket.gaierror) or "name or service not known" in text:
             return f"cannot resolve host {urlsplit(url).hostname or url}"
         if isinstance(e, ssl.SSLError):
-            return f"TLS handshake failed ({e.reason or e})"
+            # aiohttp's certificate error is an SSLError that never set `reason`.
+            return f"TLS handshake failed ({getattr(e, 'reason', None) or e})"
         if isinstance(e, ConnectionResetError):
             return "connection reset by the server"
         if type(e).__name__ == "RemoteProtocolError":
@@ -249,6 +251,43 @@ def quiet_sdk_logs() -> None:
 log = logging.getLogger(__name__)
 
 
+def http_client(base_url: str | None) -> openai.DefaultAioHttpClient:
+    """The SDK's aiohttp client (the `openai[aiohttp]` extra) for `base_url`.
+
+    For a plain-http server (llama.cpp, Ollama, vLLM, a fake in the tests) its transport is made
+    without the SSL context the SDK builds for it first thing: the SDK makes that context through
+    httpcore2, whose import (with h11 and anyio, none of which the aiohttp transport uses) was ~90 ms
+    of a 0.9 s `aiops chat` on a 2-core machine (docs/PERFORMANCE.md). A redirect to https still
+    verifies, with aiohttp's default context. https, and any proxy from the environment, keep the
+    SDK's own path."""
+    if base_url is None or urlsplit(base_url).scheme != "http":
+        return openai.DefaultAioHttpClient()
+    return _PlainHttpClient()
+
+
+class _PlainHttpTransport(AiohttpTransport):
+    """The SDK's aiohttp transport without an SSL context of its own. Its `__init__` (the vendored
+    httpx_aiohttp of the SDK pinned in pyproject.toml) stores these attributes and nothing else,
+    after making the context; the tests stream every reply through this one."""
+
+    def __init__(self, limits: Any) -> None:  # noqa: D107 - not calling super(): that makes the context
+        self.ssl_context = True  # type: ignore[assignment]  # aiohttp's default, verifying context
+        self.proxy = None
+        self.limits = limits
+        self.retries = 0
+        self.socket_options = []
+        self.uds = None
+        self.local_address = None
+        self.client = None
+
+
+class _PlainHttpClient(openai.DefaultAioHttpClient):  # type: ignore[misc, valid-type]
+    def _init_transport(self, **kwargs: Any) -> Any:  # type: ignore[override]  # httpx2 passes keywords
+        if kwargs.get("transport") is not None:
+            return super()._init_transport(**kwargs)
+        return _PlainHttpTransport(kwargs["limits"])
+
+
 # ---- the backend --------------------------------------------------------------------------------
 
 
@@ -298,7 +337,7 @@ class OpenAIBackend:
         # `openai[aiohttp]` extra) costs about 1 ms less per call here than its default httpx one.
         self._client = openai.AsyncOpenAI(base_url=self.config.base_url, api_key=api_key,
                                           timeout=self.config.timeout, max_retries=0,
-                                          http_client=openai.DefaultAioHttpClient())
+                                          http_client=http_client(self.config.base_url))
         return self._client
 
     def _request(self, messages: list[Message], tools: list[ToolSpec], system: str | None) -> dict[str, Any]:
