@@ -513,7 +513,10 @@ async def test_the_theme_comes_from_the_config_and_a_change_redraws_everything(m
         app.chat.focus()
         await pilot.press("t")  # the tool call's arguments open: SQL highlighted in the chat too
         await wait_chat(pilot, "DELETE FROM users WHERE id = 3")
-        words = [("DELETE", "#gates"), ("DELETE", "#chat"), ("Sessions", None), ("console (1)", "#sessions")]
+        app.chat_input.focus()
+        await type_text(pilot, "typed draft")  # the input renders at each key: it must follow too
+        words = [("DELETE", "#gates"), ("DELETE", "#chat"), ("Sessions", None), ("console (1)", "#sessions"),
+                 ("typed draft", "#input")]
         before = {w: color_of(app, *w) for w in words}
         app.theme = "textual-light"
         await wait_for(pilot, lambda: all(color_of(app, *w) != before[w] for w in words),
