@@ -107,6 +107,36 @@ async def test_an_answer_streamed_in_any_pieces_looks_at_each_step_as_the_same_t
         assert "Rollback" in "\n".join(_lines(streamed))  # the setext heading, drawn as one
 
 
+class Resizable(Side):
+    """As Side, the column as wide as the terminal allows (64 at most), so a resize reflows it."""
+
+    CSS = "VerticalScroll { width: 1fr; max-width: 64; } Markdown { height: auto; }"
+
+
+async def test_a_streamed_answer_resized_looks_as_the_same_text_drawn_whole_at_that_size():
+    """The answer's blocks keep their box models while their container's width holds (its height
+    grows with every line: aiops/tui/widgets/settled.py): a new width, or a new viewport, must
+    still reflow every one of them."""
+    streamed, whole = Resizable(AnswerMarkdown()), Resizable(Markdown())
+    async with streamed.run_test(size=(80, 160)) as pilot, whole.run_test(size=(80, 160)) as reference:
+        text = ""
+        for i in range(0, len(TOKENS), 9):
+            fragment = "".join(TOKENS[i:i + 9])
+            text += fragment
+            await streamed.markdown.append(fragment)
+        await whole.markdown.update(text)
+        for width, height in ((80, 160), (50, 160), (37, 200), (90, 120), (64, 160)):
+            await pilot.resize_terminal(width, height)
+            await reference.resize_terminal(width, height)
+            for _ in range(10):
+                await pilot.pause()
+                await reference.pause()
+                if _lines(streamed) == _lines(whole):
+                    break
+            assert _lines(streamed) == _lines(whole), f"at {width}x{height}"
+            assert "Rollback" in "\n".join(_lines(streamed))
+
+
 async def test_a_streamed_answer_lays_the_screen_out_about_once_per_draw():
     """Each layout of the screen is a frame of the whole chat (25-110 ms on a 2-core machine with a
     long answer): a paragraph or heading mounted by a draw must not ask for a second one of its own
