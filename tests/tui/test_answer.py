@@ -137,6 +137,34 @@ async def test_a_streamed_answer_resized_looks_as_the_same_text_drawn_whole_at_t
             assert "Rollback" in "\n".join(_lines(streamed))
 
 
+async def test_text_added_without_a_new_line_shows_whole_at_a_width_laid_out_before():
+    """A block that takes new text in the same number of lines is only repainted. At another width
+    the same text may need another line: laid out again at a width it was measured at before (a
+    pane shown again, the terminal resized back), it must not keep its old height. (Found by a
+    reviewer: the second line was cut off until the block next grew.)"""
+    streamed, whole = Resizable(AnswerMarkdown()), Resizable(Markdown())
+    async with streamed.run_test(size=(80, 40)) as pilot, whole.run_test(size=(80, 40)) as reference:
+        async def same_at(width: int) -> None:
+            await pilot.resize_terminal(width, 40)
+            await reference.resize_terminal(width, 40)
+            for _ in range(10):
+                await pilot.pause()
+                await reference.pause()
+                if _lines(streamed) == _lines(whole):
+                    break
+            assert _lines(streamed) == _lines(whole), f"at width {width}"
+
+        await streamed.markdown.append("alpha beta gamma delta")
+        await whole.markdown.update("alpha beta gamma delta")
+        await same_at(30)
+        await same_at(80)
+        await streamed.markdown.append(" epsilon zeta eta theta")  # still one line at 80
+        await whole.markdown.update("alpha beta gamma delta epsilon zeta eta theta")
+        await same_at(80)
+        await same_at(30)  # two lines here
+        assert "theta" in "\n".join(_lines(streamed))
+
+
 async def test_a_streamed_answer_lays_the_screen_out_about_once_per_draw():
     """Each layout of the screen is a frame of the whole chat (25-110 ms on a 2-core machine with a
     long answer): a paragraph or heading mounted by a draw must not ask for a second one of its own

@@ -70,6 +70,24 @@ def _repaint_or_layout(widget: Static, update: Callable[[], None]) -> None:
     update()
     if before is None or _measure(widget) != before:
         widget.refresh(layout=True)
+    else:
+        _forget_other_widths(widget)
+
+
+def _forget_other_widths(widget: Widget) -> None:
+    """The size is the same at this width only: at another (a pane hidden, the terminal resized),
+    the new text may take another line. Textual keys what it measured of a widget and arranged of
+    its ancestors by their layout updates, which a layout request counts and this repaint does not;
+    counted here as a layout request would count them (`Widget._check_refresh`), with no layout.
+    (Without it, laid out again at a width seen before, the block kept its old height: a line of
+    the answer cut off until the block next grew.)"""
+    for node in widget.ancestors_with_self:
+        if not isinstance(node, Widget):
+            break
+        node._clear_arrangement_cache()
+        node._layout_updates += 1
+        if node is not widget and not node.styles.auto_dimensions:
+            break
 
 
 def _set_text(block: MarkdownBlock, new: MarkdownBlock) -> None:
