@@ -105,6 +105,13 @@ async def test_typing_asks_the_key_bar_again_only_when_a_completion_comes_or_goe
         await pilot.pause()
         came = len(asked)
         assert came >= 1 and app.chat_input.suggestion == "lp"  # a completion came: asked
+        await type_text(pilot, "x")  # "!hex" completes to nothing (TextArea clears the suggestion first)
+        await pilot.pause()
+        assert len(asked) > came and app.chat_input.suggestion == ""  # it went: asked again
+        await pilot.press("backspace")
+        await pilot.pause()
+        came = len(asked)
+        assert app.chat_input.suggestion == "lp"
         await pilot.press("backspace", "backspace", "backspace")
         await pilot.pause()
         assert len(asked) > came and app.chat_input.suggestion == ""  # and went: asked again

@@ -62,6 +62,7 @@ Type a message for the selected session and press **{input.send}** to send it.
 
     # -- drawing --
 
+    _could_complete = False  # whether the key bar was last told there is something to complete
     _theme_css_stale = True  # the styles changed since the theme last took them (see render_lines)
     _theme_css_of: object = None  # the theme that took them
 
@@ -217,7 +218,6 @@ Type a message for the selected session and press **{input.send}** to send it.
 
     def update_suggestion(self) -> None:
         """Called by TextArea after every edit and cursor move: the completion under the cursor."""
-        could_complete = bool(self.suggestion)
         self.suggestion = ""
         self.candidates = self._candidates()
         subtitle = ""
@@ -230,7 +230,9 @@ Type a message for the selected session and press **{input.send}** to send it.
         # Only whether there is something to complete changes a binding (`check_action`): asked at
         # every key, the key bar worked out its keys again each time (every binding of the focus
         # chain, ~7 % of what a typed key costs the loop).
-        if self.is_mounted and bool(self.suggestion) != could_complete:
+        # (Kept apart from `suggestion`, which TextArea shortens or clears itself before it calls here.)
+        if self.is_mounted and bool(self.suggestion) != self._could_complete:
+            self._could_complete = bool(self.suggestion)
             self.refresh_bindings()
 
     def _word(self) -> str:
