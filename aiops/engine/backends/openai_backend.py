@@ -267,8 +267,9 @@ def http_client(base_url: str | None) -> openai.DefaultAioHttpClient:
 
 class _PlainHttpTransport(AiohttpTransport):
     """The SDK's aiohttp transport without an SSL context of its own. Its `__init__` (the vendored
-    httpx_aiohttp of the SDK pinned in pyproject.toml) stores these attributes and nothing else,
-    after making the context; the tests stream every reply through this one."""
+    httpx_aiohttp of openai 3.x, the range pyproject.toml allows) stores these attributes and
+    nothing else, after making the context. Every test of the backend streams through this one (the
+    fake models are plain http), so a release that gives it another attribute fails them."""
 
     def __init__(self, limits: Any) -> None:  # noqa: D107 - not calling super(): that makes the context
         self.ssl_context = True  # type: ignore[assignment]  # aiohttp's default, verifying context
