@@ -55,6 +55,15 @@ def after_page(page: list[dict[str, Any]]) -> SessionKey | None:
     return SessionKey.of(page[-1]) if len(page) >= SESSIONS_PAGE else None
 
 
+
+def _warm_answers() -> None:
+    """In a thread: the answers' Markdown (markdown-it, ~60 modules, imported here too, not on the
+    loop) and the lexers of the languages their code mostly comes in (widgets/answer.py)."""
+    from aiops.tui.widgets.answer import warm
+
+    warm()
+
+
 class Services:
     """The engine and the server as the console starts and shows them."""
 
@@ -118,7 +127,8 @@ class Services:
         its way. The model SDKs (~0.4 s of CPU), imported in a thread, so that a turn does not
         import its model's on the loop; in a thread all the same they take the loop's time
         through the GIL, which the first frame, the sessions and the chat should not wait for.
-        Then the collector settles (a full collection, ~0.1 s on a year of history)."""
+        Then, in a thread too, what drawing answers and their code loads (`_warm_answers`). Then the
+        collector settles (a full collection, ~0.1 s on a year of history)."""
         app = self.app
         if self._rest_started or not app.services_ready or not app._drawing:
             return
@@ -128,6 +138,7 @@ class Services:
     async def _rest(self) -> None:
         app = self.app
         await app.adapter.warm_backends()
+        await asyncio.to_thread(_warm_answers)
         if app.settle_gc and app._drawing:
             gc_policy.settle()  # start-up is over: see gc_policy
         # After the collector's settling (a full collection, ~0.1 s on a year of history), not

@@ -209,3 +209,29 @@ async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> No
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("timed out")
         await asyncio.sleep(0.01)
+
+
+async def test_once_up_the_console_has_loaded_what_the_first_answers_code_would_load_on_its_loop(
+        tmp_path: Path, fake_openai: FakeOpenAI, notes: NotesPlugin) -> None:
+    """The first fence in each language loads its Pygments lexer and compiles its rules (2-70 ms on a
+    2-core machine), in the middle of a streamed answer, where the operator's keys wait behind it.
+    The console does it in a thread once it is up (aiops/tui/widgets/answer.py, WARM_LANGUAGES)."""
+    from pygments.lexer import RegexLexer
+    from pygments.lexers import get_lexer_by_name
+
+    from aiops.tui.widgets.answer import WARM_LANGUAGES
+
+    # (JSON's lexer is written by hand: its cost is its module's import, done by get_lexer_by_name.)
+    lexers = {lexer for lexer in (type(get_lexer_by_name(language)) for language in WARM_LANGUAGES)
+              if issubclass(lexer, RegexLexer)}
+    assert len(lexers) >= 6
+    for lexer in lexers:  # Pygments' own cache of compiled rules, emptied: as in a new process
+        if "_tokens" in lexer.__dict__:
+            delattr(lexer, "_tokens")
+    app = AiopsApp(console_config(tmp_path, fake_openai), plugins=[notes], discover_plugins=False,
+                   server=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: any(w.name == "rest_of_start" for w in app.workers), "the rest of start-up")
+        await wait_for(pilot, lambda: all(w.is_finished for w in app.workers if w.name == "rest_of_start"),
+                       "the rest of start-up to finish")
+        assert sorted(lexer.__name__ for lexer in lexers if "_tokens" not in lexer.__dict__) == []
