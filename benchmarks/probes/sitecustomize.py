@@ -4,6 +4,8 @@
   stack sampled every 8 ms (or a quarter of the next setting) once the callback has run 20 ms (innermost frame first);
 - `LOOP_PROBE_SAMPLE_MS=20`: how long a callback runs before its stack is sampled (default 20);
 - `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more;
+- `LOOP_PROBE_GARBAGE=1` (with GC): from 20 s after start, what a collection found in cycles,
+  counted by type (`gc.DEBUG_SAVEALL` for one collection, then freed; again 5 s later);
 - `LOOP_PROBE_FRAMES=1`: every frame a Textual screen draws, with its start, its length, whether
   it laid the screen out, and the widgets that asked for it (a layout's, else a repaint's);
 - `LOOP_PROBE_FULL_MAP=1` (with FRAMES): every rebuild of the compositor's map of all widgets (the
@@ -26,6 +28,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from typing import Any
 
 _STALL_MS = float(os.environ.get("LOOP_PROBE_STALL_MS") or 0)
@@ -34,6 +37,7 @@ _SAMPLE_AFTER = float(os.environ.get("LOOP_PROBE_SAMPLE_MS") or 20) / 1000
 _FRAMES = bool(os.environ.get("LOOP_PROBE_FRAMES"))
 _FULL_MAP = bool(os.environ.get("LOOP_PROBE_FULL_MAP"))
 _WHO = bool(os.environ.get("LOOP_PROBE_LAYOUT_WHO"))
+_GARBAGE = bool(os.environ.get("LOOP_PROBE_GARBAGE"))
 _who: dict[Any, str] = {}
 
 
@@ -147,8 +151,16 @@ def _install() -> None:
             if ms >= 1:
                 out.write(f"GC {time.monotonic():.3f} gen={info['generation']} {ms:.1f}ms "
                           f"collected={info['collected']}\n")
+            if _GARBAGE and gc.garbage:  # what one collection found in cycles, by type; then freed
+                gc.set_debug(0)
+                kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+                out.write("  GARBAGE " + ", ".join(f"{k} {n}" for k, n in kinds.most_common(40)) + "\n")
+                gc.garbage.clear()
+                threading.Timer(5.0, gc.set_debug, (gc.DEBUG_SAVEALL,)).start()  # and again later
 
         gc.callbacks.append(collected)
+        if _GARBAGE:  # kept for the callback to read: from 20 s on, once start-up has settled
+            threading.Timer(20.0, gc.set_debug, (gc.DEBUG_SAVEALL,)).start()
     if _FRAMES:
         _frames(out)
     if not _STALL_MS:
