@@ -12,6 +12,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.geometry import Region
+from textual.pilot import Pilot
 from textual.widgets import Markdown
 
 from aiops.tui.pacing import DRAW_GAP, TYPING_GAP, TYPING_WINDOW, AnswerPacing
@@ -86,6 +87,18 @@ def _lines(app: App[None]) -> list[str]:
     return [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]
 
 
+async def _alike(streamed: Pilot[None], whole: Pilot[None], what: str) -> None:
+    """Both sides show the same lines, within a few frames: a block mounted by either side reaches
+    the screen a frame or two later (seen once in a few runs: the streamed side's new paragraph not
+    drawn yet after one pause)."""
+    for _ in range(10):
+        await streamed.pause()
+        await whole.pause()
+        if _lines(streamed.app) == _lines(whole.app):
+            break
+    assert _lines(streamed.app) == _lines(whole.app), what
+
+
 @pytest.mark.parametrize("piece", [3, 7])  # pieces of 1 pass too (80 s)
 async def test_an_answer_streamed_in_any_pieces_looks_at_each_step_as_the_same_text_drawn_whole(piece):
     streamed, whole = Side(AnswerMarkdown()), Side(Markdown())
@@ -96,14 +109,7 @@ async def test_an_answer_streamed_in_any_pieces_looks_at_each_step_as_the_same_t
             text += fragment
             await streamed.markdown.append(fragment)
             await whole.markdown.update(text)
-            # A block mounted by either side reaches the screen a frame or two later (seen once in
-            # a few runs: the streamed side's new paragraph not drawn yet after one pause).
-            for _ in range(10):
-                await pilot.pause()
-                await reference.pause()
-                if _lines(streamed) == _lines(whole):
-                    break
-            assert _lines(streamed) == _lines(whole), f"after {text[-60:]!r}"
+            await _alike(pilot, reference, f"after {text[-60:]!r}")
         assert "Rollback" in "\n".join(_lines(streamed))  # the setext heading, drawn as one
 
 
@@ -128,12 +134,7 @@ async def test_a_streamed_answer_resized_looks_as_the_same_text_drawn_whole_at_t
         for width, height in ((80, 160), (50, 160), (37, 200), (90, 120), (64, 160)):
             await pilot.resize_terminal(width, height)
             await reference.resize_terminal(width, height)
-            for _ in range(10):
-                await pilot.pause()
-                await reference.pause()
-                if _lines(streamed) == _lines(whole):
-                    break
-            assert _lines(streamed) == _lines(whole), f"at {width}x{height}"
+            await _alike(pilot, reference, f"at {width}x{height}")
             assert "Rollback" in "\n".join(_lines(streamed))
 
 
@@ -147,12 +148,7 @@ async def test_text_added_without_a_new_line_shows_whole_at_a_width_laid_out_bef
         async def same_at(width: int) -> None:
             await pilot.resize_terminal(width, 40)
             await reference.resize_terminal(width, 40)
-            for _ in range(10):
-                await pilot.pause()
-                await reference.pause()
-                if _lines(streamed) == _lines(whole):
-                    break
-            assert _lines(streamed) == _lines(whole), f"at width {width}"
+            await _alike(pilot, reference, f"at width {width}")
 
         await streamed.markdown.append("alpha beta gamma delta")
         await whole.markdown.update("alpha beta gamma delta")
