@@ -55,7 +55,6 @@ def after_page(page: list[dict[str, Any]]) -> SessionKey | None:
     return SessionKey.of(page[-1]) if len(page) >= SESSIONS_PAGE else None
 
 
-
 def _warm_answers() -> None:
     """In a thread: the answers' Markdown (markdown-it, ~60 modules, imported here too, not on the
     loop) and the lexers of the languages their code mostly comes in (widgets/answer.py)."""

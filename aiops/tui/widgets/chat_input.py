@@ -229,8 +229,8 @@ Type a message for the selected session and press **{input.send}** to send it.
             self.border_subtitle = subtitle
         # Only whether there is something to complete changes a binding (`check_action`): asked at
         # every key, the key bar worked out its keys again each time (every binding of the focus
-        # chain, ~7 % of what a typed key costs the loop).
-        # (Kept apart from `suggestion`, which TextArea shortens or clears itself before it calls here.)
+        # chain, ~7 % of what a typed key costs the loop). What it was last told is kept apart from
+        # `suggestion`, which TextArea shortens or clears itself before it calls here.
         if self.is_mounted and bool(self.suggestion) != self._could_complete:
             self._could_complete = bool(self.suggestion)
             self.refresh_bindings()
