@@ -294,6 +294,11 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             if not args.console_only:
                 add("aiops --help", 0, [to_exit([*AIOPS, "--help"], root) for _ in range(n)])
             storeds = (args.sessions,) if args.no_empty else (0, args.sessions)
+
+            def fresh(i: int, stored: int) -> Path:
+                return history.data_dir(root / f"data-{stored}-{i}-{uuid.uuid4().hex[:6]}", stored,
+                                        args.messages)
+
             chats: dict[int, list[dict[str, float]]] = {stored: [] for stored in storeds}
             if not args.console_only:
                 # Run by run, with and without the stored history in turn: the machine's speed drifts
@@ -301,20 +306,14 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 # empty against 0.95 s with 10,000 stored in one run; 0.94 against 0.98 in turn).
                 for i in range(n):
                     for stored in storeds:
-                        d = history.data_dir(root / f"chat-{stored}-{i}", stored, args.messages)
-                        chats[stored].append(chat(cfg, d))
-                        shutil.rmtree(d, ignore_errors=True)
+                        chats[stored].append(chat(cfg, fresh(i, stored)))
             for stored in storeds:
-                def fresh(i: int, stored: int = stored) -> Path:
-                    return history.data_dir(root / f"data-{stored}-{i}-{uuid.uuid4().hex[:6]}", stored,
-                                            args.messages)
-
                 if not args.console_only:
                     add("aiops chat hi", stored, chats[stored])
-                    first, samples = remote_chats(cfg, fresh(0), n)
+                    first, samples = remote_chats(cfg, fresh(0, stored), n)
                     add(REMOTE_CHAT, stored, samples)
                     add(f"{REMOTE_CHAT}, the first after its start", stored, [first])
-                    add("aiops serve", stored, [serve(cfg, fresh(i)) for i in range(n)])
+                    add("aiops serve", stored, [serve(cfg, fresh(i, stored)) for i in range(n)])
                 if not args.no_console:
                     # With --compare, this code and the other alternate run by run (same minutes).
                     codes: list[tuple[str, Path | None]] = [("console (tmux)", None)]
@@ -327,11 +326,11 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if _pycache is not None:  # --cached-bytecode: both trees compiled before the first run
                         for _, code in codes:
                             _compile(code or Path(__file__).resolve().parents[1])
-                            console(cfg, fresh(n), code)  # and what they import (Textual...), not measured
+                            console(cfg, fresh(n, stored), code)  # and what they import (Textual...), not measured
                     runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in codes}
                     for i in range(n):
                         for label, code in (codes if i % 2 == 0 else codes[::-1]):
-                            if (c := console(cfg, fresh(i), code)) is not None:
+                            if (c := console(cfg, fresh(i, stored), code)) is not None:
                                 runs[label].append(c)
                     for label, samples in runs.items():
                         if samples:
