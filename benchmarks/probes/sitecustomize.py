@@ -12,7 +12,10 @@
   hidden ones too), its length and its caller, and the widgets out of sight that asked for a repaint
   (which throws that map away);
 - `LOOP_PROBE_LAYOUT_WHO=1` (with FRAMES): under each layout frame, where each widget that asked
-  for it asked (the first asking's callers).
+  for it asked (the first asking's callers);
+- `LOOP_PROBE_RESTYLES=1` (with FRAMES): every ~5 s, the widgets whose component classes Textual
+  styled again (each makes a virtual DOMNode per class, garbage in cycles once replaced), counted by
+  widget type and by where it was asked.
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
 consoles and servers inherit the environment; `AIOPS_*` variables are not passed on, hence the names).
@@ -38,12 +41,44 @@ _FRAMES = bool(os.environ.get("LOOP_PROBE_FRAMES"))
 _FULL_MAP = bool(os.environ.get("LOOP_PROBE_FULL_MAP"))
 _WHO = bool(os.environ.get("LOOP_PROBE_LAYOUT_WHO"))
 _GARBAGE = bool(os.environ.get("LOOP_PROBE_GARBAGE"))
+_RESTYLES = bool(os.environ.get("LOOP_PROBE_RESTYLES"))
 _who: dict[Any, str] = {}
 
 
 def _names(widgets: Any, most: int = 6) -> str:
     names = sorted({f"{type(w).__name__}#{w.id}" if w.id else type(w).__name__ for w in widgets})
     return ",".join(names[:most]) + (f",+{len(names) - most}" if len(names) > most else "")
+
+
+def _restyles(out: Any) -> None:
+    """Count `Stylesheet._process_component_classes` by widget type and caller; log every ~5 s."""
+    from textual.css.stylesheet import Stylesheet
+
+    process = Stylesheet._process_component_classes
+    kinds: Counter[str] = Counter()
+    callers: Counter[str] = Counter()
+    last = [time.monotonic()]
+
+    def counted(stylesheet: Any, node: Any) -> None:
+        classes = node._get_component_classes()
+        if classes:
+            kinds[type(node).__name__] += len(classes)
+            caller, where = sys._getframe(2), []
+            while caller is not None and len(where) < 6:
+                where.append(caller.f_code.co_name)
+                caller = caller.f_back
+            callers[" < ".join(where)] += len(classes)
+        process(stylesheet, node)
+        if time.monotonic() - last[0] > 5 and kinds:
+            last[0] = time.monotonic()
+            out.write(f"RESTYLES {last[0]:.3f} {sum(kinds.values())} virtual nodes: "
+                      + ", ".join(f"{k} {n}" for k, n in kinds.most_common(12)) + "\n")
+            for where, n in callers.most_common(6):
+                out.write(f"  FROM {n} {where}\n")
+            kinds.clear()
+            callers.clear()
+
+    Stylesheet._process_component_classes = counted  # type: ignore[method-assign]
 
 
 def _frames(out: Any) -> None:
@@ -69,6 +104,8 @@ def _frames(out: Any) -> None:
             out.write(f"FRAME {t0:.4f} {ms:.1f}ms {'layout' if layout else 'paint'} {asked}\n")
 
         module.Screen._on_timer_update = timed
+        if _RESTYLES:
+            _restyles(out)
         if _WHO:
             from textual.widget import Widget
 
@@ -156,11 +193,20 @@ def _install() -> None:
                 kinds = Counter(type(o).__qualname__ for o in gc.garbage)
                 out.write("  GARBAGE " + ", ".join(f"{k} {n}" for k, n in kinds.most_common(40)) + "\n")
                 gc.garbage.clear()
-                threading.Timer(5.0, gc.set_debug, (gc.DEBUG_SAVEALL,)).start()  # and again later
+                again["at"] = time.monotonic() + 5.0  # and again ~5 s later. No lock or thread
+                # start in here: a collection can run in a thread holding it (Thread.start hung once)
 
+        def sample_garbage() -> None:  # kept for the callback to read: from 20 s on, once start-up has settled
+            while True:
+                time.sleep(0.5)
+                if again["at"] and time.monotonic() >= again["at"]:
+                    again["at"] = 0.0
+                    gc.set_debug(gc.DEBUG_SAVEALL)
+
+        again = {"at": time.monotonic() + 20.0}
         gc.callbacks.append(collected)
-        if _GARBAGE:  # kept for the callback to read: from 20 s on, once start-up has settled
-            threading.Timer(20.0, gc.set_debug, (gc.DEBUG_SAVEALL,)).start()
+        if _GARBAGE:
+            threading.Thread(target=sample_garbage, daemon=True, name="loop-probe-garbage").start()
     if _FRAMES:
         _frames(out)
     if not _STALL_MS:
