@@ -26,7 +26,10 @@ With those two gone, what was left (`LOOP_PROBE_GARBAGE`, 2026-11-29) came from 
   widget is styled again: at every focus move, for the widget that gains focus and the one that
   loses it. The node's styles replace the last ones, and the last node, ~50 objects in cycles (its
   node list, styles, signals, caches), waits for the collector: ~250 nodes every 5 s in a console
-  answering gates, most of what filled each young collection (30,000 objects, 40-70 ms).
+  answering gates, most of what filled each young collection (30,000 objects, 40-70 ms). Reusing
+  the nodes changes one thing no caller relies on: a component's `RenderStyles`, and one from
+  `get_component_styles` (whose node is the virtual one), follows later restyles instead of staying
+  a snapshot; every use in Textual and aiops reads them at once.
 - **`LRUCache.clear`** (an input's rendered lines at every edit, a list's rendered options when they
   change, a widget's box models) empties the cache's index but leaves its entries linked in a ring,
   each link holding the next and the one before: every entry, with the strips and options it holds,
@@ -104,10 +107,11 @@ def install() -> None:
                 virtual_node._attach(node)
             base = virtual_node.styles.base
             before = base.get_rules()
-            # `apply` sets no rule when none matches: start from none, as a new node would.
-            base._rules.clear()  # type: ignore[attr-defined]  # RulesMap is a TypedDict: a dict
+            # `apply` sets no rule when none matches: start from none, as a new node would (and
+            # count it as an update, for what Styles caches by its count).
+            base.reset()
             self.apply(virtual_node, animate=False)
-            if styled.get(component) is not virtual_node.styles or base._rules != before:
+            if styled.get(component) is not virtual_node.styles or base.get_rules() != before:
                 changed = True
             styled[component] = virtual_node.styles
         if changed:

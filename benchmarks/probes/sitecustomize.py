@@ -13,9 +13,9 @@
   (which throws that map away);
 - `LOOP_PROBE_LAYOUT_WHO=1` (with FRAMES): under each layout frame, where each widget that asked
   for it asked (the first asking's callers);
-- `LOOP_PROBE_RESTYLES=1` (with FRAMES): every ~5 s, the widgets whose component classes Textual
-  styled again (each makes a virtual DOMNode per class, garbage in cycles once replaced), counted by
-  widget type and by where it was asked.
+- `LOOP_PROBE_RESTYLES=1` (with FRAMES): every ~5 s, the component classes Textual styled again
+  (Textual's own method makes a virtual DOMNode per class each time, garbage in cycles once
+  replaced; aiops/tui/cycles.py reuses them), counted by widget type and by where it was asked.
 
 Lines go to /tmp/loop-probe-<pid>.log, for processes whose command line names aiops (the benchmarks'
 consoles and servers inherit the environment; `AIOPS_*` variables are not passed on, hence the names).
@@ -51,34 +51,37 @@ def _names(widgets: Any, most: int = 6) -> str:
 
 
 def _restyles(out: Any) -> None:
-    """Count `Stylesheet._process_component_classes` by widget type and caller; log every ~5 s."""
-    from textual.css.stylesheet import Stylesheet
+    """Count the restyles of widgets' component classes by widget type and caller; log every ~5 s.
 
-    process = Stylesheet._process_component_classes
+    Counted where Textual's `_process_component_classes` and the console's own (aiops/tui/cycles.py,
+    installed later, over whatever is there then) both ask a widget for its component classes."""
+    from textual.dom import DOMNode
+
+    components = DOMNode.__dict__["_get_component_classes"].__func__
     kinds: Counter[str] = Counter()
     callers: Counter[str] = Counter()
     last = [time.monotonic()]
 
-    def counted(stylesheet: Any, node: Any) -> None:
-        classes = node._get_component_classes()
+    def counted(cls: Any) -> frozenset[str]:
+        classes: frozenset[str] = components(cls)
         if classes:
-            kinds[type(node).__name__] += len(classes)
+            kinds[cls.__name__] += len(classes)
             caller, where = sys._getframe(2), []
             while caller is not None and len(where) < 6:
                 where.append(caller.f_code.co_name)
                 caller = caller.f_back
             callers[" < ".join(where)] += len(classes)
-        process(stylesheet, node)
         if time.monotonic() - last[0] > 5 and kinds:
             last[0] = time.monotonic()
-            out.write(f"RESTYLES {last[0]:.3f} {sum(kinds.values())} virtual nodes: "
+            out.write(f"RESTYLES {last[0]:.3f} {sum(kinds.values())} component classes: "
                       + ", ".join(f"{k} {n}" for k, n in kinds.most_common(12)) + "\n")
             for where, n in callers.most_common(6):
                 out.write(f"  FROM {n} {where}\n")
             kinds.clear()
             callers.clear()
+        return classes
 
-    Stylesheet._process_component_classes = counted  # type: ignore[method-assign]
+    DOMNode._get_component_classes = classmethod(counted)  # type: ignore[method-assign,assignment]
 
 
 def _frames(out: Any) -> None:
