@@ -7,7 +7,9 @@ The console's own App (120×40, Pilot, its fake model unused), one assistant mes
 chat and appended `--step` chunks at a time, as the console draws a stream (at 50 tokens/s and the
 typing pace, a draw every 0.5 s is ~25 chunks). Each layout of the screen (`Screen._refresh_layout`,
 its render included) and each append is timed; `--profile` writes a cProfile of the layouts of the
-second half (the answer long by then). For an A/B, run it with another tree first on PYTHONPATH
+second half (the answer long by then). The collector is tuned as the console tunes it once up
+(`gc_policy.settle`; `--python-gc` keeps Python's own thresholds, whose collections then land in
+the layouts: a median ~5 ms higher, maxima of 170-230 ms). For an A/B, run it with another tree first on PYTHONPATH
 (`git archive REF | tar -x -C DIR`). Not a target of its own: it says what a layout of the chat
 costs as an answer grows (docs/PERFORMANCE.md, issue 27).
 """
@@ -30,7 +32,8 @@ def _summary(xs: list[float]) -> str:
     return f"n {len(xs):3d}, median {statistics.median(xs):6.1f} ms, max {max(xs):6.1f} ms"
 
 
-async def _run(repeats: int, step: int, profile: Path | None) -> dict[str, list[float]]:
+async def _run(repeats: int, step: int, profile: Path | None, settle_gc: bool = True) -> dict[str, list[float]]:
+    from aiops.engine import gc_policy
     from aiops.tui.app import AiopsApp
     from aiops.tui.widgets.chat import AssistantMessage
     from tests.fakes.openai_server import FakeOpenAI
@@ -43,6 +46,8 @@ async def _run(repeats: int, step: int, profile: Path | None) -> dict[str, list[
         app = AiopsApp(cfg, plugins=[NotesPlugin()], discover_plugins=False, server=False, port=0)
         async with app.run_test(size=(120, 40)) as pilot:
             await ready(pilot)
+            if settle_gc:  # as the console does once it is up (a test's App does not)
+                gc_policy.settle()
             message = AssistantMessage(status="streaming")
             await app.chat.mount(message)
             await pilot.pause()
@@ -82,8 +87,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=12, help="repeats of the prose answer (default 12: ~60 blocks)")
     p.add_argument("--step", type=int, default=25, help="chunks per draw (default 25)")
     p.add_argument("--profile", type=Path, help="write a cProfile of the second half's layouts here")
+    p.add_argument("--python-gc", dest="settle_gc", action="store_false",
+                   help="keep Python's collector thresholds (the console raises them once up: gc_policy)")
     args = p.parse_args()
-    out = asyncio.run(_run(args.repeats, args.step, args.profile))
+    out = asyncio.run(_run(args.repeats, args.step, args.profile, args.settle_gc))
     for name, xs in out.items():
         print(f"  {name:22s} {_summary(xs)}")
 
