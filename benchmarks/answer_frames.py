@@ -9,8 +9,8 @@ typing pace, a draw every 0.5 s is ~25 chunks). Each layout of the screen (`Scre
 its render included) and each append is timed; `--profile` writes a cProfile of the layouts of the
 second half (the answer long by then). The collector is tuned as the console tunes it once up
 (`gc_policy.settle`; `--python-gc` keeps Python's own thresholds, whose collections then land in
-the layouts: a median ~5 ms higher, maxima of 170-230 ms). For an A/B, run it with another tree first on PYTHONPATH
-(`git archive REF | tar -x -C DIR`). Not a target of its own: it says what a layout of the chat
+the layouts: a median ~5 ms higher, maxima of 170-230 ms). For an A/B, run it with another tree
+first on PYTHONPATH (`git archive REF | tar -x -C DIR`). Not a target of its own: it says what a layout of the chat
 costs as an answer grows (docs/PERFORMANCE.md, issue 27).
 """
 
