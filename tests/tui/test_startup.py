@@ -231,7 +231,7 @@ async def test_once_up_the_console_has_loaded_what_the_first_answers_code_would_
     app = AiopsApp(console_config(tmp_path, fake_openai), plugins=[notes], discover_plugins=False,
                    server=False)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: any(w.name == "rest_of_start" for w in app.workers), "the rest of start-up")
-        await wait_for(pilot, lambda: all(w.is_finished for w in app.workers if w.name == "rest_of_start"),
-                       "the rest of start-up to finish")
-        assert sorted(lexer.__name__ for lexer in lexers if "_tokens" not in lexer.__dict__) == []
+        # Waited for by its effect: the worker that does it may be gone from `app.workers` before a
+        # first look (it was, once, in CI).
+        await wait_for(pilot, lambda: all("_tokens" in lexer.__dict__ for lexer in lexers),
+                       "the lexers of " + ", ".join(sorted(lexer.__name__ for lexer in lexers)) + " loaded")
