@@ -4,6 +4,8 @@
   stack sampled every 8 ms (or a quarter of the next setting) once the callback has run 20 ms (innermost frame first);
 - `LOOP_PROBE_SAMPLE_MS=20`: how long a callback runs before its stack is sampled (default 20);
 - `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more;
+- `LOOP_PROBE_YOUNG=1` (with GC): from 20 s after start, what each young collection walks (the
+  objects allocated since the last one and alive), counted by type;
 - `LOOP_PROBE_GARBAGE=1` (with GC): from 20 s after start, what a collection found in cycles,
   counted by type (`gc.DEBUG_SAVEALL` for one collection, then freed; again 5 s later);
 - `LOOP_PROBE_FRAMES=1`: every frame a Textual screen draws, with its start, its length, whether
@@ -42,6 +44,7 @@ _FULL_MAP = bool(os.environ.get("LOOP_PROBE_FULL_MAP"))
 _WHO = bool(os.environ.get("LOOP_PROBE_LAYOUT_WHO"))
 _GARBAGE = bool(os.environ.get("LOOP_PROBE_GARBAGE"))
 _RESTYLES = bool(os.environ.get("LOOP_PROBE_RESTYLES"))
+_YOUNG = bool(os.environ.get("LOOP_PROBE_YOUNG"))
 _who: dict[Any, str] = {}
 
 
@@ -185,6 +188,12 @@ def _install() -> None:
 
         def collected(phase: str, info: dict[str, Any]) -> None:
             if phase == "start":
+                if _YOUNG and info["generation"] == 0 and time.monotonic() > again["young"]:
+                    # What a young collection walks (the objects allocated since the last one and
+                    # still alive), by type: its cost, where there is little garbage.
+                    kinds = Counter(type(o).__qualname__ for o in gc.get_objects(generation=0))
+                    out.write(f"  YOUNG {sum(kinds.values())} objects: "
+                              + ", ".join(f"{k} {n}" for k, n in kinds.most_common(25)) + "\n")
                 started["t"] = time.perf_counter()
                 return
             ms = (time.perf_counter() - started.get("t", time.perf_counter())) * 1000
@@ -206,7 +215,7 @@ def _install() -> None:
                     again["at"] = 0.0
                     gc.set_debug(gc.DEBUG_SAVEALL)
 
-        again = {"at": time.monotonic() + 20.0}
+        again = {"at": time.monotonic() + 20.0, "young": time.monotonic() + 20.0}
         gc.callbacks.append(collected)
         if _GARBAGE:
             threading.Thread(target=sample_garbage, daemon=True, name="loop-probe-garbage").start()
