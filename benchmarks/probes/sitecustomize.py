@@ -6,6 +6,9 @@
 - `LOOP_PROBE_GC=1`: every collection of Python's cyclic collector of 1 ms or more;
 - `LOOP_PROBE_YOUNG=1` (with GC): from 20 s after start, what each young collection walks (the
   objects allocated since the last one and alive), counted by type;
+- `LOOP_PROBE_HOLDS=TypeName` (with GC): every 10 s from 20 s on, how many young objects of that
+  type there are, and for four of them what holds them, four referrers deep (it unfreezes the
+  permanent generation, which `gc.get_referrers` does not search: the process's collections change);
 - `LOOP_PROBE_GARBAGE=1` (with GC): from 20 s after start, what a collection found in cycles,
   counted by type (`gc.DEBUG_SAVEALL` for one collection, then freed; again 5 s later);
 - `LOOP_PROBE_FRAMES=1`: every frame a Textual screen draws, with its start, its length, whether
@@ -45,12 +48,42 @@ _WHO = bool(os.environ.get("LOOP_PROBE_LAYOUT_WHO"))
 _GARBAGE = bool(os.environ.get("LOOP_PROBE_GARBAGE"))
 _RESTYLES = bool(os.environ.get("LOOP_PROBE_RESTYLES"))
 _YOUNG = bool(os.environ.get("LOOP_PROBE_YOUNG"))
+_HOLDS = os.environ.get("LOOP_PROBE_HOLDS", "")
 _who: dict[Any, str] = {}
 
 
 def _names(widgets: Any, most: int = 6) -> str:
     names = sorted({f"{type(w).__name__}#{w.id}" if w.id else type(w).__name__ for w in widgets})
     return ",".join(names[:most]) + (f",+{len(names) - most}" if len(names) > most else "")
+
+
+def _who_holds(out: Any, held: list[Any], depth: int = 4) -> None:
+    """The chains of referrers above four of `held`, `depth` deep (frames and this probe's own
+    lists left out)."""
+    objects = held[:: max(1, len(held) // 4)][:4]
+    skip = {id(objects), id(held)}
+    for obj in objects:
+        direct = [r for r in gc.get_referrers(obj) if id(r) not in skip]
+        out.write(f"    REFS {sys.getrefcount(obj) - 4} beside the probe's, referrers: "
+                  + ", ".join(type(r).__qualname__ + (f"({r.f_code.co_name})" if type(r).__name__ == "frame" else "")
+                              for r in direct[:6]) + "\n")
+        del direct
+        level, seen = [obj], {id(obj)}
+        for d in range(depth):
+            above = []
+            for o in level:
+                for r in gc.get_referrers(o):
+                    if id(r) in seen or id(r) in skip or type(r).__name__ == "frame" or r is level:
+                        continue
+                    seen.add(id(r))
+                    above.append(r)
+            if not above:
+                break
+            desc = ", ".join(sorted({type(r).__qualname__ + (f"(len {len(r)})" if isinstance(r, (list, dict, tuple, set)) else "")
+                                     for r in above})[:8])
+            out.write(f"    HELD{d + 1} {desc}\n")
+            level = above[:6]
+        out.write("    --\n")
 
 
 def _restyles(out: Any) -> None:
@@ -219,6 +252,19 @@ def _install() -> None:
         gc.callbacks.append(collected)
         if _GARBAGE:
             threading.Thread(target=sample_garbage, daemon=True, name="loop-probe-garbage").start()
+        if _HOLDS:
+
+            def sample_holders() -> None:
+                time.sleep(20.0)
+                while True:
+                    gc.unfreeze()  # get_referrers does not search the permanent generation: put it back
+                    held = [o for o in gc.get_objects(generation=0) if type(o).__qualname__ == _HOLDS]
+                    out.write(f"  HOLDS {time.monotonic():.3f} {len(held)} young {_HOLDS}\n")
+                    _who_holds(out, held)
+                    del held
+                    time.sleep(10.0)
+
+            threading.Thread(target=sample_holders, daemon=True, name="loop-probe-holds").start()
     if _FRAMES:
         _frames(out)
     if not _STALL_MS:
