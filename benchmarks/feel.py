@@ -55,6 +55,7 @@ def _pct(values: list[float], p: float) -> float:
 
 def _summary(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50_ms": round(_pct(values, 50), 3), "p99_ms": round(_pct(values, 99), 3),
+            "max_ms": round(max(values), 3) if values else float("nan"),
             "mean_ms": round(statistics.fmean(values), 3) if values else float("nan")}
 
 
