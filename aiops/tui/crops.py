@@ -8,16 +8,18 @@ side pane, the input and the key bar are rendered again for two lines of change.
 sessions streaming that is most frames; with a gate round, most of its six to eight frames
 (docs/PERFORMANCE.md, "2026-11-28, 08:40-09:35 UTC").
 
-`install()` wraps it. Each widget renders only the lines that are drawn (from the first to the
-last of them, in one call), and only those where a changed span reaches into it: a pane's frame
-repainted (a focus move lights it) is four thin regions that make one area the pane's size, and
-the widgets inside it, which none of them touches, are not rendered at all. And when the changed
-regions fall in areas apart (no two touching) that leave most of their bounding box unchanged,
-each area is rendered as a crop of its own and the pieces are put together, a cut of a line taken
-only from the area it lies in (there, every widget that overlaps it was rendered, so what is in
-front is in front). What reaches the terminal is the same spans as before; one area, or areas that
-fill their box, are rendered in one crop around all, as Textual's own path (with the narrower
-rendering). A layout frame, whose changes fill the screen, costs what it did.
+`install()` wraps it. Each widget renders only the lines that are drawn, only those where a
+changed span reaches into it, and only those where something of it shows: widgets are rendered
+front to back, and a line whose every cut in a widget is already taken by a widget in front is not
+rendered for it (a streamed answer's layout rendered the chat's message and its Markdown whole
+behind their blocks, ~60 lines a layout, ~10 % of its time). A pane's frame repainted (a focus move
+lights it) is four thin regions that make one area the pane's size, and the widgets inside it,
+which none of them touches, are not rendered at all. And when the changed regions fall in areas
+apart (no two touching) that leave most of their bounding box unchanged, each area is rendered as a
+crop of its own and the pieces are put together, a cut of a line taken only from the area it lies
+in (there, every widget that overlaps it was rendered, so what is in front is in front). What
+reaches the terminal is the same spans as before; one area, or areas that fill their box, are
+rendered in one crop around all, as Textual's own path (with the narrower rendering).
 tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
 Textual's own full render of the screen, with a widget layered over others and scrolled panes whose
 blocks are cut off at their edges.
@@ -61,6 +63,19 @@ def apart(regions: Iterable[Region]) -> list[Region]:
     return boxes
 
 
+def _runs(lines: Sequence[int], gap: int = 4) -> list[tuple[int, int]]:
+    """Sorted lines as (first, end) runs, a run going on over gaps of up to `gap` lines: the
+    lines between come from the widget's cache or are rendered, cheaper than Textual's fixed cost
+    of one more call."""
+    runs: list[tuple[int, int]] = []
+    for y in lines:
+        if runs and y - runs[-1][1] < gap:
+            runs[-1] = (runs[-1][0], y + 1)
+        else:
+            runs.append((y, y + 1))
+    return runs
+
+
 @functools.cache  # once a process
 def install() -> None:
     """Idempotent; the console calls it before its first frame."""
@@ -92,21 +107,20 @@ def install() -> None:
             drawn = [y for y in lines if top <= y < top + height]
             if spans is not None:
                 drawn = [y for y in drawn if any(x1 < last_cut and x2 > first_cut for x1, x2 in spans[y])]
-            if not drawn:
-                continue
-            # One call from the first line drawn to the last: lines between them come from the
-            # widget's cache, cheaper than Textual's fixed cost of a call per run of lines.
-            lo, hi = drawn[0], drawn[-1] + 1
-            strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
-            for y, strip in zip(range(lo, hi), strips, strict=False):
-                if is_rendered_line(y):
-                    chops_line = chops[y]
-                    final_cuts = [cut for cut in cuts[y] if last_cut >= cut >= first_cut]
-                    # Front to back: the first strip for a cut wins.
-                    pieces = strip.divide([cut - x for cut in final_cuts[1:]])
-                    for cut, piece in zip(final_cuts, pieces, strict=False):  # the last cut is its end
-                        if chops_line.get(cut) is None:
-                            chops_line[cut] = piece
+            # Front to back: a line whose every cut in this widget's span is taken by a widget in
+            # front shows nothing of this one (a container's lines behind its children).
+            drawn = [y for y in drawn
+                     if any(chops[y][cut] is None for cut in cuts[y] if first_cut <= cut < last_cut)]
+            for lo, hi in _runs(drawn):
+                strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
+                for y, strip in zip(range(lo, hi), strips, strict=False):
+                    if is_rendered_line(y):
+                        chops_line = chops[y]
+                        final_cuts = [cut for cut in cuts[y] if last_cut >= cut >= first_cut]
+                        pieces = strip.divide([cut - x for cut in final_cuts[1:]])
+                        for cut, piece in zip(final_cuts, pieces, strict=False):  # the last cut is its end
+                            if chops_line.get(cut) is None:
+                                chops_line[cut] = piece
         return cast("Sequence[Mapping[int, Strip]]", chops)  # as Textual's: None where nothing was drawn
 
     def render_partial_update(self: Compositor) -> ChopsUpdate | None:

@@ -158,3 +158,55 @@ async def test_the_model_terminal_gives_wide_characters_two_cells(terminal: Term
             await pilot.pause()
             assert terminal.grid == full(app), text
             assert all(len(row) == WIDTH for row in terminal.grid), text
+
+
+class Stacked(App[None]):
+    """A framed column holding a container of tall blocks with a blank line between them, as the
+    chat holds a message and the message its Markdown's blocks."""
+
+    CSS = """
+    #column { width: 50; border: round green; padding: 0 1; }
+    #inner { height: auto; }
+    #inner > Static { height: 6; margin: 0 0 1 0; background: blue; }
+    #other { width: 1fr; }
+    """
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            with VerticalScroll(id="column"), Vertical(id="inner"):
+                yield from (Static(f"block {i}", id=f"b{i}") for i in range(8))
+            yield Static("beside", id="other")
+
+
+async def test_a_container_renders_only_the_lines_where_it_shows_between_its_children(
+        terminal: Terminal) -> None:
+    """A layout frame draws every line of the column. The container inside it shows only on the
+    blank line between two blocks: it renders those lines, not the blocks' lines behind them (it
+    rendered all of them, every layout of a streamed answer)."""
+    app = Stacked()
+    async with app.run_test(size=(80, 30)) as pilot:
+        await pilot.pause()
+        await pilot.pause()
+        terminal.start(app)
+        inner = app.query_one("#inner", Vertical)
+        asked: list[int] = []  # screen lines
+        render_lines = inner.render_lines
+
+        def counting(crop: Region) -> list:  # type: ignore[type-arg]
+            asked.extend(y + inner.region.y for y in crop.line_range)
+            return render_lines(crop)
+
+        inner.render_lines = counting  # type: ignore[method-assign]  # observed, not changed
+        for step in range(3):
+            app.query_one("#b1", Static).styles.height = 7 + step  # a layout: every line redrawn
+            await pilot.pause()
+            await pilot.pause()
+            framed = len(asked)
+            assert terminal.grid == full(app), f"step {step}"
+            del asked[framed:]  # (the full render renders every widget whole)
+            blank = {b.region.bottom for b in app.query("#inner > Static")} & set(
+                app.query_one("#column").content_region.line_range)
+            # Each blank line, and within a run about it, a few lines from the widget's cache.
+            assert blank <= set(asked), (step, sorted(blank), asked)
+            assert len(asked) <= 5 * len(blank), (step, sorted(blank), asked)
+            asked.clear()
