@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from textual import events, on, work
 from textual.app import App
 
-from aiops.tui import crops, cycles
+from aiops.tui import crops, cycles, layout_map
 from aiops.tui.adapter import (
     DeltasArrived,
     EngineAdapter,
@@ -126,8 +126,10 @@ class AiopsApp(App[int]):
         """`clock` (seconds, monotonic) times the console's own pauses (a gate that just moved under
         the cursor ignores the answer keys for a moment); tests pass one they advance by hand.
         `remote`: attach to that running aiops (aiops/tui/remote_adapter.py) instead of owning an engine."""
-        cycles.install()  # before the first frame: aiops/tui/cycles.py, aiops/tui/crops.py
+        # Before the first frame: aiops/tui/cycles.py, crops.py, layout_map.py.
+        cycles.install()
         crops.install()
+        layout_map.install()
         super().__init__(driver_class=console_driver())
         self.cfg = cfg
         self.clock = clock

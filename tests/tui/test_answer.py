@@ -15,11 +15,13 @@ from textual.geometry import Region
 from textual.pilot import Pilot
 from textual.widgets import Markdown
 
+from aiops.tui import layout_map
 from aiops.tui.pacing import DRAW_GAP, TYPING_GAP, TYPING_WINDOW, AnswerPacing
 from aiops.tui.widgets.answer import AnswerMarkdown, AnswerStream
 from aiops.tui.widgets.chat import AssistantMessage, EmptyHint
 from tests.fakes.openai_server import Reply
-from tests.tui.conftest import SIZE, ManualClock, ready, send, wait_chat, wait_for
+from tests.support.terminal import full
+from tests.tui.conftest import SIZE, ManualClock, ready, region_lines, send, wait_chat, wait_for
 
 # Every kind of block an answer streams, and the ways a block changes as text comes in: a line
 # that wraps, a list that gains items and nested items, numbers that widen (9 → 10), code that
@@ -189,6 +191,49 @@ async def test_a_streamed_answer_lays_the_screen_out_about_once_per_draw():
         assert "Rollback" in "\n".join(_lines(app))
 
 
+async def test_a_streamed_answers_layout_arranges_the_screen_once():
+    """A layout arranges every widget of the screen, off-screen blocks included, and that map is
+    what later lookups use (aiops/tui/layout_map.py): the blocks whose size it changed ask for
+    their region as they are marked to repaint, and with Textual's own flag left stale by the
+    block just mounted, that arranged the whole screen again in most of the answer's layouts. The
+    regions it gives are the ones a fresh arrangement gives."""
+    layout_map.install()  # as the console does
+    app = Side(AnswerMarkdown())
+    async with app.run_test(size=(80, 30)) as pilot:  # most of the answer off screen
+        await pilot.pause()
+        screen = app.screen
+        compositor = screen._compositor
+        layouts = arranged = 0  # arrangements within a layout
+        in_layout = False
+        refresh_layout, arrange_root = screen._refresh_layout, compositor._arrange_root
+
+        def counted_layout(size: Any = None, scroll: bool = False) -> None:
+            nonlocal layouts, in_layout
+            layouts += 1
+            in_layout = True
+            try:
+                refresh_layout(size, scroll)
+            finally:
+                in_layout = False
+
+        def counted_arrange(*args: Any, **kw: Any) -> Any:
+            nonlocal arranged
+            arranged += in_layout
+            return arrange_root(*args, **kw)
+
+        screen._refresh_layout = counted_layout  # type: ignore[method-assign]  # observed, not changed
+        compositor._arrange_root = counted_arrange  # type: ignore[method-assign]
+        for i in range(0, len(TOKENS), 7):
+            await app.markdown.append("".join(TOKENS[i:i + 7]))
+            for _ in range(3):
+                await pilot.pause()
+            fresh, _ = arrange_root(screen, compositor.size, visible_only=False)
+            assert {w: fresh[w].region for w in app.markdown.walk_children()} == {
+                w: w.region for w in app.markdown.walk_children()}, f"after {i} tokens"
+        assert layouts >= 20
+        assert arranged == layouts, (arranged, layouts)  # it was ~1.5 a layout
+
+
 def test_the_answer_is_drawn_less_often_while_the_operator_types():
     clock = ManualClock()
     pacing = AnswerPacing(clock)
@@ -315,3 +360,40 @@ async def test_a_key_drawn_at_once_leaves_other_changes_waiting_for_the_next_fra
         assert app.main.draw_now(app.chat_input)
         await pilot.pause(0.3)
         assert any(region.overlaps(hint.region) for region in sent), "the hint's new text never went out"
+
+
+async def test_an_answer_growing_in_the_chat_leaves_the_chats_own_lines_as_they_were(make_app, terminal):
+    """What the chat holds growing is a new virtual size for it; its own lines (its frame, its
+    padding) are the same, and are not rendered again at every draw of the answer (they were,
+    ~30 a layout). The terminal still shows what a full render shows: the frame, the scrollbar
+    following the answer, the answer's last line in sight."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.pause(0.3)
+        message = AssistantMessage(status="streaming")
+        await app.chat.mount(message)
+        for _ in range(3):
+            await pilot.pause()
+        terminal.start(app)
+        chat = app.chat
+        own_lines = 0
+        render_line = chat.render_line
+
+        def counting(y: int) -> Any:
+            nonlocal own_lines
+            own_lines += 1
+            return render_line(y)
+
+        chat.render_line = counting  # type: ignore[method-assign]  # observed, not changed
+        tokens = TOKENS * 2
+        for i in range(0, len(tokens), 9):
+            await message.markdown.append("".join(tokens[i:i + 9]))
+            await pilot.pause()
+            await pilot.pause()
+        await pilot.pause(0.2)
+        drawn, own_lines = own_lines, 0
+        assert chat.max_scroll_y > 0 and chat.scroll_y == chat.max_scroll_y  # it scrolled, following
+        assert terminal.grid == full(app)
+        assert any("first." in line for line in region_lines(app, "#chat")[-4:])  # the answer's end
+        assert drawn <= 2 * chat.size.height, drawn  # a first draw of them at most; it was ~30 a layout

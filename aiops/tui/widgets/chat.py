@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from textual import on
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
+from textual.geometry import Size
 from textual.message import Message
+from textual.reactive import Reactive
 from textual.widget import Widget
 from textual.widgets import Button, Collapsible, Static
 
@@ -328,6 +330,11 @@ class ChatView(Settled, VerticalScroll, can_focus=True):
 
     PANE = "chat"
     BINDINGS = bindings_for("chat")
+    # What it holds grew (an answer streaming) is a new virtual size; the chat's own lines (its
+    # frame, its padding) do not depend on it, and its scrollbars are widgets of their own that
+    # `_scroll_update` repaints. Settled's reactive repaints: every line of the chat rendered
+    # again at each draw of a streamed answer, ~30 of them.
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False, repaint=False)
     HELP = """\
 ## Chat
 
