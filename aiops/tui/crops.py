@@ -107,10 +107,13 @@ def install() -> None:
             drawn = [y for y in lines if top <= y < top + height]
             if spans is not None:
                 drawn = [y for y in drawn if any(x1 < last_cut and x2 > first_cut for x1, x2 in spans[y])]
-            # Front to back: a line whose every cut in this widget's span is taken by a widget in
-            # front shows nothing of this one (a container's lines behind its children).
-            drawn = [y for y in drawn
-                     if any(chops[y][cut] is None for cut in cuts[y] if first_cut <= cut < last_cut)]
+            if widget._nodes:
+                # Front to back: a line whose every cut in this container's span is taken by a
+                # widget in front (its children) shows nothing of it. Only containers, and the
+                # first cut first (a framed pane's shows on every line): the look is the cost of
+                # every frame, which a key's frame did not make back.
+                drawn = [y for y in drawn if chops[y].get(first_cut) is None
+                         or any(chops[y][cut] is None for cut in cuts[y] if first_cut < cut < last_cut)]
             for lo, hi in _runs(drawn):
                 strips = widget.render_lines(Region(x - region.x, lo - region.y, width, hi - lo))
                 for y, strip in zip(range(lo, hi), strips, strict=False):
