@@ -10,8 +10,10 @@ repaint) arranged the whole screen a second time: in a streamed answer's layouts
 them, ~4 ms of a 15-20 ms layout of a 60-block answer on a 2-core machine, ~10 ms at the tail
 (docs/PERFORMANCE.md, issue 27).
 
-`install()` wraps `reflow` so that the map it built is the full map until something invalidates it
-again (a scroll's `reflow_visible`, a widget added or removed).
+`install()` wraps `reflow` so that the map it built is the full map until Textual flags it stale
+again: a scroll's `reflow_visible`, or the next layout's `update_widgets`. Between a layout and the
+next, a widget mounted or removed meanwhile is looked up in the last layout's map, as Textual
+already does whenever its flag happens to be clear (a new widget's region is empty until then).
 """
 
 from __future__ import annotations

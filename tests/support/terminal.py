@@ -19,6 +19,7 @@ from textual.strip import Strip
 from aiops.tui import crops
 
 Cell = tuple[str, Style | None]
+UNDRAWN: Cell = ("\x00", None)  # a changed cell no chop of the frame drew
 
 
 def _put(row: list[Cell], x: int, ch: str, style: Style | None) -> int:
@@ -59,6 +60,7 @@ class Terminal:
         self.partial_frames = 0
         self.split_frames = 0
         self.drawn_lines: list[int] = []  # per partial frame: how many lines it wrote to
+        self.undrawn: list[tuple[int, int]] = []  # (line, cut) a frame's span covered but no chop drew
         self._console = Console(width=200, height=100, force_terminal=True, color_system="truecolor")
 
     def start(self, app: App[Any]) -> None:
@@ -70,6 +72,15 @@ class Terminal:
             return
         self.partial_frames += 1
         self.drawn_lines.append(len({y for y, _, _ in update.spans}))
+        # A cell a span covers that no chop draws keeps what the terminal showed before: a frame
+        # that rendered too little. Marked, so the grid differs from a full render even where the
+        # old cell happened to be right, and kept for the fixture to report.
+        for y, x1, x2 in update.spans:
+            for (cut, strip), end in zip(update.chops[y].items(), update.chop_ends[y], strict=False):
+                if strip is None and cut < x2 and end > x1:
+                    self.undrawn.append((y, cut))
+                    for cx in range(max(cut, x1), min(end, x2)):
+                        self.grid[y][cx] = UNDRAWN
         x = y = 0
         for segment in update.__rich_console__(self._console, self._console.options):
             if segment.control:
@@ -100,3 +111,4 @@ def terminal(monkeypatch: pytest.MonkeyPatch) -> Iterator[Terminal]:
 
     monkeypatch.setattr(Compositor, "render_update", watched)
     yield term
+    assert not term.undrawn, f"frames left changed cells undrawn (line, cut): {term.undrawn[:10]}"

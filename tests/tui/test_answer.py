@@ -233,6 +233,20 @@ async def test_a_streamed_answers_layout_arranges_the_screen_once():
         assert layouts >= 20
         assert arranged == layouts, (arranged, layouts)  # it was ~1.5 a layout
 
+        def same_as_fresh(what: str) -> None:
+            fresh, _ = arrange_root(screen, compositor.size, visible_only=False)
+            assert {w: fresh[w].region for w in fresh} == {w: w.region for w in fresh}, what
+
+        column = app.query_one(VerticalScroll)
+        column.scroll_end(animate=False)  # a scroll's layout arranges only what is in sight
+        await pilot.pause()
+        await pilot.pause()
+        same_as_fresh("scrolled to the end")
+        await app.markdown.children[0].remove()  # the blocks below it move up
+        await pilot.pause()
+        await pilot.pause()
+        same_as_fresh("a block removed")
+
 
 def test_the_answer_is_drawn_less_often_while_the_operator_types():
     clock = ManualClock()
@@ -397,3 +411,9 @@ async def test_an_answer_growing_in_the_chat_leaves_the_chats_own_lines_as_they_
         assert terminal.grid == full(app)
         assert any("first." in line for line in region_lines(app, "#chat")[-4:])  # the answer's end
         assert drawn <= 2 * chat.size.height, drawn  # a first draw of them at most; it was ~30 a layout
+        # And when what it holds shrinks back under its height, the scrollbar goes.
+        await message.remove()
+        for _ in range(3):
+            await pilot.pause()
+        assert chat.max_scroll_y == 0 and not chat.show_vertical_scrollbar
+        assert terminal.grid == full(app)
