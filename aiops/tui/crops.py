@@ -8,18 +8,18 @@ side pane, the input and the key bar are rendered again for two lines of change.
 sessions streaming that is most frames; with a gate round, most of its six to eight frames
 (docs/PERFORMANCE.md, "2026-11-28, 08:40-09:35 UTC").
 
-`install()` wraps it. Each widget renders only the lines that are drawn, only those where a
-changed span reaches into it, and, in a container, only those where something of it shows:
-widgets are rendered front to back, and a line whose every cut in a container is already taken by
-a widget in front (its children) is not rendered for it (a streamed answer's layout rendered the
-chat's message and its Markdown whole behind their blocks, ~60 lines a layout, ~10 % of its time). A pane's frame repainted (a focus move
-lights it) is four thin regions that make one area the pane's size, and the widgets inside it,
-which none of them touches, are not rendered at all. And when the changed regions fall in areas
-apart (no two touching) that leave most of their bounding box unchanged, each area is rendered as a
-crop of its own and the pieces are put together, a cut of a line taken only from the area it lies
-in (there, every widget that overlaps it was rendered, so what is in front is in front). What
-reaches the terminal is the same spans as before; one area, or areas that fill their box, are
-rendered in one crop around all, as Textual's own path (with the narrower rendering).
+`install()` wraps it. Each widget renders only the lines that are drawn, only those where a changed
+span reaches into it, and, in a container, only those where something of it shows: widgets are
+rendered front to back, and a line whose every cut in a container is already taken by a widget in
+front (its children) is not rendered for it (a streamed answer's layout rendered the chat's message
+and its Markdown whole behind their blocks, ~60 lines a layout, ~10 % of its time). A pane's frame
+repainted (a focus move lights it) is four thin regions that make one area the pane's size, and the
+widgets inside it, which none of them touches, are not rendered at all. And when the changed regions
+fall in areas apart (no two touching) that leave most of their bounding box unchanged, each area is
+rendered as a crop of its own and the pieces are put together, a cut of a line taken only from the
+area it lies in (there, every widget that overlaps it was rendered, so what is in front is in
+front). What reaches the terminal is the same spans as before; one area, or areas that fill their
+box, are rendered in one crop around all, as Textual's own path (with the narrower rendering).
 tests/tui/test_crops.py keeps a model terminal updated by these frames and checks it against
 Textual's own full render of the screen, with a widget layered over others and scrolled panes whose
 blocks are cut off at their edges.
