@@ -107,7 +107,7 @@ def install() -> None:
             drawn = [y for y in lines if top <= y < top + height]
             if spans is not None:
                 drawn = [y for y in drawn if any(x1 < last_cut and x2 > first_cut for x1, x2 in spans[y])]
-            if widget._nodes:
+            if widget.children:
                 # Front to back: a line whose every cut in this container's span is taken by a
                 # widget in front (its children) shows nothing of it. Only containers, and the
                 # first cut first (a framed pane's shows on every line): the look is the cost of
