@@ -361,3 +361,57 @@ async def test_a_streaming_answer_keeps_its_session_in_place_until_the_turn_ends
         await wait_for(pilot, lambda: streaming not in app.live.turn, "the answer's end")
         await wait_for(pilot, lambda: console_top() == [streaming, "console-other"],
                        "the session whose turn ended on top")
+
+
+async def test_keys_that_scroll_the_list_draw_what_a_list_drawn_afresh_shows(terminal: Terminal) -> None:
+    """A scroll moves the lines the list had drawn instead of drawing them all again (a list key
+    that takes the cursor out of sight rendered every line in sight): what the terminal shows
+    after each key, with sessions changing meanwhile, is still the list drawn from scratch, and a
+    key that scrolls by a row renders only the lines it brings in and those that changed."""
+    rng = random.Random(29)
+    app = Pane()
+    async with app.run_test(size=(90, 24)) as pilot:
+        sl = app.query_one(SessionsList)
+        sessions = {f"s{n}": session(n, rng.choice(KINDS), 1000.0 + n) for n in range(60)}
+        sl.set_sessions(list(sessions.values()))
+        sl.focus()
+        await pilot.pause()
+        terminal.start(app)
+        rendered: list[int] = []
+        render_line = sl.render_line
+
+        def counting(y: int) -> Any:
+            rendered.append(y)
+            return render_line(y)
+
+        sl.render_line = counting  # type: ignore[method-assign]  # observed, not changed
+        one_row_scrolls: list[int] = []
+        n = 60
+        for step in range(150):
+            key = rng.choice(["down"] * 6 + ["up"] * 4 + ["pagedown", "pageup", "home", "end"])
+            top = round(sl.scroll_offset.y)
+            rendered.clear()
+            await pilot.press(key)
+            await pilot.pause()
+            if abs(round(sl.scroll_offset.y) - top) == 2 and key in ("up", "down"):
+                one_row_scrolls.append(len(rendered))
+            what = f"step {step}: {key}"
+            if rng.random() < 0.2:  # meanwhile a session speaks or comes
+                app.now += 5  # past the hold after a key: the list reorders
+                if rng.random() < 0.5:
+                    n += 1
+                    s = sessions[f"s{n}"] = session(n, rng.choice(KINDS), 2000.0 + step)
+                    sl.upsert(dict(s))
+                else:
+                    sid = rng.choice(sorted(sessions))
+                    sessions[sid]["updated_at"] = 2000.0 + step
+                    sl.upsert({"client_id": sid, "updated_at": sessions[sid]["updated_at"]})
+                sl.rebuild_now()
+                await pilot.pause()
+                what += ", a session changed"
+            await pilot.pause()
+            assert terminal.grid == full(app) == drawn_afresh(app), what
+        assert len(one_row_scrolls) >= 10, one_row_scrolls
+        # The two lines brought in, and the rows the cursor left and reached (it rendered every
+        # line in sight: ~20 here).
+        assert max(one_row_scrolls) <= 8, one_row_scrolls

@@ -443,6 +443,24 @@ to the message input.
         self._size_virtual()
         self.refresh()
 
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        # ScrollView marks every line of the list dirty on a scroll, and the frame renders all of
+        # them again (~36 lines, most of a list key's frame when the cursor leaves the view). The
+        # lines in sight before and after are the same lines moved: kept, moved by the scroll, so
+        # only the lines it brings in (and any already dirty) are rendered. The list still goes to
+        # the terminal whole, as ScrollView asks. (The list has no padding or border of its own:
+        # its line y is the content's line `scroll_y + y`.)
+        delta = round(new_value) - round(old_value)
+        cache = self._styles_cache
+        moved = {y - delta: strip for y, strip in cache._cache.items() if y not in cache._dirty_lines}
+        super().watch_scroll_y(old_value, new_value)
+        gutter = self.styles.gutter
+        if delta and not (gutter.top or gutter.bottom):
+            height = self.size.height
+            # What is not kept (brought in, or dirty before) is not in the cache: it is rendered.
+            cache._cache = {y: strip for y, strip in moved.items() if 0 <= y < height}
+            cache._dirty_lines = set()
+
     def notify_style_update(self) -> None:
         # Focus and blur restyle the rows (the highlighted row's colours): drawn again.
         self.refresh()
