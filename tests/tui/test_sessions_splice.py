@@ -375,6 +375,8 @@ async def test_keys_that_scroll_the_list_draw_what_a_list_drawn_afresh_shows(ter
         sessions = {f"s{n}": session(n, rng.choice(KINDS), 1000.0 + n) for n in range(60)}
         sl.set_sessions(list(sessions.values()))
         sl.focus()
+        for timer in list(sl._timers):  # the ages' redraw every 15 s would land in a step's count
+            timer.pause()
         await pilot.pause()
         terminal.start(app)
         rendered: list[int] = []
@@ -415,3 +417,30 @@ async def test_keys_that_scroll_the_list_draw_what_a_list_drawn_afresh_shows(ter
         # The two lines brought in, and the rows the cursor left and reached (it rendered every
         # line in sight: ~20 here).
         assert max(one_row_scrolls) <= 8, one_row_scrolls
+
+
+async def test_a_session_deleted_while_the_order_holds_leaves_its_place_blank_through_scrolls(
+        terminal: Terminal) -> None:
+    """While the operator moves the cursor the rows hold their places; a session deleted then
+    leaves its place blank until they move (as a list drawn afresh shows it), also after a key
+    that scrolls the lines it had drawn. (Found by a reviewer: its old row stayed, moved along.)"""
+    app = Pane()
+    async with app.run_test(size=(90, 20)) as pilot:
+        sl = app.query_one(SessionsList)
+        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])
+        sl.focus()
+        await pilot.pause()
+        terminal.start(app)
+        sl.cursor = "s31"  # near the bottom of the view
+        await pilot.pause()
+        await pilot.press("down")  # the order holds for a second (the list's clock stands still)
+        await pilot.pause()
+        sl.drop("s35")  # in sight, not the cursor's
+        sl.rebuild_now()  # held: nothing placed
+        await pilot.pause()
+        assert terminal.grid == full(app) == drawn_afresh(app)
+        top = sl.scroll_offset.y
+        await pilot.press("down")
+        await pilot.pause()
+        assert sl.scroll_offset.y != top  # it scrolled
+        assert terminal.grid == full(app) == drawn_afresh(app)

@@ -179,6 +179,7 @@ to the message input.
         self.sessions = {s["client_id"]: dict(s) for s in sessions}
         self._gone.clear()
         self._drawn.clear()  # every row may show something new
+        self.refresh()
         self._moved.clear()
         self._reset = True  # the order is set anew at the redraw, with its layout (not before: held
         self.rebuild_now()  # while the terminal is behind, the lines shown are the old order's)
@@ -217,6 +218,7 @@ to the message input.
         """Take a deleted session off the list. (Not `remove`: that is every widget's own removal
         from the DOM.)"""
         self._gone.add(session_id)  # a page of older sessions read before it went may still hold it
+        self._refresh_rows({session_id})  # its place is blank until the order is placed again
         self.sessions.pop(session_id, None)
         self._drawn.pop(session_id, None)
         self.unread.discard(session_id)
@@ -448,14 +450,17 @@ to the message input.
         # them again (~36 lines, most of a list key's frame when the cursor leaves the view). The
         # lines in sight before and after are the same lines moved: kept, moved by the scroll, so
         # only the lines it brings in (and any already dirty) are rendered. The list still goes to
-        # the terminal whole, as ScrollView asks. (The list has no padding or border of its own:
-        # its line y is the content's line `scroll_y + y`.)
+        # the terminal whole, as ScrollView asks. (The list has no padding, border or outline of
+        # its own, so its line y is the content's line `scroll_y + y`; were one given it, a frame
+        # line would be moved into the list: Textual's way is kept then.)
         delta = round(new_value) - round(old_value)
         cache = self._styles_cache
         moved = {y - delta: strip for y, strip in cache._cache.items() if y not in cache._dirty_lines}
         super().watch_scroll_y(old_value, new_value)
-        gutter = self.styles.gutter
-        if delta and not (gutter.top or gutter.bottom):
+        styles = self.styles
+        gutter = styles.gutter
+        if delta and not (gutter.top or gutter.bottom) and all(
+                edge[0] in ("", "none") for edge in (styles.outline_top, styles.outline_bottom)):
             height = self.size.height
             # What is not kept (brought in, or dirty before) is not in the cache: it is rendered.
             cache._cache = {y: strip for y, strip in moved.items() if 0 <= y < height}
