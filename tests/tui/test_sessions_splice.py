@@ -426,8 +426,7 @@ async def test_a_session_deleted_while_the_order_holds_leaves_its_place_blank_th
     that scrolls the lines it had drawn. (Found by a reviewer: its old row stayed, moved along.)"""
     app = Pane()
     async with app.run_test(size=(90, 20)) as pilot:
-        sl = app.query_one(SessionsList)
-        sl.set_sessions([session(n, "api", 1000.0 + n) for n in range(40)])
+        sl = await forty_api_sessions_scrolled_to(pilot, app, 0)
         sl.focus()
         await pilot.pause()
         terminal.start(app)
