@@ -454,13 +454,14 @@ to the message input.
         # its own, so its line y is the content's line `scroll_y + y`; were one given it, a frame
         # line would be moved into the list: Textual's way is kept then.)
         delta = round(new_value) - round(old_value)
-        cache = self._styles_cache
-        moved = {y - delta: strip for y, strip in cache._cache.items() if y not in cache._dirty_lines}
-        super().watch_scroll_y(old_value, new_value)
         styles = self.styles
-        gutter = styles.gutter
-        if delta and not (gutter.top or gutter.bottom) and all(
-                edge[0] in ("", "none") for edge in (styles.outline_top, styles.outline_bottom)):
+        shift = bool(delta) and not (styles.gutter.top or styles.gutter.bottom) and all(
+            edge[0] in ("", "none") for edge in (styles.outline_top, styles.outline_bottom))
+        cache = self._styles_cache
+        moved = {y - delta: strip for y, strip in cache._cache.items()
+                 if y not in cache._dirty_lines} if shift else {}
+        super().watch_scroll_y(old_value, new_value)
+        if shift:
             height = self.size.height
             # What is not kept (brought in, or dirty before) is not in the cache: it is rendered.
             cache._cache = {y: strip for y, strip in moved.items() if 0 <= y < height}
