@@ -5,19 +5,28 @@ the response back, chunk by chunk for a stream. No parsing, no session, no stora
 adds over direct is the cost of one more aiohttp hop on this machine, which puts the proxy's
 added latency in proportion.
 
-    python -m benchmarks.relay --upstream http://127.0.0.1:PORT --port 0
+With `--sdk` it forwards through `openai.AsyncOpenAI` instead, made and called as aiops's backend
+makes and calls it (its aiohttp transport, no retries, the client's own POST of the parsed body,
+the raw streamed response read with `iter_bytes()`): the floor of any proxy that must use the SDK
+(issue 2), measured beside the bare relay so the SDK's own share of aiops's CPU is a figure of the
+same run rather than a profile's estimate (issue 27).
+
+    python -m benchmarks.relay --upstream http://127.0.0.1:PORT --port 0 [--sdk]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 UPSTREAM_KEY = web.AppKey("upstream", str)
 CLIENT_KEY = web.AppKey("client", aiohttp.ClientSession)
+SDK_KEY = web.AppKey("sdk", Any)
 
 
 async def relay(request: web.Request) -> web.StreamResponse:
@@ -35,22 +44,55 @@ async def relay(request: web.Request) -> web.StreamResponse:
         return web.Response(body=await up.read(), status=up.status, content_type="application/json")
 
 
-async def _serve(upstream: str, host: str, port: int) -> None:
+async def sdk_relay(request: web.Request) -> web.StreamResponse:
+    import openai
+    from openai._response import AsyncAPIResponse
+
+    from aiops.engine.backends.openai_backend import _RAW_STREAM
+
+    body = json.loads(await request.read())
+    try:
+        # The backend's call (OpenAIBackend._open), to the letter.
+        up = await request.app[SDK_KEY].post(
+            "/chat/completions", cast_to=AsyncAPIResponse[bytes], body=body, stream=bool(body.get("stream")),
+            stream_cls=openai.AsyncStream[Any], options={"headers": {_RAW_STREAM[0]: _RAW_STREAM[1]}})
+    except openai.APIStatusError as e:
+        return web.Response(body=e.response.content, status=e.status_code, content_type="application/json")
+    if not body.get("stream"):
+        return web.Response(body=await up.read(), status=up.status_code, content_type="application/json")
+    resp = web.StreamResponse(status=up.status_code, headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    async for piece in up.iter_bytes():
+        await resp.write(piece)
+    await resp.write_eof()
+    return resp
+
+
+async def _serve(upstream: str, host: str, port: int, *, sdk: bool = False) -> None:
     app = web.Application()
     app[UPSTREAM_KEY] = upstream.rstrip("/")
-    app.router.add_post("/v1/chat/completions", relay)
+    app.router.add_post("/v1/chat/completions", sdk_relay if sdk else relay)
 
     async def client_ctx(app: web.Application):  # type: ignore[no-untyped-def]
         app[CLIENT_KEY] = aiohttp.ClientSession()
+        if sdk:
+            import openai
+
+            from aiops.engine.backends.openai_backend import http_client
+            base = app[UPSTREAM_KEY] + "/v1"
+            app[SDK_KEY] = openai.AsyncOpenAI(base_url=base, api_key="sk-bench", timeout=30, max_retries=0,
+                                              http_client=http_client(base))
         yield
         await app[CLIENT_KEY].close()
+        if sdk:
+            await app[SDK_KEY].close()
 
     app.cleanup_ctx.append(client_ctx)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
-    print(f"relay on http://{host}:{runner.addresses[0][1]}", flush=True)
+    print(f"{'sdk relay' if sdk else 'relay'} on http://{host}:{runner.addresses[0][1]}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -62,9 +104,10 @@ def main() -> None:
     p.add_argument("--upstream", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--sdk", action="store_true", help="forward through openai.AsyncOpenAI, as aiops's backend does")
     args = p.parse_args()
     try:
-        asyncio.run(_serve(args.upstream, args.host, args.port))
+        asyncio.run(_serve(args.upstream, args.host, args.port, sdk=args.sdk))
     except KeyboardInterrupt:
         pass
 

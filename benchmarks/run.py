@@ -134,18 +134,16 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
     for (target, stream, conc), d in by.items():
         if target != "direct":
             continue
-        for via in ("aiops", "relay"):
+        for via in ("aiops", "relay", "sdk"):
             if (via, stream, conc) not in by:
                 continue
             a = by[(via, stream, conc)]
             added50, added99 = a.pct(50) - d.pct(50), a.pct(99) - d.pct(99)
             ratio = a.rps / d.rps if d.rps else 0.0
             # CPU per request as a multiple of the bare relay's in the same run (issue 27): the
-            # steadiest figure across machines and hours.
-            relay = by.get(("relay", stream, conc))
-            cpu_x = (a.cpu_ms_per_request / relay.cpu_ms_per_request
-                     if via == "aiops" and relay is not None and a.cpu_ms_per_request is not None
-                     and relay.cpu_ms_per_request else None)
+            # steadiest figure across machines and hours. The SDK relay's multiple is the floor
+            # of any proxy that calls the model through openai.AsyncOpenAI.
+            cpu_x = _times(a, by.get(("relay", stream, conc))) if via != "relay" else None
             goal, met = "", None
             if via == "aiops" and conc == 1:
                 goal, met = f"added p50 ≤ {TARGET_ADDED_P50_MS:g} ms", added50 <= TARGET_ADDED_P50_MS
@@ -162,7 +160,34 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
                              "throughput_ratio": round(ratio, 4),
                              "cpu_vs_relay": None if cpu_x is None else round(cpu_x, 3),
                              "target": goal or None, "met": met})
+    lines += _sdk_floor(by)
     return "\n".join(lines), overhead, ok
+
+
+def _times(a: Result, base: Result | None) -> float | None:
+    """a's CPU per request as a multiple of base's."""
+    if base is None or a.cpu_ms_per_request is None or not base.cpu_ms_per_request:
+        return None
+    return a.cpu_ms_per_request / base.cpu_ms_per_request
+
+
+def _sdk_floor(by: dict[tuple[str, bool, int], Result]) -> list[str]:
+    """Issue 27's figure beside its floor: aiops's CPU per streamed request in multiples of the
+    relay's, split into what the SDK relay spends (the SDK and aiohttp, no aiops at all) and what
+    aiops spends beyond it."""
+    out: list[str] = []
+    for (target, stream, conc), a in by.items():
+        sdk, relay = by.get(("sdk", stream, conc)), by.get(("relay", stream, conc))
+        if target != "aiops" or not stream or sdk is None or relay is None:
+            continue
+        x, floor = _times(a, relay), _times(sdk, relay)
+        if x is None or floor is None or a.cpu_ms_per_request is None or sdk.cpu_ms_per_request is None:
+            continue
+        out.append(f"streamed, c={conc}: aiops {a.cpu_ms_per_request:.2f} ms/req = {x:.2f}× the relay's "
+                   f"{relay.cpu_ms_per_request:.2f}; the SDK relay alone {sdk.cpu_ms_per_request:.2f} = "
+                   f"{floor:.2f}× (the floor with openai.AsyncOpenAI); aiops beyond it "
+                   f"{a.cpu_ms_per_request - sdk.cpu_ms_per_request:.2f} ms/req = {x - floor:.2f}×")
+    return ["", *out] if out else []
 
 
 def machine() -> dict[str, Any]:
@@ -182,12 +207,14 @@ def machine() -> dict[str, Any]:
 
 
 async def _scenarios(upstream: Child, relay: Child | None, aiops: Child,
-                     args: argparse.Namespace) -> list[Result]:
+                     args: argparse.Namespace, sdk: Child | None = None) -> list[Result]:
     results: list[Result] = []
     # Each target's CPU is read from the process that serves it: the upstream for direct.
     targets = [("direct", upstream, UPSTREAM_MODEL), ("aiops", aiops, "aiops")]
     if relay:
         targets.insert(1, ("relay", relay, UPSTREAM_MODEL))
+    if sdk:
+        targets.insert(-1, ("sdk", sdk, UPSTREAM_MODEL))
     for conc in args.concurrency:
         for stream in (False, True):
             for target, proc, model in targets:
@@ -279,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=200, help="unmeasured requests first (default 200)")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32],
                    help="comma-separated (default 1,32)")
-    p.add_argument("--no-relay", action="store_true", help="skip the bare-relay reference rows")
+    p.add_argument("--no-relay", action="store_true", help="skip the relays' reference rows (bare and SDK)")
     p.add_argument("--json", type=Path, help="also write the numbers to this file")
     p.add_argument("--chats", type=int, default=10_000,
                    help="chats opening alike for the many-chats case (default 10000; 0 skips it)")
@@ -302,16 +329,20 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "aiops.cli", "--config-dir", str(cfg), "--data-dir",
                    str(root / "data"), "serve"]
             relay_cmd = [sys.executable, "-m", "benchmarks.relay", "--upstream", upstream.url]
+            none = [sys.executable, "-c", "print('relay on none')"]
             with child(cmd, r"aiops serving on (http://\S+)", "aiops serve", env=env, cwd=root) as aiops, \
-                    child(relay_cmd if not args.no_relay else [sys.executable, "-c", "print('relay on none')"],
-                          r"relay on (\S+)", "the relay", env=env) as relay:
+                    child(relay_cmd if not args.no_relay else none,
+                          r"relay on (\S+)", "the relay", env=env) as relay, \
+                    child([*relay_cmd, "--sdk"] if not args.no_relay else none,
+                          r"relay on (\S+)", "the SDK relay", env=env) as sdk:
                 relay_child = None if args.no_relay else relay
                 results: list[Result] = []
                 if not args.chats_only:
-                    print(f"upstream {upstream.url}, relay {relay_child and relay_child.url}, aiops {aiops.url}; "
+                    print(f"upstream {upstream.url}, relay {relay_child and relay_child.url}, SDK relay "
+                          f"{relay_child and sdk.url}, aiops {aiops.url}; "
                           f"{args.requests} requests per "
                           f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
-                    results = asyncio.run(_scenarios(upstream, relay_child, aiops, args))
+                    results = asyncio.run(_scenarios(upstream, relay_child, aiops, args, None if args.no_relay else sdk))
             chats = _run_chats(upstream, root, env, args) if args.chats > 0 else []
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -23,7 +23,7 @@ def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
 
     rows = {(r["target"], r["stream"], r["concurrency"]): r for r in doc["results"]}
-    assert set(rows) == {(t, s, c) for t in ("direct", "relay", "aiops") for s in (False, True) for c in (1, 3)}
+    assert set(rows) == {(t, s, c) for t in ("direct", "relay", "sdk", "aiops") for s in (False, True) for c in (1, 3)}
     for key, r in rows.items():
         assert (r["requests"], r["errors"]) == (40, 0), key  # every answer was checked and right
         assert r["p99_ms"] >= r["p50_ms"] > 0, key
@@ -34,6 +34,12 @@ def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     assert {(o["stream"], o["concurrency"]) for o in judged} == {(False, 1), (True, 1)}  # c=32 not run
     assert proc.returncode == (0 if all(o["met"] for o in judged) else 1)
     assert "| aiops  | yes    |   3 |" in proc.stdout and "cpu ms/req" in proc.stdout
+    # Issue 27's multiple beside its floor: the SDK relay (openai.AsyncOpenAI, no aiops) against
+    # the bare relay, for each streamed concurrency.
+    sdk_x = {o["concurrency"]: o["cpu_vs_relay"] for o in doc["overhead"] if o["via"] == "sdk" and o["stream"]}
+    assert set(sdk_x) == {1, 3} and all(x is None or x > 0 for x in sdk_x.values()), sdk_x
+    for conc in (1, 3):
+        assert f"streamed, c={conc}: aiops " in proc.stdout and "the SDK relay alone" in proc.stdout
 
     # The many-chats case: every phase ran, every chat went on in its own session.
     chats = {c["phase"]: c for c in doc["chats"]}
