@@ -7,10 +7,13 @@ services behind aiops. The operator's console, the log and operator tokens keep 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
+from aiops.engine import events as ev
 from aiops.engine.engine import Engine
 from aiops.integrations.server.owners import Caller
 
@@ -45,3 +48,39 @@ def shown_to(who: Caller, message: str, hosts: Sequence[str] = ()) -> str:
     for host in hosts:
         message = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", HIDDEN, message, flags=re.IGNORECASE)
     return message
+
+
+def event_seen_by(who: Caller, engine: Engine, event: ev.Event) -> ev.Event:
+    """An event as `who` may read it: a client token reads a failure's message without the
+    addresses of the servers behind aiops (as the chat proxies show it); operators read it whole."""
+    if who.operator:
+        return event
+    match event:
+        case ev.ErrorEvent(error=err):
+            return dataclasses.replace(event, error=_error_seen_by(who, engine, err))
+        case ev.Done(error=ev.ErrorInfo() as err):
+            return dataclasses.replace(event, error=_error_seen_by(who, engine, err))
+    return event
+
+
+def _error_seen_by(who: Caller, engine: Engine, err: ev.ErrorInfo) -> ev.ErrorInfo:
+    return ev.ErrorInfo(err.code, shown_to(who, err.message, configured_hosts(engine)))
+
+
+def reply_seen_by(who: Caller, engine: Engine, reply: dict[str, Any]) -> dict[str, Any]:
+    """A submit's answer (the turn's result as the API writes it) as `who` may read it."""
+    err = reply.get("error")
+    if who.operator or not isinstance(err, dict) or not isinstance(err.get("message"), str):
+        return reply
+    return {**reply, "error": {**err, "message": shown_to(who, err["message"], configured_hosts(engine))}}
+
+
+def record_seen_by(who: Caller, engine: Engine, record: dict[str, Any]) -> dict[str, Any]:
+    """A stored error record as `who` may read it: its text and its `meta` (the error object)."""
+    if who.operator or record.get("role") != "error":
+        return record
+    hosts = configured_hosts(engine)
+    meta = record.get("meta") or {}
+    if isinstance(meta.get("message"), str):
+        meta = {**meta, "message": shown_to(who, meta["message"], hosts)}
+    return {**record, "content": shown_to(who, str(record.get("content", "")), hosts), "meta": meta}

@@ -8,7 +8,6 @@ the router and the document read.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import json
 import logging
@@ -28,7 +27,7 @@ from aiops.engine.turn import Turn
 from aiops.engine.types import SessionKey, is_short_id, new_id
 from aiops.gates.broker import GateAlreadyResolved, GateNotFound, waiting_notice
 from aiops.integrations.server import operator_api
-from aiops.integrations.server.addresses import configured_hosts, shown_to
+from aiops.integrations.server.addresses import event_seen_by, record_seen_by, reply_seen_by
 from aiops.integrations.server.bodies import parse_body, validate
 from aiops.integrations.server.context import (
     AUTHENTICATED_KEY,
@@ -375,7 +374,7 @@ async def submit(request: web.Request) -> web.Response:
     # of only commands that left no session names none (its id would be a 404 from then on).
     session_id = turn.session_id if await engine.session(turn.session_id) is not None else None
     reply = {"client_id": session_id, **result.to_dict(), "turn_id": turn.id}
-    out = SubmitResult.model_validate(_hidden_reply(who, engine, reply))
+    out = SubmitResult.model_validate(reply_seen_by(who, engine, reply))
     shown = {"client_id": session_id, **out.model_dump(mode="json", exclude_none=True)}  # null stays
     return web.json_response(shown, dumps=_dumps)
 
@@ -432,42 +431,6 @@ async def _submit_admitted(engine: Engine, client_id: str, body: SubmitRequest, 
     return await engine.submit(client_id, body.text, kind=kind, model=body.model, is_operator=who.operator,
                                meta=owner_meta(who), owner_only=not who.operator,
                                depth=hops.depth if hops else 0, hops=hops.via if hops else ())
-
-
-def _seen_by(who: Caller, engine: Engine, event: ev.Event) -> ev.Event:
-    """An event as `who` may read it: a client token reads a failure's message without the
-    addresses of the servers behind aiops (as the chat proxies show it); operators read it whole."""
-    if who.operator:
-        return event
-    match event:
-        case ev.ErrorEvent(error=err):
-            return dataclasses.replace(event, error=_hidden_error(who, engine, err))
-        case ev.Done(error=ev.ErrorInfo() as err):
-            return dataclasses.replace(event, error=_hidden_error(who, engine, err))
-    return event
-
-
-def _hidden_error(who: Caller, engine: Engine, err: ev.ErrorInfo) -> ev.ErrorInfo:
-    return ev.ErrorInfo(err.code, shown_to(who, err.message, configured_hosts(engine)))
-
-
-def _hidden_reply(who: Caller, engine: Engine, reply: dict[str, Any]) -> dict[str, Any]:
-    """A submit's answer (the turn's result as the API writes it) as `who` may read it."""
-    err = reply.get("error")
-    if who.operator or not isinstance(err, dict) or not isinstance(err.get("message"), str):
-        return reply
-    return {**reply, "error": {**err, "message": shown_to(who, err["message"], configured_hosts(engine))}}
-
-
-def _hidden_record(who: Caller, engine: Engine, record: dict[str, Any]) -> dict[str, Any]:
-    """A stored error record as `who` may read it: its text and its `meta` (the error object)."""
-    if who.operator or record.get("role") != "error":
-        return record
-    hosts = configured_hosts(engine)
-    meta = record.get("meta") or {}
-    if isinstance(meta.get("message"), str):
-        meta = {**meta, "message": shown_to(who, meta["message"], hosts)}
-    return {**record, "content": shown_to(who, str(record.get("content", "")), hosts), "meta": meta}
 
 
 def _sse(name: str, data: dict[str, Any]) -> bytes:
@@ -551,7 +514,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
                 if isinstance(event, ev.GateOpened):
                     await resp.write(_gate_frames(event))
                     continue
-                event = _seen_by(who, engine, event)
+                event = event_seen_by(who, engine, event)
                 await resp.write(_sse(event.name, event.payload()))
                 if ev.is_slow_consumer(event):
                     break
@@ -583,7 +546,7 @@ async def get_session(request: web.Request) -> web.Response:
     messages, has_more = await engine.history_page(live.id, limit=q.limit, before_id=q.before)
     return _json(SessionDetail(
         session=await _session_info(engine, live),
-        messages=[MessageOut.model_validate(_hidden_record(who, engine, m.to_dict())) for m in messages],
+        messages=[MessageOut.model_validate(record_seen_by(who, engine, m.to_dict())) for m in messages],
         has_more=has_more,
         next_before=messages[0].id if has_more and messages else None,  # where the page's first turn began
     ))

@@ -30,6 +30,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from aiops.engine import events as ev
+from aiops.integrations.server.addresses import event_seen_by
 from aiops.integrations.server.bodies import parse_body, validate
 from aiops.integrations.server.context import CONFIG_KEY, get_engine, prepare_stream, server_state
 from aiops.integrations.server.errors import HttpError
@@ -301,8 +302,6 @@ def _frame(name: str, data: dict[str, Any], event_id: str | None = None) -> byte
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    from aiops.integrations.server.api import _seen_by
-
     engine = get_engine(request)
     feed = request.app[FEED_KEY]
     who = caller(request)
@@ -353,7 +352,7 @@ async def events(request: web.Request) -> web.StreamResponse:
                     cursor = event.seq
                     if not await visible(event):
                         continue
-                    event = _seen_by(who, engine, event)
+                    event = event_seen_by(who, engine, event)
                     await resp.write(_frame(event.name, event.payload(), feed.event_id(event.seq)))
     except (ConnectionResetError, ConnectionError):
         log.debug("an event-stream reader went away")
