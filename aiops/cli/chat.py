@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiops.cli.common import CliError, setup_file_logging
+from aiops.cli.terminal import TerminalAsker, shown
 
 if TYPE_CHECKING:
     from aiops.engine.events import GateInfo, GateOpened
@@ -68,65 +69,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         lock.release()
 
 
-class _TerminalAsker:
-    """Asks the operator about gates on the terminal `aiops chat` runs in.
-
-    One daemon thread reads stdin lines into a queue: a prompt whose gate resolves elsewhere (it
-    timed out) can be abandoned without leaving a reader blocked, and the process can still exit.
-    """
-
-    def __init__(self) -> None:
-        self._lines: asyncio.Queue[str] | None = None
-        self._lock = asyncio.Lock()  # one prompt at a time (parallel calls may open several gates)
-
-    def _start(self) -> asyncio.Queue[str]:
-        if self._lines is None:
-            import threading
-
-            loop = asyncio.get_running_loop()
-            lines: asyncio.Queue[str] = asyncio.Queue()
-
-            def read() -> None:
-                while True:
-                    line = sys.stdin.readline()
-                    try:
-                        loop.call_soon_threadsafe(lines.put_nowait, line)
-                    except RuntimeError:  # the loop has closed: aiops chat is exiting
-                        return
-                    if not line:  # EOF
-                        return
-
-            threading.Thread(target=read, name="aiops-chat-stdin", daemon=True).start()
-            self._lines = lines
-        return self._lines
-
-    async def ask(self, tool: str) -> tuple[Literal["approved", "denied"], Literal["once", "session"]]:
-        """(decision, scope) from the operator about a gate of `tool`; EOF or anything but y/s is a
-        denial. (A tool name, not the gate: the remote path has the gate as JSON, not as GateInfo.)"""
-        async with self._lock:
-            lines = self._start()
-            while not lines.empty():  # typed ahead, before this question was shown
-                lines.get_nowait()
-            print(f"approve {tool}? [y]es once, [s]ession, [N]o: ", end="", file=sys.stderr,
-                  flush=True)
-            answer = (await lines.get()).strip().lower()
-        if answer in ("y", "yes"):
-            return "approved", "once"
-        if answer in ("s", "session"):
-            return "approved", "session"
-        return "denied", "once"
-
-
-# C0 and C1 controls but tab and newline, and DEL: what the model, a tool or a database sends
-# must not drive the operator's terminal (hide text, move the cursor, redraw a gate's question).
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))}
-
-
-def _shown(text: str) -> str:
-    """`text` as `aiops chat` prints it: control characters written out as `\\xNN`."""
-    return text.translate(_CONTROLS)
-
-
 def _waiting_line(opened: GateOpened) -> dict[str, Any]:
     """The "waiting for approval" notice that follows a gate in `aiops chat --json`, derived from
     the gate itself (the line, its keys and their order as the engine's notice had them)."""
@@ -155,7 +97,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
     status = 0
     # The data-dir lock keeps the console and `aiops serve` out while this runs, so a gate can only
     # be answered here: on the terminal, or (without one) refused at once rather than waited on.
-    asker = _TerminalAsker() if sys.stdin.isatty() else None
+    asker = TerminalAsker() if sys.stdin.isatty() else None
     asking: dict[str, asyncio.Task[None]] = {}
     say = sys.stderr if args.json else out  # keeps --json output to JSON lines
 
@@ -187,21 +129,21 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         """One event as text on the terminal (the waiting notice is not shown: we ask instead)."""
         match e:
             case ev.Tok(text=text):
-                out.write(_shown(text))
+                out.write(shown(text))
             case ev.ToolCalled():
-                out.write(f"\n→ {_shown(e.tool)}({json.dumps(e.arguments)[:200]})\n")
+                out.write(f"\n→ {shown(e.tool)}({json.dumps(e.arguments)[:200]})\n")
             case ev.ToolReturned():
                 first = (e.content.strip().splitlines() or [""])[0][:200]
                 mark = "✗" if e.is_error else "←"
-                out.write(f"{mark} {_shown(e.tool)}: {_shown(first)} ({e.duration_ms:.0f} ms)\n")
+                out.write(f"{mark} {shown(e.tool)}: {shown(first)} ({e.duration_ms:.0f} ms)\n")
             case ev.Notice(command=str(command)) if command:
-                out.write(f"{_shown(e.text)}\n")  # a command's output, as is
+                out.write(f"{shown(e.text)}\n")  # a command's output, as is
             case ev.Notice():
-                out.write(f"\n[{_shown(e.text)}]\n")
+                out.write(f"\n[{shown(e.text)}]\n")
             case ev.GateOpened(gate=gate):
-                out.write(f"\n[gate {gate.id}: {_shown(gate.summary)}]\n")
+                out.write(f"\n[gate {gate.id}: {shown(gate.summary)}]\n")
             case ev.ErrorEvent():
-                out.write(f"\nerror: {_shown(e.message)}\n")
+                out.write(f"\nerror: {shown(e.message)}\n")
 
     try:
         for p in engine.plugin_status:

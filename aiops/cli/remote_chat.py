@@ -89,13 +89,13 @@ async def _a_command_failed(stream: EventStream, turn_id: object) -> bool:
 
 
 async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
-    from aiops.cli.chat import _shown, _TerminalAsker
     from aiops.cli.remote_http import Api, ApiError, segment
+    from aiops.cli.terminal import TerminalAsker, shown
 
     out = sys.stdout
     say = sys.stderr if args.json else out
     status = 0
-    asker = _TerminalAsker() if sys.stdin.isatty() else None
+    asker = TerminalAsker() if sys.stdin.isatty() else None
     asking: dict[str, asyncio.Task[None]] = {}
     try:
         api = Api(url, token)
@@ -118,24 +118,24 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
     def show(name: str, data: dict[str, Any]) -> None:
         match name:
             case "tok":
-                out.write(_shown(str(data.get("text", ""))))
+                out.write(shown(str(data.get("text", ""))))
             case "tool_call":
-                out.write(f"\n→ {_shown(str(data.get('name')))}({json.dumps(data.get('arguments'))[:200]})\n")
+                out.write(f"\n→ {shown(str(data.get('name')))}({json.dumps(data.get('arguments'))[:200]})\n")
             case "tool_result":
                 first = (str(data.get("content", "")).strip().splitlines() or [""])[0][:200]
                 mark = "✗" if data.get("is_error") else "←"
-                out.write(f"{mark} {_shown(str(data.get('name')))}: {_shown(first)} "
+                out.write(f"{mark} {shown(str(data.get('name')))}: {shown(first)} "
                           f"({float(data.get('duration_ms') or 0):.0f} ms)\n")
             case "notice" if data.get("gate_id"):
                 pass  # the waiting notice: asked (or said) below instead
             case "notice" if data.get("command"):
-                out.write(f"{_shown(str(data.get('text', '')))}\n")
+                out.write(f"{shown(str(data.get('text', '')))}\n")
             case "notice":
-                out.write(f"\n[{_shown(str(data.get('text', '')))}]\n")
+                out.write(f"\n[{shown(str(data.get('text', '')))}]\n")
             case "gate":
-                out.write(f"\n[gate {data.get('id')}: {_shown(str(data.get('summary', '')))}]\n")
+                out.write(f"\n[gate {data.get('id')}: {shown(str(data.get('summary', '')))}]\n")
             case "error":
-                out.write(f"\nerror: {_shown(str(data.get('message', '')))}\n")
+                out.write(f"\nerror: {shown(str(data.get('message', '')))}\n")
 
     stream: EventStream | None = None
     try:
@@ -158,7 +158,7 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             if args.json:
                 out.write(json.dumps({"event": "done", **reply}, default=str) + "\n")
             elif reply.get("text"):
-                out.write(_shown(str(reply["text"])) + "\n")
+                out.write(shown(str(reply["text"])) + "\n")
             return 1 if failed else 0
         turn_id = reply.get("turn_id")
         if not args.json:
