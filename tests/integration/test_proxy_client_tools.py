@@ -132,6 +132,30 @@ async def test_openai_client_tool_round_trip(api_server: ApiServer, fake_openai:
     assert exchange(hist)[-2:] == [("user", "thanks"), ("assistant", "echo: thanks", ())]
 
 
+async def test_a_result_naming_a_call_nobody_made_is_refused(api_server: ApiServer,
+                                                              fake_openai: FakeOpenAI) -> None:
+    """A tool result whose tool_call_id is neither a waiting call's nor one of the assistant
+    message's answers nothing: a 400, nothing recorded, and the right result still goes through."""
+    fake_openai.script(Reply.tool_calls(Call("get_time", {"tz": "UTC"}, "call_t1")), Reply.text("10:42 it is."))
+    async with openai_client(api_server, "chat-stray") as client:
+        messages: list[Any] = [{"role": "user", "content": "what time is it in UTC?"}]
+        first = await client.chat.completions.create(model="aiops", messages=messages, tools=[GET_TIME])
+        assert first.choices[0].message.tool_calls is not None
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="aiops", tools=[GET_TIME],
+                messages=[*messages, {"role": "tool", "tool_call_id": "call_nobody_made", "content": "rainy"}])
+        assert refused.value.status_code == 400
+        assert len(fake_openai.requests) == 1  # the model was not asked again
+        raw = await client.chat.completions.with_raw_response.create(
+            model="aiops", tools=[GET_TIME],
+            messages=[*messages, {"role": "tool", "tool_call_id": "call_t1", "content": run_get_time({"tz": "UTC"})}])
+        assert raw.parse().choices[0].message.content == "10:42 it is."
+    hist = await history(api_server, raw.headers["x-aiops-session"])
+    assert [m["content"] for m in hist if m["role"] == "tool"] == [run_get_time({"tz": "UTC"})]
+
+
 async def test_agent_tool_and_client_tool_in_one_model_response(api_server: ApiServer,
                                                                 fake_openai: FakeOpenAI) -> None:
     """The agent's own call runs first (gated as always: reading the prompt is allowed); only the

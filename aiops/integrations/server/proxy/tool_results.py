@@ -34,7 +34,10 @@ def pair(waiting: OpenClientCalls, asked: Sequence[ClientToolCall],
     """Each result paired with the waiting call it answers, as (call id, text), and whether every
     pair was made by id; None when the results do not fit the calls. By the call's id (ours, as
     OpenAI clients send it back); else by its place in the client's assistant message (Ollama's
-    calls carry no id, so Open WebUI makes one up); else the next waiting call of that name."""
+    calls carry no id, so Open WebUI makes one up); else the next waiting call of that name. A
+    result whose id names neither a waiting call nor a call of the assistant message answers
+    nothing: taken for the next waiting call, a client's slip would record one tool's result as
+    another's (OpenAI refuses such a request too)."""
     calls = list(waiting.calls)
     names = {c.id: waiting.client_names.get(c.id, c.name) for c in calls}
     by_id = {c.id: c for c in calls}
@@ -48,6 +51,8 @@ def pair(waiting: OpenClientCalls, asked: Sequence[ClientToolCall],
             if place is not None and place < len(calls) and calls[place].id in by_id \
                     and names[calls[place].id] == asked[place].name:
                 call = calls[place]
+            elif place is None and r.tool_call_id:
+                return None
             else:
                 name = r.tool_name or (asked[place].name if place is not None else None)
                 call = next((c for c in calls if c.id in by_id and (name is None or names[c.id] == name)), None)
