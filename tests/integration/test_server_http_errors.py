@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import openai
 import pytest
 
 from aiops.integrations.server.auth import BindRefused
@@ -208,6 +209,42 @@ async def test_unknown_routes_answer_404_in_the_shape_of_their_surface(api_serve
     assert status == 404 and body == {"error": "no route POST /api/nope"}
     await still_serving(api_server)
 
+
+
+async def test_openai_apis_not_served_say_what_to_use_instead(api_server: ApiServer) -> None:
+    """The Responses API (newer SDKs' agents try it first), legacy completions, embeddings: a 501
+    in OpenAI's shape naming Chat Completions, not a bare 'no route'; the real SDK shows it."""
+    client = openai.AsyncOpenAI(base_url=api_server.url + "/v1", api_key="x", max_retries=0)
+    async with client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.responses.create(model="aiops", input="hi")
+        with pytest.raises(openai.APIStatusError) as embeddings:
+            await client.embeddings.create(model="aiops", input="hi")
+    assert refused.value.status_code == embeddings.value.status_code == 501
+    assert "Responses API" in refused.value.message and "/v1/chat/completions" in refused.value.message
+    assert "embeddings" in embeddings.value.message
+    for method, path in (("POST", "/v1/completions"), ("POST", "/v1/audio/transcriptions"), ("GET", "/responses")):
+        status, body, _ = await call(api_server, method, path, json={})
+        assert status == 501 and body["error"]["code"] == "not_implemented", (path, body)
+    await still_serving(api_server)
+
+
+async def test_a_doubled_or_trailing_slash_reaches_its_route(api_server: ApiServer) -> None:
+    """A client whose base URL ends in "/" joins ".../v1//chat/completions"; another adds a
+    trailing slash. Both are sent on with a 308, which keeps the method and the body."""
+    body = {"model": "aiops", "messages": [{"role": "user", "content": "slashes"}]}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(api_server.url + "/v1//chat/completions", json=body, allow_redirects=False) as r:
+            assert (r.status, r.headers["Location"]) == (308, "/v1/chat/completions")
+        for path in ("/v1//chat/completions", "/v1/chat/completions/"):
+            async with http.post(api_server.url + path, json=body) as r:  # aiohttp follows a 308 with the body
+                assert r.status == 200, await r.text()
+                assert (await r.json())["choices"][0]["message"]["content"] == "echo: slashes"
+        async with http.get(api_server.url + "/v1/models/") as r:
+            assert r.status == 200 and any(m["id"] == "aiops" for m in (await r.json())["data"])
+    status, _, _ = await call(api_server, "GET", "/v1/nope/")  # nothing there either way: still a 404
+    assert status == 404
+    await still_serving(api_server)
 
 
 async def test_a_stream_for_an_id_no_session_can_have_is_a_400_not_a_wait(api_server: ApiServer) -> None:

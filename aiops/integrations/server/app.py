@@ -29,7 +29,11 @@ def create_app(engine: Engine, cfg: Config | None = None, *, env: Mapping[str, s
     Tokens are `tokens` when given, else loaded from `env` (default: the engine's environment).
     """
     cfg = cfg or engine.config
-    middlewares: list[Middleware] = [error_middleware, auth_middleware]
+    # Last, so that only an authenticated request learns where a path would lead: a client whose
+    # base URL ends in "/" (".../v1//chat/completions") or one that adds a trailing slash is
+    # sent to the route with a 308, which keeps the method and the body.
+    middlewares: list[Middleware] = [error_middleware, auth_middleware,
+                                     web.normalize_path_middleware(append_slash=False, remove_slash=True)]
     if cfg.app.server.cors_origins:
         # First: a browser's preflight carries no token, so it is answered before authentication.
         middlewares.insert(0, cors.cors_middleware)

@@ -396,10 +396,28 @@ class OpenAIFramer:
                                  end.client_calls)
 
 
+# OpenAI APIs a client may try first (the Responses API is the default of newer SDKs' agents) that
+# an agent behind Chat Completions does not serve: named, so the client's user reads what to set.
+_NOT_SERVED = {
+    "responses": "the Responses API", "completions": "legacy text completions", "embeddings": "embeddings",
+    "moderations": "moderations", "audio": "audio", "images": "images",
+}
+
+
+async def not_served(request: web.Request) -> web.Response:
+    what = _NOT_SERVED[request.match_info["api"]]
+    raise HttpError(501, "not_implemented",
+                    f"aiops does not serve {what} ({request.path}): it is an agent behind the Chat "
+                    f"Completions API; set the client to use /v1/chat/completions")
+
+
 def setup(app: web.Application) -> None:
-    """Mount `/v1/chat/completions` and `/v1/models`."""
+    """Mount `/v1/chat/completions` and `/v1/models`, and a 501 for the OpenAI APIs not served."""
     # Also without the /v1 prefix: clients configured with the bare server URL call these.
+    apis = "|".join(_NOT_SERVED)
     for prefix in ("/v1", ""):
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
         app.router.add_get(f"{prefix}/models", list_models)
         app.router.add_get(f"{prefix}/models/{{model:.+}}", get_model)
+        app.router.add_route("*", f"{prefix}/{{api:{apis}}}", not_served)
+        app.router.add_route("*", f"{prefix}/{{api:{apis}}}/{{rest:.*}}", not_served)
