@@ -211,6 +211,22 @@ async def test_unknown_routes_answer_404_in_the_shape_of_their_surface(api_serve
 
 
 
+@pytest.mark.parametrize(("content", "expect"), [
+    (5, ("messages.0.content", "expected a string or an array, not a number")),
+    ([{"type": "text", "text": 5}], ("messages.0.content.0.text", "Input should be a valid string")),
+    ([7], ("messages.0.content.0", "expected an object, not a number")),
+])
+async def test_a_field_of_several_types_is_named_as_the_client_wrote_it(api_server: ApiServer, content: Any,
+                                                                        expect: tuple[str, str]) -> None:
+    """Not pydantic's names for the union's members ("content.list[_Part]", "instance of _Part"):
+    the field as the client sent it, and what it may be."""
+    status, body, _ = await call(api_server, "POST", "/v1/chat/completions",
+                                 json={"model": "aiops", "messages": [{"role": "user", "content": content}]})
+    assert status == 400
+    assert (body["error"]["param"], body["error"]["message"]) == (expect[0], f"invalid request: {expect[0]}: {expect[1]}")
+    await still_serving(api_server)
+
+
 async def test_openai_apis_not_served_say_what_to_use_instead(api_server: ApiServer) -> None:
     """The Responses API (newer SDKs' agents try it first), legacy completions, embeddings: a 501
     in OpenAI's shape naming Chat Completions, not a bare 'no route'; the real SDK shows it."""

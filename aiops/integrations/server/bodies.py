@@ -131,17 +131,60 @@ def _parse_json(raw: bytes) -> Any:
     return data
 
 
+# How pydantic names the member of a union an error came from, inside the error's location
+# ("content.str", "content.list[_Part].0.text"): the names of our types, never a client's field.
+_UNION_MEMBER = re.compile(r"(str|int|float|bool|none|(list|dict|tuple|literal)\[.*\]|_?[A-Z]\w*)")
+_KINDS = {"str": "a string", "int": "a number", "float": "a number", "bool": "a boolean", "list": "an array",
+          "tuple": "an array", "dict": "an object", "none": "null"}
+
+
+def _kind(member: str) -> str:
+    head = member.split("[", 1)[0]
+    return _KINDS.get(head, "an object")  # a model
+
+
 def validation_message(err: ValidationError) -> tuple[str, str | None]:
-    """One line naming every bad field, and the first field's name."""
+    """One line naming every bad field, and the first field's name. A field that may be of several
+    types (a union) is named without pydantic's names for its members: where the value is of none
+    of them, it says which it may be; where it is one of them, only that one's errors are shown."""
     parts: list[str] = []
     first: str | None = None
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "body"
-        first = first or loc
+    unions: dict[tuple[Any, ...], list[str]] = {}  # a union's location -> its members' kinds
+    deeper: set[tuple[Any, ...]] = set()  # unions whose value had a member's shape (errors within)
+    errors = err.errors()
+    for e in errors:
+        loc = tuple(e["loc"])
+        at = next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None)
+        if at is not None:
+            unions.setdefault(loc[:at], []).append(loc[at])  # type: ignore[arg-type]
+            if len(loc) > at + 1:
+                deeper.add(loc[:at])
+    said: set[tuple[Any, ...]] = set()
+    for e in errors:
+        loc = tuple(e["loc"])
+        at = next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None)
+        if at is not None:
+            union = loc[:at]
+            if union in deeper and len(loc) == at + 1:
+                continue  # a member whose shape the value does not have: the other's errors say it
+            if union not in deeper:
+                if union in said:
+                    continue
+                said.add(union)
+                kinds = list(dict.fromkeys(_kind(m) for m in unions[union]))
+                where = ".".join(str(p) for p in union) or "body"
+                first = first or where
+                parts.append(f"{where}: expected {' or '.join(kinds)}, not {json_type(e['input'])}")
+                continue
+            loc = tuple(p for p in loc if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p)))
+        where = ".".join(str(p) for p in loc) or "body"
+        first = first or where
         msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
         if e["type"] == "missing":
             msg = "required field is missing"
-        parts.append(f"{loc}: {msg}")
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = f"expected an object, not {json_type(e['input'])}"  # not "instance of _Part"
+        parts.append(f"{where}: {msg}")
     return "invalid request: " + "; ".join(parts), first
 
 
