@@ -39,9 +39,9 @@ from aiops.engine.recovery import INTERRUPTED_NOTICE, close_left_open
 from aiops.engine.sessions import SESSION_KINDS, HeldDeletions, LiveSession, SessionCache
 from aiops.engine.store import Store
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolRegistry
-from aiops.engine.turn import MAX_RESULT_CHARS, Turn, TurnResult
+from aiops.engine.turn import Turn, TurnResult, clipped
 from aiops.engine.turn_queue import TurnQueue
-from aiops.engine.types import Completion, Message, SessionKey, ToolSpec, new_id, valid_text
+from aiops.engine.types import Completion, Message, SessionKey, ToolSpec, new_id
 
 if TYPE_CHECKING:
     from aiops.engine.commands import CommandHost
@@ -468,10 +468,8 @@ class Engine:
                 raise EngineError("two results for one tool call")
             for call_id, text in results:
                 call = calls.pop(call_id)
-                text = valid_text(text)
-                if len(text) > MAX_RESULT_CHARS:  # as the agent's own results are cut
-                    text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS} more characters]"
-                msg = Message("tool", text, tool_call_id=call_id, name=call.name, turn_id=waiting.turn_id,
+                # Cut as the agent's own results are.
+                msg = Message("tool", clipped(text), tool_call_id=call_id, name=call.name, turn_id=waiting.turn_id,
                               meta={"client": True, "is_error": False})
                 await self.record(live.id, msg)
                 self.bus.publish(returned(live.id, msg))

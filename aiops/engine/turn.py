@@ -69,6 +69,15 @@ FAILED_CALL = (
 )
 
 
+def clipped(text: str) -> str:
+    """A tool's result as a session records it, whoever ran the tool: storable (see valid_text),
+    and cut at MAX_RESULT_CHARS, so that one huge result does not crowd the model's context."""
+    text = valid_text(text)
+    if len(text) > MAX_RESULT_CHARS:
+        text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(text) - MAX_RESULT_CHARS} more characters]"
+    return text
+
+
 @dataclass(slots=True)
 class TurnResult:
     turn_id: str
@@ -564,9 +573,7 @@ class TurnRunner:
             log.warning("tool %s ended after its turn had recorded it as cut short; result dropped",
                         call.name)
             return
-        text = valid_text(out.text)  # (a tool's text comes from anywhere: an MCP server, a web page)
-        if len(text) > MAX_RESULT_CHARS:
-            text = text[:MAX_RESULT_CHARS] + f"\n[truncated: {len(out.text) - MAX_RESULT_CHARS} more characters]"
+        text = clipped(out.text)  # (a tool's text comes from anywhere: an MCP server, a web page)
         meta: dict[str, Any] = {"is_error": out.is_error, "duration_ms": round(duration_ms, 1)}
         if decision:
             meta["gate"] = decision
