@@ -504,3 +504,119 @@ async def test_open_webui_with_forwarded_user_headers_gets_its_chat_session(api_
             if rec["body"].get("stream"):
                 assert _answer(dialect, r) == ("ECHO: hello", [])
                 assert r.headers["x-aiops-session"] == "owui-" + headers["X-OpenWebUI-Chat-Id"]
+
+
+# ---- a tool exchange in a history the session takes in (a new chat, a fork) ------------------------------
+
+LOOKUP_ORDER = {"type": "function", "function": {
+    "name": "lookup_order", "description": "An order's shipping status.",
+    "parameters": {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}}}
+
+
+def seen_by_model(body: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The conversation a model request carried, system prompt left out: (role, text) for user
+    messages, (role, text, ((call id, name, arguments), …)) for the assistant's, and
+    (role, call id, result) for tool results."""
+    out: list[tuple[Any, ...]] = []
+    for m in body["messages"]:
+        if m["role"] == "user":
+            out.append(("user", message_text(m)))
+        elif m["role"] == "assistant":
+            calls = tuple((c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                          for c in m.get("tool_calls") or ())
+            out.append(("assistant", message_text(m), calls))
+        elif m["role"] == "tool":
+            out.append(("tool", m["tool_call_id"], message_text(m)))
+    return out
+
+
+async def test_a_new_chat_whose_history_holds_a_tool_exchange_gives_the_model_the_exchange(
+        api_server: ApiServer, fake_openai: FakeOpenAI) -> None:
+    """A user switching Open WebUI to aiops mid-chat: the call and its result reach the model as
+    they were, and the next message continues the session without taking anything in again."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "what time"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_x1", "type": "function", "function": {"name": "get_current_timestamp", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_x1", "content": "12:00"},
+        {"role": "assistant", "content": "It is noon"},
+        {"role": "user", "content": "and in an hour?"}]
+    async with httpx.AsyncClient(timeout=30) as h:
+        r = await h.post(api_server.url + "/v1/chat/completions", json={"model": "aiops", "messages": messages})
+        assert r.status_code == 200, r.text
+        sid = r.headers["x-aiops-session"]
+        assert seen_by_model(fake_openai.requests[-1].json) == [
+            ("user", "what time"), ("assistant", "", (("call_x1", "get_current_timestamp", {}),)),
+            ("tool", "call_x1", "12:00"), ("assistant", "It is noon", ()), ("user", "and in an hour?")]
+        hist = await history(api_server, sid)
+        imported = [m for m in hist if m["meta"].get("imported")]
+        assert exchange(imported) == [("user", "what time"), ("assistant", "", ("get_current_timestamp",)),
+                                      ("tool", "get_current_timestamp", "12:00"), ("assistant", "It is noon", ())]
+        assert len({m["turn_id"] for m in imported}) == 1  # one turn: question, call, result, answer
+        # The chat goes on in its session; nothing is taken in twice.
+        messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "thanks"}]
+        r = await h.post(api_server.url + "/v1/chat/completions", json={"model": "aiops", "messages": messages})
+        assert r.status_code == 200, r.text
+    assert r.headers["x-aiops-session"] == sid
+    hist = await history(api_server, sid)
+    assert len([m for m in hist if m["meta"].get("imported")]) == len(imported)
+    assert [t[0] for t in seen_by_model(fake_openai.requests[-1].json)] == [
+        "user", "assistant", "tool", "assistant", "user", "assistant", "user"]
+
+
+async def test_a_new_ollama_chat_whose_history_holds_a_tool_exchange_gives_the_model_the_exchange(
+        api_server: ApiServer, fake_openai: FakeOpenAI) -> None:
+    """Ollama's shape: the call's arguments an object and no id, its result naming the tool. The
+    model's protocol pairs them by an id, which aiops gives the call."""
+    messages = [
+        {"role": "user", "content": "what time"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_current_timestamp", "arguments": {"tz": "UTC"}}}]},
+        {"role": "tool", "tool_name": "get_current_timestamp", "content": "12:00"},
+        {"role": "assistant", "content": "It is noon"},
+        {"role": "user", "content": "and in an hour?"}]
+    async with httpx.AsyncClient(timeout=30) as h:
+        r = await h.post(api_server.url + "/api/chat", json={"model": "aiops", "messages": messages, "stream": False})
+    assert r.status_code == 200, r.text
+    seen = seen_by_model(fake_openai.requests[-1].json)
+    assert [t[0] for t in seen] == ["user", "assistant", "tool", "assistant", "user"]
+    ((call_id, name, arguments),) = seen[1][2]
+    assert (name, arguments) == ("get_current_timestamp", {"tz": "UTC"}) and call_id
+    assert seen[2] == ("tool", call_id, "12:00")
+    assert seen[3:] == [("assistant", "It is noon", ()), ("user", "and in an hour?")]
+
+
+async def test_an_edit_after_a_client_tool_round_trip_forks_with_the_exchange(api_server: ApiServer,
+                                                                              fake_openai: FakeOpenAI) -> None:
+    """Open WebUI's edit of the last message: the same history, another final text. The fork's
+    model sees the call and its result, as the original session's did."""
+    fake_openai.script(Reply.tool_calls(Call("lookup_order", {"order": "A17"}, "call_lo1")),
+                       Reply.text("Order A17 shipped on 2026-11-20."))
+    result = "order A17: shipped 2026-11-20, tracking ZX991"
+    question = {"role": "user", "content": "where is my order A17?"}
+    async with openai_client(api_server, "edited") as client:
+        r = await client.chat.completions.create(model="aiops", messages=[question], tools=[LOOKUP_ORDER])
+        msg = r.choices[0].message
+        assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls is not None
+        chat: list[Any] = [question, {"role": "assistant", "content": None,
+                                      "tool_calls": [c.model_dump() for c in msg.tool_calls]},
+                           {"role": "tool", "tool_call_id": "call_lo1", "content": result}]
+        r = await client.chat.completions.create(model="aiops", messages=chat, tools=[LOOKUP_ORDER])
+        chat.append({"role": "assistant", "content": r.choices[0].message.content})
+        raw = await client.chat.completions.with_raw_response.create(
+            model="aiops", messages=[*chat, {"role": "user", "content": "when will it arrive?"}], tools=[LOOKUP_ORDER])
+        sid = raw.headers["x-aiops-session"]
+        exchanged = [("user", "where is my order A17?"), ("assistant", "", (("call_lo1", "lookup_order", {"order": "A17"}),)),
+                     ("tool", "call_lo1", result), ("assistant", "Order A17 shipped on 2026-11-20.", ())]
+        assert seen_by_model(fake_openai.requests[-1].json) == [*exchanged, ("user", "when will it arrive?")]
+        # The user edits that message: the same history before it, another text.
+        raw = await client.chat.completions.with_raw_response.create(
+            model="aiops", messages=[*chat, {"role": "user", "content": "when will it arrive in Oslo?"}],
+            tools=[LOOKUP_ORDER])
+    fork = raw.headers["x-aiops-session"]
+    assert fork == f"{sid}+2"
+    assert seen_by_model(fake_openai.requests[-1].json) == [*exchanged, ("user", "when will it arrive in Oslo?")]
+    # The original session is left as it was.
+    assert [m["content"] for m in await history(api_server, sid) if m["role"] == "user"] == [
+        "where is my order A17?", "when will it arrive?"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,9 @@ class ClientMessage:
     tool_calls: tuple[ClientToolCall, ...] = ()  # an assistant message's calls of client tools
     tool_call_id: str | None = None  # a tool result: the call it answers
     tool_name: str | None = None  # a tool result: the tool's name (Ollama's `tool_name`), if sent
+    # An answer folded from several messages (see folded): those messages as sent, tool results
+    # included. Matching compares the folded text; a session taking the answer in records these.
+    parts: tuple[ClientMessage, ...] = ()
 
 
 def tools_refused(field_name: str = "tools") -> HttpError:
@@ -49,18 +53,23 @@ def omitted(kind: str) -> str:
 
 
 def folded(messages: Sequence[ClientMessage]) -> list[ClientMessage]:
-    """The conversation as matched and imported: tool results left out, and the assistant messages
-    of one answer (its text before a tool call, its text after the result) joined as one, as a
-    session records one turn's answer and as a streamed answer shows it."""
+    """The conversation as matched: the assistant messages of one answer (its text before a tool
+    call, its text after the result) joined as one, as a session's view shows one turn's answer and
+    as a streamed answer shows it, with the tool results that answered its calls kept only in its
+    `parts` (a tool result following no call is left out: no model would take it)."""
     out: list[ClientMessage] = []
     joined = False  # out[-1] is an assistant message whose last part called tools
     for m in messages:
         if m.role == "tool":
+            if joined and out and out[-1].role == "assistant":
+                prev = out[-1]
+                out[-1] = dataclasses.replace(prev, parts=(*(prev.parts or (prev,)), m))
             continue
         if m.role == "assistant" and joined and out and out[-1].role == "assistant":
             prev = out[-1]
             text = "\n\n".join(t for t in (prev.text, m.text) if t)
-            out[-1] = ClientMessage("assistant", text, tool_calls=prev.tool_calls + m.tool_calls)
+            out[-1] = ClientMessage("assistant", text, tool_calls=prev.tool_calls + m.tool_calls,
+                                    parts=(*(prev.parts or (prev,)), m))
         else:
             out.append(m)
         joined = m.role == "assistant" and bool(m.tool_calls)

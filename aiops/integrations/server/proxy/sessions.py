@@ -25,15 +25,16 @@ from typing import Any
 
 from aiops.engine import events as ev
 from aiops.engine.bus import Subscription
-from aiops.engine.client_tools import open_client_calls
+from aiops.engine.client_tools import offer, open_client_calls
 from aiops.engine.commands import parse_input
 from aiops.engine.engine import Engine, EngineError
 from aiops.engine.turn import Turn
-from aiops.engine.types import Message, ToolSpec, new_id
+from aiops.engine.types import Message, ToolSpec
 from aiops.integrations.server.context import check_model
 from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import Caller, claim, forbidden, owner_meta, owner_of
 from aiops.integrations.server.proxy.identity import ConversationId, first_root, root_of
+from aiops.integrations.server.proxy.imported import model_names, records, taken_in
 from aiops.integrations.server.proxy.index import Indexed, RootIndex
 from aiops.integrations.server.proxy.matching import (
     Entry,
@@ -47,7 +48,7 @@ from aiops.integrations.server.proxy.matching import (
 from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall, check_conversation, folded
 from aiops.integrations.server.proxy.models import PublishedModel, turn_model
 from aiops.integrations.server.proxy.openwebui import as_typed, with_system_context
-from aiops.integrations.server.proxy.status import normalize, without_status_lines
+from aiops.integrations.server.proxy.status import normalize
 from aiops.integrations.server.proxy.tool_results import exchange, pair
 
 
@@ -232,13 +233,14 @@ class ProxySessions:
                             model: PublishedModel, who: Caller, events: Iterable[str] | None,
                             client_tools: Sequence[ToolSpec]) -> StartedTurn:
         engine = self.engine
-        entries = client_entries(since_reset(engine, messages[:-1]))
+        earlier = since_reset(engine, messages[:-1])
+        entries = client_entries(earlier)
         index = self._roots.get(conv.root)
         if index is None or conv.root not in index.members:
             # A conversation new to the proxy takes in all of it (and _choose creates its session).
-            self._check_import(conv.root, len(entries), 0)
+            self._check_import(conv.root, len(self._records(taken_in(earlier), client_tools)), 0)
         session_id, skip, forked = await self._choose(conv, entries, model, who)
-        missing = [m for _, m in entries[skip:]]
+        missing = self._records(_lacking(earlier, entries, skip), client_tools)
         if missing:
             index = self._roots.get(conv.root)
             rec = index.members.get(session_id) if index is not None else None  # (a new one: none)
@@ -501,17 +503,32 @@ class ProxySessions:
             n += 1
         return f"{root}+{n}"
 
-    async def _import(self, session_id: str, missing: list[ClientMessage]) -> int:
-        """Record the client's earlier messages, one turn id per user message and its answer."""
-        turn_id: str | None = None
-        for m in missing:
-            if m.role == "user" or turn_id is None:
-                turn_id = new_id("imp_")
-            text = m.text if m.role == "user" else without_status_lines(m.text)
-            await self.engine.record(session_id, Message(m.role, text, turn_id=turn_id,  # type: ignore[arg-type]
-                                                         meta={"imported": True, "source": "proxy"}))
+    def _records(self, messages: Sequence[ClientMessage], client_tools: Sequence[ToolSpec]) -> list[Message]:
+        """What a session records of the client's earlier `messages` (see imported): their tool
+        calls named as this turn offers the client's tools to the model."""
+        if not messages:
+            return []
+        agent_tools = frozenset(self.engine.tools.names())
+        return records(messages, model_names(offer(client_tools, agent_tools), agent_tools))
+
+    async def _import(self, session_id: str, missing: list[Message]) -> int:
+        """Record the client's earlier messages (see imported.records)."""
+        for msg in missing:
+            await self.engine.record(session_id, msg)
         return len(missing)
 
+
+
+def _lacking(earlier: Sequence[ClientMessage], entries: list[tuple[Entry, ClientMessage]],
+             skip: int) -> list[ClientMessage]:
+    """The client's earlier messages a session holding the first `skip` of its `entries` (taken
+    from `earlier`) lacks: every one from the first entry it lacks on, answers of tool calls alone
+    included (matching leaves them out of the view; see imported.taken_in)."""
+    if skip >= len(entries):
+        return []
+    first = entries[skip][1]
+    start = next(i for i, m in enumerate(earlier) if m is first)  # the message itself, not its equal
+    return taken_in(earlier[start:])
 
 
 async def cancel_turn(engine: Engine, session_id: str, turn: Turn, why: str) -> None:
