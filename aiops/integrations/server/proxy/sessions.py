@@ -9,8 +9,9 @@ conversation. `ProxySessions.start` maps one onto the other:
   the session of its root (see identity) whose conversation equals the client's history before the
   new message; one whose conversation is a prefix of it gets the missing messages imported first.
   Anything else (an edited or regenerated message, a new chat that happens to share a fingerprint)
-  forks a new session holding the client's history. aiops adds only the new trailing user message,
-  and its own tool records stay with the matching prefix (see matching).
+  forks a new session holding the client's history, its client tool exchanges included (see
+  imported). aiops adds only the new trailing user message, and its own tool records stay with the
+  matching prefix (see matching).
 """
 
 from __future__ import annotations
