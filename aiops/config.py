@@ -176,6 +176,10 @@ class ServerConfig(_Strict):
     # A chat client's own tools (`tools` in its request): offered to the model beside the agent's
     # (calls go back to the client, see engine/client_tools.py), dropped, or refused with a 400.
     client_tools: Literal["offer", "ignore", "refuse"] = "offer"
+    # The model's reasoning (`thinking` events) reaches chat clients: `reasoning_content` on /v1,
+    # `thinking` on /api when the request asks with `think`. False withholds it from every client
+    # (it is still recorded in the session and shown in the console).
+    proxy_reasoning: bool = True
     # Browser origins allowed to call the server (CORS), `*` matching anything: e.g.
     # ["http://localhost:*", "chrome-extension://*"]. None by default (see server/cors.py).
     cors_origins: list[str] = Field(default_factory=list)

@@ -10,10 +10,11 @@ from datetime import datetime
 
 import httpx
 import ollama
+import openai
 import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
-from tests.support.server import ServeProcess, server_config_dir, start_serve
+from tests.support.server import ApiServerFactory, ServeProcess, server_config_dir, start_serve
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +205,82 @@ def test_an_image_earlier_in_the_chat_is_a_placeholder_and_only_a_new_one_is_ref
         client.chat(model="aiops", stream=False, messages=[
             *history, {"role": "user", "content": "and this?", "images": [png]}])
     assert e.value.status_code == 400 and "images are not supported" in e.value.error
+
+
+def test_chat_shows_thinking_only_when_the_request_asks_for_it(client: ollama.Client, fake: FakeOpenAI,
+                                                                served: ServeProcess) -> None:
+    """`think: true` (or a level): the model's reasoning in `message.thinking`, before the answer,
+    streamed or whole. Without `think`, or with `think: false`, no `thinking` key at all, as Ollama
+    answers."""
+    fake.script(Reply.reasoning("I am pondering deeply", "final answer"),
+                Reply.reasoning("pondering once more", "another answer"))
+    parts = list(client.chat(model="aiops", messages=[{"role": "user", "content": "THINK b"}], think=True,
+                             stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == "I am pondering deeply"
+    assert "".join(p.message.content or "" for p in parts) == "final answer"
+    kinds = ["thinking" if p.message.thinking else "content" for p in parts if p.message.thinking or p.message.content]
+    assert kinds == sorted(kinds, reverse=True)  # all the thinking first
+    assert parts[-1].done and parts[-1].message.thinking is None
+    r = client.chat(model="aiops", messages=[{"role": "user", "content": "THINK high"}], think="high", stream=False)
+    assert (r.message.thinking, r.message.content) == ("pondering once more", "another answer")
+    for think in (None, False):
+        body: dict = {"model": "aiops", "messages": [{"role": "user", "content": f"THINK quietly {think}"}]}
+        if think is not None:
+            body["think"] = think
+        for stream in (True, False):
+            fake.script(Reply.reasoning("I am pondering deeply", "final answer"))
+            resp = httpx.post(served.url + "/api/chat", json={**body, "stream": stream}, timeout=10)
+            lines = [json.loads(line) for line in resp.text.splitlines() if line]
+            assert all("thinking" not in line["message"] for line in lines), (think, stream)
+            assert "".join(line["message"]["content"] for line in lines) == "final answer"
+
+
+def test_generate_shows_thinking_beside_the_response_when_asked(client: ollama.Client, fake: FakeOpenAI) -> None:
+    fake.script(*[Reply.reasoning("I am pondering deeply", "final answer")] * 3)
+    parts = list(client.generate(model="aiops", prompt="THINK generated", think=True, stream=True))
+    assert "".join(p.thinking or "" for p in parts) == "I am pondering deeply"
+    assert "".join(p.response or "" for p in parts) == "final answer"
+    r = client.generate(model="aiops", prompt="THINK generated whole", think=True, stream=False)
+    assert (r.thinking, r.response) == ("I am pondering deeply", "final answer")
+    r = client.generate(model="aiops", prompt="THINK generated unasked", stream=False)
+    assert (r.thinking, r.response) == (None, "final answer")
+
+
+def test_think_is_a_boolean_or_a_level(served: ServeProcess, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    for path, body in [("/api/chat", {"model": "aiops", "think": 1, "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/api/generate", {"model": "aiops", "think": ["high"], "prompt": "hi"})]:
+        r = httpx.post(served.url + path, json=body)
+        assert r.status_code == 400, path
+        assert "think" in r.json()["error"]
+    assert len(fake.requests) == before
+
+
+async def test_the_operator_may_withhold_reasoning_and_refuse_client_tools(api_server_factory: ApiServerFactory,
+                                                                           fake_openai: FakeOpenAI) -> None:
+    """`proxy_reasoning = false`: no client gets the reasoning, asked or not, and /api/show says no
+    "thinking"; `client_tools = "refuse"`: no "tools" either."""
+    srv = await api_server_factory(server={"proxy_reasoning": False, "client_tools": "refuse"})
+    fake_openai.script(*[Reply.reasoning("I am pondering deeply", "final answer")] * 3)
+    async with ollama.AsyncClient(host=srv.url) as c:
+        assert (await c.show("aiops")).capabilities == ["completion"]
+        parts = [p async for p in await c.chat(model="aiops", messages=[{"role": "user", "content": "THINK c"}],
+                                               think=True, stream=True)]
+        assert [p.message.thinking for p in parts] == [None] * len(parts)
+        assert "".join(p.message.content or "" for p in parts) == "final answer"
+    async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as oc:
+        chunks = [c async for c in await oc.chat.completions.create(
+            model="aiops", stream=True, messages=[{"role": "user", "content": "THINK a"}])]
+    assert not any(getattr(c.choices[0].delta, "reasoning_content", None) for c in chunks if c.choices)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "final answer"
+    async with httpx.AsyncClient(base_url=srv.url) as h:
+        r = await h.post("/api/chat", json={"model": "aiops", "think": True, "stream": False,
+                                            "messages": [{"role": "user", "content": "THINK b"}]})
+    assert r.json()["message"] == {"role": "assistant", "content": "final answer"}
+    # Withheld from clients, kept in the session (the console shows it).
+    async with srv.client() as agent:
+        answer = [m for m in await agent.history(r.headers["x-aiops-session"]) if m["role"] == "assistant"][-1]
+    assert answer["thinking"] == "I am pondering deeply"
 
 
 def test_stream_is_the_default_on_the_wire(served: ServeProcess) -> None:

@@ -162,6 +162,70 @@ def test_sse_wire_format_ends_with_done(served: ServeProcess) -> None:
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
 
 
+# ---- the model's reasoning ------------------------------------------------------------------------------
+
+
+def _deltas(chunks: list) -> list[tuple[str, str]]:
+    """A stream's deltas in order as (field, text), consecutive ones of a field joined."""
+    out: list[tuple[str, str]] = []
+    for c in chunks:
+        if not c.choices:
+            continue
+        d = c.choices[0].delta
+        for field in ("reasoning_content", "content"):
+            text = getattr(d, field, None)
+            if not text:
+                continue
+            if out and out[-1][0] == field:
+                out[-1] = (field, out[-1][1] + text)
+            else:
+                out.append((field, text))
+    return out
+
+
+def test_streamed_reasoning_reaches_the_sdk_as_reasoning_content_before_the_answer(
+        client: openai.OpenAI, fake: FakeOpenAI, served: ServeProcess) -> None:
+    """As DeepSeek, vLLM and llama.cpp stream it, unasked (clients that do not know the field skip
+    it); the answer's text stays the answer alone, so the chat's next message continues it."""
+    fake.script(Reply.reasoning("I am pondering deeply", "final answer"))
+    raw = client.chat.completions.with_raw_response.create(
+        model="aiops", stream=True, messages=[{"role": "user", "content": "THINK a"}])
+    chunks = list(raw.parse())
+    assert _deltas(chunks) == [("reasoning_content", "I am pondering deeply"), ("content", "final answer")]
+    assert {c.id for c in chunks} == {chunks[0].id}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+    session = raw.headers["x-aiops-session"]
+    answer = [m for m in history(served, session) if m["role"] == "assistant"][-1]
+    assert (answer["content"], answer["thinking"]) == ("final answer", "I am pondering deeply")
+    # A chat UI sends the answer back without the reasoning (Open WebUI drops its reasoning block).
+    again = client.chat.completions.with_raw_response.create(model="aiops", messages=[
+        {"role": "user", "content": "THINK a"}, {"role": "assistant", "content": "final answer"},
+        {"role": "user", "content": "and then?"}])
+    assert again.headers["x-aiops-session"] == session
+    assert again.parse().choices[0].message.content == "echo: and then?"
+
+
+def test_reasoning_of_each_model_call_comes_in_its_place(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    """A turn of two model calls (a tool call between): reasoning, text, reasoning, text, in order."""
+    fake.script(Reply.reasoning("first I look", "Let me check. ", calls=[("no_such_tool", {})]),
+                Reply.reasoning("the tool is missing", "It cannot be checked."))
+    chunks = list(client.chat.completions.create(model="aiops", stream=True,
+                                                 messages=[{"role": "user", "content": "THINK twice"}]))
+    assert _deltas(chunks) == [("reasoning_content", "first I look"), ("content", "Let me check. \n\n"),
+                               ("reasoning_content", "the tool is missing"), ("content", "It cannot be checked.")]
+
+
+def test_a_whole_answer_carries_its_reasoning_in_the_message(client: openai.OpenAI, fake: FakeOpenAI) -> None:
+    fake.script(Reply.reasoning("I am pondering deeply", "final answer"))
+    r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "THINK whole"}])
+    message = r.choices[0].message
+    assert (message.content, getattr(message, "reasoning_content", None)) == ("final answer",
+                                                                             "I am pondering deeply")
+    # No reasoning, no field (rather than an empty one).
+    r = client.chat.completions.create(model="aiops", messages=[{"role": "user", "content": "plain"}])
+    assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
+
+
 # ---- async -----------------------------------------------------------------------------------------------
 
 

@@ -3,9 +3,11 @@
 
 Models are published with a tag (`aiops:latest`, `aiops/<key>:latest`) and accepted with or
 without `:latest`. Streaming is on by default, as in Ollama: NDJSON lines, a final `done: true` line
-with `done_reason`, durations (ns) and token counts. While the agent waits (a gate, a slow model)
-the stream carries empty `done: false` lines (each stamped when it is sent); an error after the
-stream started is a final `{"error": "..."}` line. Request fields are typed strictly, as Ollama's
+with `done_reason`, durations (ns) and token counts. The model's reasoning is `message.thinking`
+(chat) or `thinking` (generate) when the request asks with `think`, and left out otherwise, as
+Ollama does. While the agent waits (a gate, a slow model) the stream carries empty `done: false`
+lines (each stamped when it is sent); an error after the stream started is a final
+`{"error": "..."}` line. Request fields are typed strictly, as Ollama's
 own decoder does (`"stream": "yes"` is a 400). The legacy `/v1/api/*` paths map to the same
 handlers.
 """
@@ -133,14 +135,20 @@ class _Message(BaseModel):
     tool_call_id: str | None = None  # a tool result's call (Open WebUI)
 
 
+# Ollama's `think`: true, false, or a level ("low", "medium", "high", …). Whether the model
+# reasons is models.toml's business; here it says whether the answer shows its reasoning.
+Think = bool | str | None
+
+
 class ChatRequest(BaseModel):
-    model_config = _STRICT  # options, think and the like are accepted and ignored (models.toml rules)
+    model_config = _STRICT  # options and the like are accepted and ignored (models.toml rules)
     model: str
     messages: list[_Message] | None = None
     stream: bool | None = True
     tools: list[Any] | None = None
     keep_alive: KeepAlive = None
     format: Any = None  # JSON output: refused for agent turns (see _refuse_json_format)
+    think: Think = None
 
 
 class GenerateRequest(BaseModel):
@@ -152,6 +160,7 @@ class GenerateRequest(BaseModel):
     images: list[Any] | None = None
     keep_alive: KeepAlive = None
     format: Any = None
+    think: Think = None
     # Completion-engine requests (an editor's fill-in-the-middle, a raw prompt, a prompt template)
     # have no meaning for an agent turn: refused (see _generate_messages). Older ollama clients send
     # them empty or false with every request, which counts as absent.
@@ -164,6 +173,12 @@ class ShowRequest(BaseModel):
     model_config = _STRICT
     model: str | None = None
     name: str | None = None  # the older spelling
+
+
+def _thinks(think: Think) -> bool:
+    """Whether the answer shows the model's reasoning: only when the request asks (`think: true`
+    or a level), as Ollama answers; absent or false, the reasoning is left out."""
+    return think is True or (isinstance(think, str) and think != "")
 
 
 def _refuse_json_format(fmt: Any) -> None:
@@ -314,7 +329,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     messages = _chat_messages(req, proxy_state(request).settings.client_tools)
     # Non-empty only: the ollama client sends `"tools": []` with every chat.
     offered = offered_tools(request, req.tools or None)
-    framer = OllamaFramer("chat", req.model)
+    framer = OllamaFramer("chat", req.model, thinks=_thinks(req.think))
     if not messages:
         return _load_reply(framer, req.keep_alive)
     return await _answer(request, framer, model, messages, req.stream is not False, req.format, offered)
@@ -324,7 +339,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     req = await parse_body(request, GenerateRequest)
     model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
     messages = _generate_messages(req)
-    framer = OllamaFramer("generate", req.model)
+    framer = OllamaFramer("generate", req.model, thinks=_thinks(req.think))
     # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
     # prompt alone, is a turn with no question, refused as on the other routes.
     if not req.prompt and not req.system:
@@ -357,30 +372,38 @@ class OllamaFramer:
     the body (see proxy.driver.Framer)."""
 
     failed_status = 500
-    times_text = True  # eval_duration: the time from the first text to the end
+    times_text = True  # eval_duration: the time from the first text (or reasoning) to the end
     stream_headers = {"Content-Type": NDJSON}
 
-    def __init__(self, kind: Literal["chat", "generate"], model: str) -> None:
+    def __init__(self, kind: Literal["chat", "generate"], model: str, *, thinks: bool = False) -> None:
         self.kind = kind
         self.model = model
+        self.wants_reasoning = thinks  # the request asked with `think`
         self.t0 = time.monotonic_ns()
         self.first: int | None = None
 
-    def body(self, text: str, done: bool) -> dict[str, Any]:
+    def body(self, text: str, done: bool, thinking: str = "") -> dict[str, Any]:
+        """One line: `message.content` (chat) or `response` (generate), and the reasoning beside
+        it as Ollama puts it, `message.thinking` or `thinking`, only when there is some."""
         obj: dict[str, Any] = {"model": self.model, "created_at": _iso(time.time())}
         if self.kind == "chat":
             obj["message"] = {"role": "assistant", "content": text}
+            if thinking:
+                obj["message"]["thinking"] = thinking
         else:
             obj["response"] = text
+            if thinking:
+                obj["thinking"] = thinking
         obj["done"] = done
         return obj
 
-    def final(self, text: str, usage: dict[str, int] | None, reason: str = "stop") -> dict[str, Any]:
+    def final(self, text: str, usage: dict[str, int] | None, reason: str = "stop",
+              thinking: str = "") -> dict[str, Any]:
         end = time.monotonic_ns()
         # Unknown when the text began (a plain model call): all of it counts as generating, so
         # that eval_count / eval_duration, a client's tokens per second, is never a division by 0.
         first = self.first or self.t0
-        obj = self.body(text, True)
+        obj = self.body(text, True, thinking)
         obj["done_reason"] = reason
         obj["total_duration"] = end - self.t0
         obj["load_duration"] = 0
@@ -401,6 +424,10 @@ class OllamaFramer:
     def text(self, text: str) -> bytes:
         self.text_began()
         return _ndjson(self.body(text, False))
+
+    def reasoning(self, text: str) -> bytes:
+        self.text_began()  # the model is generating: its reasoning counts as eval, as Ollama's does
+        return _ndjson(self.body("", False, text))
 
     def text_began(self) -> None:
         if self.first is None:
@@ -430,7 +457,7 @@ class OllamaFramer:
         return (_ndjson(self.body(end.text, False)) if end.text else b"") + self.end(end)
 
     def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
-        obj = self.final(text, end.usage, _reason(end))
+        obj = self.final(text, end.usage, _reason(end), end.reasoning)
         if end.client_calls and self.kind == "chat":
             obj["message"]["tool_calls"] = _tool_calls(end.client_calls)
         return obj

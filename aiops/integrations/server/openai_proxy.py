@@ -2,7 +2,9 @@
 
 Responses are shaped as OpenAI's own (`chat.completion`, `chat.completion.chunk` with the role in
 the first delta, one `finish_reason`, `data: [DONE]`, `usage` when the model reported counts, and a
-usage chunk when `stream_options.include_usage` asks and the model reported counts). The agent's
+usage chunk when `stream_options.include_usage` asks and the model reported counts), and the model's
+reasoning as `reasoning_content` (streamed deltas or the message's field), as DeepSeek, vLLM and
+llama.cpp send it, unless `[server] proxy_reasoning` withholds it. The agent's
 tools stay server-side; a client's own `tools` are offered to the model beside them (by `[server]
 client_tools`), a call of one answered as OpenAI answers it (`message.tool_calls`,
 `finish_reason: "tool_calls"`), and its `role: "tool"` result continues the turn (see
@@ -235,8 +237,12 @@ def tool_calls(calls: Sequence[ev.ClientCall]) -> list[dict[str, Any]]:
 
 def completion_object(cid: str, created: int, model: str, text: str,
                       usage: dict[str, int] | None, finish_reason: str = "stop",
-                      calls: Sequence[ev.ClientCall] = ()) -> dict[str, Any]:
+                      calls: Sequence[ev.ClientCall] = (), reasoning: str = "") -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning:
+        # Where DeepSeek, vLLM and llama.cpp put it, and Open WebUI and LiteLLM read it; a client
+        # that does not know the field ignores it (the SDK keeps it as an extra attribute).
+        message["reasoning_content"] = reasoning
     if calls:
         # As OpenAI answers a call: no `index` in a whole message, content null when it has none.
         message["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in tool_calls(calls)]
@@ -272,9 +278,14 @@ class _Chunks:
         self._end = b"}]" + (b',"usage":null' if include_usage else b"") + b"}\n\n"
         self._text_open = self._open + b'{"content":'
         self._text_close = b"}" + self._finish + b"null" + self._end
+        self._reasoning_open = self._open + b'{"reasoning_content":'
 
     def text(self, text: str) -> bytes:
         return self._text_open + _json_str(text).encode() + self._text_close
+
+    def reasoning(self, text: str) -> bytes:
+        """A reasoning delta, as DeepSeek, vLLM and llama.cpp stream it: `delta.reasoning_content`."""
+        return self._reasoning_open + _json_str(text).encode() + self._text_close
 
     def role(self) -> bytes:
         """The first chunk: the role, and empty content (as OpenAI opens a stream)."""
@@ -348,6 +359,8 @@ class OpenAIFramer:
     failed_status = 502
     times_text = False
     stream_headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    # As OpenAI-compatible servers send it, unasked: clients that do not know the field skip it.
+    wants_reasoning = True
 
     def __init__(self, req: ChatRequest) -> None:
         self.model = req.model
@@ -372,6 +385,9 @@ class OpenAIFramer:
     def text(self, text: str) -> bytes:
         return self.chunks.text(text)
 
+    def reasoning(self, text: str) -> bytes:
+        return self.chunks.reasoning(text)
+
     def end(self, end: TurnEnd) -> bytes:
         frames = self.chunks.delta({"tool_calls": tool_calls(end.client_calls)}) if end.client_calls else b""
         frames += self.chunks.finish(end.finish_reason)
@@ -393,7 +409,7 @@ class OpenAIFramer:
 
     def answer(self, text: str, end: TurnEnd) -> dict[str, Any]:
         return completion_object(self.cid, self.created, self.model, text, end.usage, end.finish_reason,
-                                 end.client_calls)
+                                 end.client_calls, end.reasoning)
 
 
 # OpenAI APIs a client may try first (the Responses API is the default of newer SDKs' agents) that

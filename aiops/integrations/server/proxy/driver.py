@@ -26,7 +26,7 @@ from aiops.integrations.server.proxy.channel import BufferedStreamResponse, Chan
 from aiops.integrations.server.proxy.identity import SESSION_HEADER, ConversationId
 from aiops.integrations.server.proxy.messages import ClientMessage
 from aiops.integrations.server.proxy.models import PublishedModel
-from aiops.integrations.server.proxy.output import TURN_OUTPUT_EVENTS, TurnEnd, turn_output, wait_done
+from aiops.integrations.server.proxy.output import TurnEnd, output_events, turn_output, wait_done
 from aiops.integrations.server.proxy.sessions import StartedTurn, cancel_turn
 from aiops.integrations.server.proxy.state import ProxySettings, proxy_state
 from aiops.integrations.server.proxy.status import REFUSED, STOPPED, status_line
@@ -46,6 +46,9 @@ class Framer(Protocol):
     times_text: bool
     # Headers of a streamed answer (its content type, mostly).
     stream_headers: dict[str, str]
+    # The client takes the model's reasoning (OpenAI: always, as `reasoning_content`; Ollama: when
+    # the request asks with `think`). It gets it unless the operator withholds it (`proxy_reasoning`).
+    wants_reasoning: bool
 
     def begin(self, turn_id: str | None) -> None:
         """The answer's id is known: its turn's, or None for a background task."""
@@ -55,6 +58,9 @@ class Framer(Protocol):
 
     def text(self, text: str) -> bytes:
         """Answer text, streamed."""
+
+    def reasoning(self, text: str) -> bytes:
+        """The model's reasoning, streamed (only when `wants_reasoning`)."""
 
     def end(self, end: TurnEnd) -> bytes:
         """What closes a stream whose turn ended without an error (finish reason, usage, `[DONE]`)."""
@@ -72,7 +78,7 @@ class Framer(Protocol):
         """A streamed answer that came whole at once (a background task): every frame of it."""
 
     def answer(self, text: str, end: TurnEnd) -> dict[str, object]:
-        """The body of a non-streamed answer."""
+        """The body of a non-streamed answer (with `end.reasoning`, when there is any)."""
 
 
 # ---- what chat users are told ------------------------------------------------------------------------
@@ -142,7 +148,8 @@ async def answer_turn(request: web.Request, conv: ConversationId, messages: Sequ
     client's tools, then stream it or wait for it. A request that ends with the results of client
     tool calls continues the turn that made them instead (see client_tools)."""
     proxy = proxy_state(request)
-    events = TURN_OUTPUT_EVENTS if stream else (ev.TOK, ev.DONE) if framer.times_text else (ev.DONE,)
+    reasoning = proxy.settings.reasoning and framer.wants_reasoning
+    events = output_events(stream=stream, times_text=framer.times_text, reasoning=reasoning)
     if is_continuation(messages):
         if proxy.settings.client_tools != "offer":
             raise HttpError(400, "tools_not_supported",
@@ -156,7 +163,7 @@ async def answer_turn(request: web.Request, conv: ConversationId, messages: Sequ
                                              client_tools=client_tools)
     framer.begin(started.turn.id)
     if stream:
-        return await _stream(request, started, framer, proxy.settings)
+        return await _stream(request, started, framer, proxy.settings, reasoning=reasoning)
     return await _complete(request, started, framer, proxy.settings)
 
 
@@ -171,7 +178,7 @@ def _hang_up(request: web.Request, started: StartedTurn) -> Callable[[], Awaitab
 
 
 async def _stream(request: web.Request, started: StartedTurn, framer: Framer,
-                  settings: ProxySettings) -> web.StreamResponse:
+                  settings: ProxySettings, *, reasoning: bool = False) -> web.StreamResponse:
     resp = BufferedStreamResponse(headers={**framer.stream_headers, SESSION_HEADER: started.session_id})
     channel = Channel(request, resp, _hang_up(request, started), keepalive=framer.keepalive,
                       keepalive_seconds=settings.keepalive_seconds, head=framer.head())
@@ -181,8 +188,10 @@ async def _stream(request: web.Request, started: StartedTurn, framer: Framer,
         try:
             await prepare_stream(request, resp)
             channel.start()
-            async for text, end in turn_output(started, settings):
+            async for thought, text, end in turn_output(started, settings, reasoning=reasoning):
                 frames = framer.text(text) if text else b""
+                if thought:
+                    frames = framer.reasoning(thought) + frames
                 if end is None:
                     if frames:
                         await channel.write(frames)

@@ -4,6 +4,7 @@ turn ended (`TurnEnd`), whichever dialect writes it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,18 @@ from aiops.integrations.server.proxy.status import (
 
 # The events `turn_output` turns into chat text; a streaming proxy request subscribes to these
 # only, so the engine's other events (user, turn, session changes) do not wake it for nothing.
+# `thinking` only when the answer shows reasoning (`output_events`).
 TURN_OUTPUT_EVENTS = frozenset({ev.TOK, ev.GATE, ev.GATE_RESOLVED, ev.TOOL_CALL, ev.ERROR, ev.DONE})
+
+
+def output_events(*, stream: bool, times_text: bool, reasoning: bool) -> frozenset[str]:
+    """What one proxied answer subscribes to: a stream all that `turn_output` shows; a whole answer
+    its `done`, its `tok` when the dialect times its text, and `thinking` when it shows reasoning."""
+    if stream:
+        events = TURN_OUTPUT_EVENTS
+    else:
+        events = frozenset({ev.TOK, ev.DONE}) if times_text else frozenset({ev.DONE})
+    return (events | {ev.THINKING}) if reasoning else events
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,9 @@ class TurnEnd:
     ended: str | None = None  # why the engine ended the turn early (a limit), if it did
     # Calls of the client's tools the answer hands to the client (finish_reason "tool_calls").
     client_calls: tuple[ev.ClientCall, ...] = ()
+    # The model's reasoning over the turn, for a whole (non-streamed) answer that shows it; a
+    # stream sends it as it comes instead.
+    reasoning: str = ""
 
     @classmethod
     def of(cls, done: ev.Done, error: ev.ErrorInfo | None = None) -> TurnEnd:
@@ -71,12 +86,16 @@ def _counts(usage: ev.TokenCounts | None) -> dict[str, int] | None:
     return usage.to_dict()
 
 
-async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIterator[tuple[str, TurnEnd | None]]:
-    """The chat-visible text of one turn as `(text, None)` pieces, then `(text, TurnEnd)` at its end.
+async def turn_output(started: StartedTurn, settings: ProxySettings, *,
+                      reasoning: bool = False) -> AsyncIterator[tuple[str, str, TurnEnd | None]]:
+    """The chat-visible output of one turn as `(reasoning, text, None)` pieces, then
+    `(reasoning, text, TurnEnd)` at its end. `reasoning` (the model's `thinking`, which comes
+    before the text of the same piece) is empty unless asked for.
 
     Events already queued are taken together, so a burst of tokens becomes one piece (one write,
-    one frame) instead of one per token. Ends without a `TurnEnd` when the subscription is closed
-    under it (client gone, shutdown).
+    one frame) instead of one per token. Reasoning that follows text in a burst (a later model
+    call of the turn) starts a new piece, so the client gets both in the order they came. Ends
+    without a `TurnEnd` when the subscription is closed under it (client gone, shutdown).
     """
     turn_id = started.turn.id
     sub = started.sub
@@ -92,6 +111,17 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
         tail = out[-2:]
         return out
 
+    # The reasoning of the piece being made: one list for the whole answer, emptied at each piece,
+    # so that a plain answer's pieces cost nothing more than its text.
+    thought: list[str] = []
+
+    def said() -> str:
+        if not thought:
+            return ""
+        text = "".join(thought)
+        thought.clear()
+        return text
+
     def take(e: ev.Event, out: list[str]) -> TurnEnd | None:
         nonlocal tail, error
         if e.turn_id != turn_id:
@@ -104,6 +134,9 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
                 sent.append(text)
                 tail = (tail + text)[-2:]
                 out.append(text)
+            case ev.Thinking(text=text) if text and reasoning:
+                # Not part of the answer's text: no status-line spacing, nothing to compare later.
+                thought.append(text)
             case ev.GateOpened(gate=gate) if settings.status_lines:
                 out.append(status(gate_status(gate)))
             case ev.GateResolved(gate=gate) if settings.status_lines:
@@ -133,7 +166,7 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
         lead = started.turn.prefix + "\n\n"
         sent.append(lead)
         tail = lead[-2:]
-        yield lead, None
+        yield "", lead, None
     while True:
         e = await sub.get()
         if e is None:
@@ -144,9 +177,13 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
             e = await sub.get()  # queued: returns without waiting
             if e is None:
                 break
+            if out and isinstance(e, ev.Thinking):
+                # The next model call's reasoning, after this one's text: a piece of its own.
+                yield said(), "".join(out), None
+                out = []
             done = take(e, out)
-        if out or done is not None:
-            yield "".join(out), done
+        if out or thought or done is not None:
+            yield said(), "".join(out), done
         if done is not None or e is None:
             return
 
@@ -154,16 +191,24 @@ async def turn_output(started: StartedTurn, settings: ProxySettings) -> AsyncIte
 async def wait_done(started: StartedTurn, on_first_text: Callable[[], None] | None = None) -> TurnEnd:
     """The turn's result, taken from its `done` event: that comes as soon as the answer is
     recorded, a few loop turns before the turn's own future (which waits for the task to end).
-    `on_first_text` is called as the answer's first text arrives, if `tok` is subscribed to."""
+    `on_first_text` is called as the answer's first text (or shown reasoning) arrives, if `tok`
+    is subscribed to. With `thinking` subscribed, the result carries the turn's reasoning."""
     if started.sub is not None:
         turn_id = started.turn.id
+        thought: list[str] = []
         async for e in started.sub:
             if e.turn_id != turn_id:
                 continue
             match e:
+                case ev.Thinking(text=text):
+                    thought.append(text)
+                    if on_first_text is not None:  # generating has begun, reasoning first
+                        on_first_text()
+                        on_first_text = None
                 case ev.Tok() if on_first_text is not None:
                     on_first_text()
                     on_first_text = None
                 case ev.Done():
-                    return TurnEnd.of(e)
+                    end = TurnEnd.of(e)
+                    return dataclasses.replace(end, reasoning="".join(thought)) if thought else end
     return TurnEnd.of_result(await started.turn.wait())

@@ -21,13 +21,15 @@ class ProxySettings:
     max_messages: int = 1000  # in one request
     max_imported: int = 1000  # into one session, in all
     client_tools: str = "offer"  # offer | ignore | refuse (see client_tools.py)
+    reasoning: bool = True  # the model's reasoning may reach clients (`proxy_reasoning`)
 
     @classmethod
     def from_config(cls, cfg: Config) -> ProxySettings:
         s = cfg.app.server
         return cls(keepalive_seconds=s.keepalive_seconds, status_lines=s.proxy_status_lines,
                    tool_progress=s.proxy_tool_progress, max_messages=s.proxy_max_messages,
-                   max_imported=s.proxy_max_imported, client_tools=s.client_tools)
+                   max_imported=s.proxy_max_imported, client_tools=s.client_tools,
+                   reasoning=s.proxy_reasoning)
 
 
 @dataclass(frozen=True, slots=True)
