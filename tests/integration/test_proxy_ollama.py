@@ -78,7 +78,9 @@ def test_show_accepts_names_with_or_without_latest(client: ollama.Client) -> Non
     for name in ("aiops", "aiops:latest", "aiops/other", "aiops/other:latest"):
         shown = client.show(name)
         assert shown.details is not None and shown.details.family == "openai"
-        assert shown.capabilities == ["completion"]
+        # As Ollama names them: editors' Ollama providers pick tool mode by "tools" (client_tools
+        # "offer" by default), chat UIs offer `think` by "thinking".
+        assert shown.capabilities == ["completion", "tools", "thinking"]
         assert shown.modelfile
     assert "fake-other" in str(client.show("aiops/other").modelinfo)
 

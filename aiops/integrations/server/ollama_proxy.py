@@ -305,6 +305,15 @@ async def show(request: web.Request) -> web.Response:
     m = _find(request, name)
     c = m.config
     what = "each session's own model (default: " + m.key + ")" if m.session_model else f"registry model {m.key}"
+    # As Ollama names them: editors' Ollama providers choose tool mode by "tools", and chat UIs
+    # offer `think` by "thinking". Whether the model behind it reasons is up to that model: one
+    # that does not simply sends no thinking.
+    settings = proxy_state(request).settings
+    capabilities = ["completion"]
+    if settings.client_tools != "refuse":
+        capabilities.append("tools")
+    if settings.reasoning:
+        capabilities.append("thinking")
     return web.json_response({
         "license": "",
         "modelfile": f"# aiops agent: {what}\n# {c.type} model {c.model_id}\nFROM {m.key}\n",
@@ -313,7 +322,7 @@ async def show(request: web.Request) -> web.Response:
         "details": _details(m),
         "model_info": {"general.architecture": c.type, "general.basename": m.key,
                        "aiops.model_id": c.model_id, "aiops.description": c.description},
-        "capabilities": ["completion"],
+        "capabilities": capabilities,
         "modified_at": _modified_at(request),
     })
 
