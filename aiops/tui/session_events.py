@@ -121,6 +121,12 @@ class SessionEvents:
             if app._drawing:
                 app.notify(str(e), severity="error", timeout=8)
                 app.chat_input.put_back(text)
+            return
+        if app._drawing and app.chat.session_id == sid:
+            # The operator's own message: the view follows the bottom again, wherever they had
+            # scrolled to read (Textual's anchor, released by that scroll, holds once more), so
+            # the message and its answer are in sight rather than below it.
+            app.chat.scroll_end(animate=False)
 
     async def send_waiting(self) -> None:
         """The engine has started and a session is selected: what was typed meanwhile is sent."""

@@ -421,6 +421,15 @@ async def test_the_view_follows_the_bottom_only_when_the_reader_is_there(make_ap
         await engine.run(app.selected, "now following", kind="console", timeout=10)
         await wait_text(pilot, "echo: now following")
         await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y, "following")
+        # Scrolled up to read, the operator sends a message of their own: the view goes to it and
+        # follows its answer.
+        chat.focus()
+        await pilot.press("home")
+        await wait_for(pilot, lambda: chat.scroll_y == 0, "the top")
+        app.chat_input.focus()
+        await send(pilot, "my own words")
+        await wait_text(pilot, "echo: my own words")
+        await wait_for(pilot, lambda: chat.scroll_y == chat.max_scroll_y > 10, "the bottom, following")
 
 
 async def test_thinking_is_collapsed_and_tool_calls_show_arguments_result_and_duration(make_app, fake_openai):

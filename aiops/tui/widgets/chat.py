@@ -344,7 +344,7 @@ notices, command output and errors are lines of their own.
 
 Only the latest messages are loaded: **load earlier** (or **{chat.earlier}**) pages back.
 **{chat.details}** opens or closes every block. The view follows new output only while you are at
-the bottom; scroll up to read in peace, **{chat.bottom}** to follow again.
+the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your own) to follow again.
 """
 
     class LoadEarlier(Message):
