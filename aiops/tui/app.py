@@ -51,6 +51,7 @@ from aiops.tui.guidance import ModelGuidance
 from aiops.tui.keys import bindings_for, display_keys, first_key, pane_help, render_help, unknown_ids
 from aiops.tui.live import LiveTurns
 from aiops.tui.pacing import AnswerPacing
+from aiops.tui.reclaim import Reclaim
 from aiops.tui.running import console_driver, quit_on_signals, run_console
 from aiops.tui.running import terminal_quiet as _terminal_quiet
 from aiops.tui.screens.main import MainScreen
@@ -177,6 +178,8 @@ class AiopsApp(App[int]):
         self.side = SidePanes(self)
         # The answer on screen is drawn less often while the operator types (aiops/tui/pacing.py).
         self.pacing = AnswerPacing(clock)
+        # A chat taken off the screen, freed while the operator reads (aiops/tui/reclaim.py).
+        self.reclaim = Reclaim(self, self.pacing.since_key)
         self.set_keymap(self.keymap_overrides)
 
     async def on_event(self, event: events.Event) -> None:

@@ -32,6 +32,10 @@ class AnswerPacing:
     def key(self) -> None:
         self._typed_at = self._clock()
 
+    def since_key(self) -> float:
+        """Seconds since the operator last pressed a key."""
+        return self._clock() - self._typed_at
+
     def typing(self) -> bool:
         return self._clock() - self._typed_at < TYPING_WINDOW
 

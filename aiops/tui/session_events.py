@@ -80,6 +80,7 @@ class SessionEvents:
         if msg.before_id is None:
             live = app.live.turn.get(msg.session_id)
             messages = [m for m in msg.messages if live is None or m.turn_id != live]
+            app.reclaim.removed(len(chat.walk_children()))  # what the chat held goes
             await chat.show(msg.session_id, messages, has_more=msg.has_more,
                             live=list(app.live.events.get(msg.session_id, [])))
             app.services.session_shown()
