@@ -57,7 +57,8 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("app.help", "f1", "help", "Help", "Explain the focused pane and list its keys", "global",
             priority=True),
     KeySpec("app.new_session", "ctrl+n", "new_session", "New session",
-            "Open a new console session and put the cursor in the input", "global", priority=True,
+            "Open a new console session (or stay on the one shown, while it is still empty) and put "
+            "the cursor in the input", "global", priority=True,
             label="New"),
     KeySpec("app.quit", "ctrl+q", "quit", "Quit",
             "Quit aiops: running turns are cancelled and recorded, the server stops", "global",

@@ -159,10 +159,26 @@ class SessionEvents:
                 app.chat_input.put_back(typed)
             app.notify("turn cancelled", timeout=3)
 
+    def _untouched(self, session_id: str) -> bool:
+        """This console's session, shown, with nothing in it yet (the chat still says how to
+        start) and nothing running or waiting to be sent."""
+        app = self.app
+        info = app.sessions_list.sessions.get(session_id, {})
+        return (info.get("kind") == "console" and info.get("owner") == app.adapter.owner
+                and app.chat.session_id == session_id and app.chat.untouched
+                and session_id not in app.live.turn and not self.waiting)
+
     async def new_session(self, *, focus: bool = True) -> None:
         app = self.app
         if not app.services_ready:
             app.notify("the engine is still starting", timeout=3)
+            return
+        if app.selected is not None and self._untouched(app.selected):
+            # A new session from one still empty would be another empty one, stored and listed
+            # (a QA pass left a hundred of them): the one shown is the new session.
+            if focus:
+                app.main.show_pane("input")
+            app.notify("this session is new: type to start", timeout=3)
             return
         session = await app.adapter.open_session("console")
         if not app._drawing:

@@ -311,6 +311,30 @@ async def test_switching_sessions_shows_each_history_and_marks_unread(make_app, 
         await wait_text(pilot, "echo: alpha in the console")
 
 
+async def test_a_new_session_asked_for_from_one_still_empty_is_that_one(make_app, fake_openai):
+    """ctrl+n again and again makes one new session, not one stored and listed per press."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = app.selected
+        await send(pilot, "hello")
+        await wait_text(pilot, "echo: hello")
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.selected != first and app.chat.session_id == app.selected, "a new session")
+        fresh, count = app.selected, len(app.sessions_list.sessions)
+        app.sessions_list.focus()
+        for _ in range(3):
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+        assert app.selected == fresh and len(app.sessions_list.sessions) == count
+        assert isinstance(app.focused, ChatInput)
+        await send(pilot, "now it has a message")
+        await wait_text(pilot, "echo: now it has a message")
+        await pilot.press("ctrl+n")  # from a session in use: a new one, as always
+        await wait_for(pilot, lambda: app.selected not in (first, fresh), "another new session")
+        assert len(app.sessions_list.sessions) == count + 1
+
+
 async def test_picking_a_session_with_enter_puts_what_is_typed_next_in_the_input(make_app, fake_openai):
     fake_openai.script(Reply.hang(after_chunks=1))
     app = make_app()

@@ -540,6 +540,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
     def action_bottom(self) -> None:
         self.scroll_end(animate=False)
 
+    @property
+    def untouched(self) -> bool:
+        """Nothing has happened in the session shown: the chat still says how to start."""
+        return bool(self.query(EmptyHint))
+
     def text_preview(self) -> str:
         """The conversation as plain text (for the details view of a gate)."""
         parts = []
