@@ -268,17 +268,25 @@ class Notice(_EventBase):
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    """What went wrong: a code clients may branch on and a message people read."""
+    """What went wrong: a code clients may branch on and a message people read; a `model_error`
+    also says its `cause` (`key`, `connection` or `server`: engine/backends/base.py), so a view
+    can advise without reading the message."""
 
     code: str
     message: str
+    cause: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message}
+        d = {"code": self.code, "message": self.message}
+        if self.cause is not None:
+            d["cause"] = self.cause
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ErrorInfo:
-        return cls(str(d.get("code", "error")), str(d.get("message", "")))
+        cause = d.get("cause")
+        return cls(str(d.get("code", "error")), str(d.get("message", "")),
+                   str(cause) if cause is not None else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,14 +417,18 @@ class ModelState:
     ok: bool
     reason: str = ""  # why it is unreachable
     checked_at: float = 0.0
+    cause: str = ""  # with `reason`: "key" or "connection" (engine/backends/base.py FailureCause)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "ok": self.ok, "reason": self.reason, "checked_at": self.checked_at}
+        d: dict[str, Any] = {"key": self.key, "ok": self.ok, "reason": self.reason, "checked_at": self.checked_at}
+        if self.cause:
+            d["cause"] = self.cause
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelState:
         return cls(str(d.get("key", "")), bool(d.get("ok")), str(d.get("reason") or ""),
-                   float(d.get("checked_at") or 0))
+                   float(d.get("checked_at") or 0), str(d.get("cause") or ""))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -298,7 +298,7 @@ class TurnRunner:
         except ModelError as e:
             if e.discard_partial:  # a runaway answer is never kept as context
                 self._text_parts, self._thinking_parts = [], []
-            result = await self._settle(self._on_error("model_error", str(e)))
+            result = await self._settle(self._on_error("model_error", str(e), cause=e.cause))
         except Exception as e:  # noqa: BLE001 - a bug in one turn must not kill the session
             log.exception("turn %s failed", t.id)
             result = await self._settle(self._on_error("internal_error", f"{type(e).__name__}: {e}"))
@@ -375,13 +375,14 @@ class TurnRunner:
         self._notice_event(note)
         return TurnResult(t.id, "cancelled", self._final_text(), usage=self.usage)
 
-    async def _on_error(self, code: str, message: str) -> TurnResult:
+    async def _on_error(self, code: str, message: str, *, cause: str | None = None) -> TurnResult:
         t = self.turn
         await self._keep_partial("error")
         await self._answer_open_calls(FAILED_CALL, "error")
-        err = {"code": code, "message": message}
+        info = ev.ErrorInfo(code, message, cause)
+        err = info.to_dict()
         await self._commit(Message("error", message, turn_id=t.id, meta=err))
-        self._pub(ev.error_event(t.session_id, code, message, t.id))
+        self._pub(ev.ErrorEvent(session_id=t.session_id, turn_id=t.id, error=info))
         return TurnResult(t.id, "error", self._final_text(), error=err, usage=self.usage)
 
     async def _answer_open_calls(self, texts: tuple[str, str, str], status: str) -> list[ToolCall]:

@@ -330,13 +330,13 @@ async def test_invalid_key_is_reported_without_the_key() -> None:
             _, err = await stream_error(backend, HI)
         finally:
             await backend.aclose()
-    assert err.status == 400 and "API key not valid" in err.reason
+    assert err.status == 400 and "API key not valid" in err.reason and err.cause == "key"
     assert "wrong-secret-98765" not in str(err)
 
 
 async def test_missing_key_env_names_the_variable(fake_gemini: FakeGemini, backend_for: MakeBackend) -> None:
     _, err = await stream_error(backend_for(env={}, api_key_env="AIOPS_TEST_GEMINI_KEY"), HI)
-    assert "AIOPS_TEST_GEMINI_KEY" in err.reason and "not set" in err.reason
+    assert "AIOPS_TEST_GEMINI_KEY" in err.reason and "not set" in err.reason and err.cause == "key"
     assert fake_gemini.requests == []
 
 
@@ -373,7 +373,7 @@ async def test_dropped_stream_is_an_error_not_a_short_answer(fake_gemini: FakeGe
 async def test_connection_refused(backend_for: MakeBackend) -> None:
     url = f"http://127.0.0.1:{closed_port()}"
     _, err = await stream_error(backend_for(base_url=url, key="gone"), HI)
-    assert err.reason == "connection refused"
+    assert err.reason == "connection refused" and err.cause == "connection"
     assert url in str(err) and "'gone'" in str(err)
 
 

@@ -257,6 +257,7 @@ async def test_http_errors_name_model_url_and_status(fake_openai: FakeOpenAI, ba
     assert err.reason.startswith(f"HTTP {status}: boom") if status == 429 else err.reason == f"HTTP {status}: boom"
     assert "'ops-local'" in str(err) and fake_openai.url in str(err)
     assert err.retryable == (status in (429, 500, 503))
+    assert err.cause == "server"  # it answered: reachable, whatever the error
 
 
 async def test_invalid_key_is_reported_without_the_key() -> None:
@@ -267,7 +268,7 @@ async def test_invalid_key_is_reported_without_the_key() -> None:
             _, err = await stream_error(backend, HI)
         finally:
             await backend.aclose()
-    assert err.status == 401
+    assert err.status == 401 and err.cause == "key"
     assert err.reason.startswith("HTTP 401: Incorrect API key provided")
     assert "sk-wrong-secret-98765" not in str(err) and "[redacted]" in str(err)
 
@@ -275,14 +276,14 @@ async def test_invalid_key_is_reported_without_the_key() -> None:
 async def test_missing_key_env_names_the_variable(fake_openai: FakeOpenAI, backend_for: MakeBackend) -> None:
     backend = backend_for(env={}, api_key_env="AIOPS_TEST_OPENAI_KEY")
     _, err = await stream_error(backend, HI)
-    assert "AIOPS_TEST_OPENAI_KEY" in err.reason and "not set" in err.reason
+    assert "AIOPS_TEST_OPENAI_KEY" in err.reason and "not set" in err.reason and err.cause == "key"
     assert fake_openai.requests == []  # nothing was sent without a key
 
 
 async def test_slow_server_times_out(fake_openai: FakeOpenAI, backend_for: MakeBackend) -> None:
     fake_openai.script(Reply.slow(30))
     _, err = await stream_error(backend_for(timeout=0.5), HI)
-    assert "timed out after 0.5s" in err.reason and err.retryable
+    assert "timed out after 0.5s" in err.reason and err.retryable and err.cause == "connection"
 
 
 async def test_silence_mid_stream_times_out(fake_openai: FakeOpenAI, backend_for: MakeBackend) -> None:
@@ -312,7 +313,7 @@ async def test_dropped_stream_is_an_error_not_a_short_answer(fake_openai: FakeOp
 async def test_connection_refused(backend_for: MakeBackend) -> None:
     url = f"http://127.0.0.1:{closed_port()}/v1"
     _, err = await stream_error(backend_for(base_url=url, key="gone"), HI)
-    assert err.reason == "connection refused"
+    assert err.reason == "connection refused" and err.cause == "connection"
     assert url in str(err) and "'gone'" in str(err)
 
 
@@ -459,7 +460,7 @@ async def test_an_error_the_server_reports_mid_stream_fails_the_turn_after_the_t
                                   inject=(2, json.dumps({"error": {"message": "overloaded, try later"}}))))
     items, err = await stream_error(backend_for(), HI)
     assert "".join(i.text for i in items if isinstance(i, TextDelta)) == "Hello "
-    assert "overloaded, try later" in str(err) and err.retryable
+    assert "overloaded, try later" in str(err) and err.retryable and err.cause == "server"
 
 
 @pytest.mark.parametrize("one_write", [True, False], ids=["one read", "a read each"])

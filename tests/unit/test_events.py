@@ -89,7 +89,7 @@ def _every_kind() -> list:
                        **ids),
         e.Notice(text="!help output", command="!help", ok=True, **ids),
         e.error_event("s", "model_error", "the model is down", "turn_1"),
-        e.Done(text="answer", status="error", model="local", error=e.ErrorInfo("model_error", "down"),
+        e.Done(text="answer", status="error", model="local", error=e.ErrorInfo("model_error", "down", "connection"),
                finish_reason="length", ended="too many tool calls",
                usage=e.TokenCounts(3, 4), **ids),
         e.Done(text="", status="complete", model="local", command=True, **ids),
@@ -99,7 +99,7 @@ def _every_kind() -> list:
                          session_id="s"),
         e.RateChanged(usage=(e.RateInfo("s", "db", 1, 5, 10.0, False),), session_id="s"),
         e.ModelsChanged(models=(e.ModelState("local", True, "", 5.0),
-                                e.ModelState("gpt", False, "OPENAI_API_KEY is not set", 6.0)), session_id=None),
+                                e.ModelState("gpt", False, "OPENAI_API_KEY is not set", 6.0, "key")), session_id=None),
     ]
 
 

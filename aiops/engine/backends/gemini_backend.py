@@ -24,7 +24,7 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from aiops.config import ModelConfig
-from aiops.engine.backends.base import ModelError
+from aiops.engine.backends.base import FailureCause, ModelError
 from aiops.engine.backends.base import exception_chain as _causes
 from aiops.engine.types import (
     Completion,
@@ -274,6 +274,14 @@ def describe_connection_failure(exc: BaseException, url: str) -> str:
 # ---- the backend --------------------------------------------------------------------------------
 
 
+def _key_invalid(details: Any) -> bool:
+    """A Google error whose details give the reason API_KEY_INVALID (google.rpc.ErrorInfo)."""
+    error = details.get("error", details) if isinstance(details, dict) else None
+    items = error.get("details") if isinstance(error, dict) else None
+    return isinstance(items, list) and any(isinstance(d, dict) and d.get("reason") == "API_KEY_INVALID"
+                                           for d in items)
+
+
 class GeminiBackend:
     """Streams generate_content from one configured Gemini model."""
 
@@ -290,23 +298,25 @@ class GeminiBackend:
     def url(self) -> str:
         return self.config.display_url()
 
-    def _error(self, reason: str, *, status: int | None = None, retryable: bool = False) -> ModelError:
+    def _error(self, reason: str, *, status: int | None = None, retryable: bool = False,
+               cause: FailureCause | None = None) -> ModelError:
         if self._api_key and self._api_key != KEYLESS_PLACEHOLDER:
             reason = reason.replace(self._api_key, "[redacted]")
-        return ModelError(self.key, self.url, reason, status=status, retryable=retryable)
+        return ModelError(self.key, self.url, reason, status=status, retryable=retryable, cause=cause)
 
     def _resolve_api_key(self) -> str:
         if self.config.api_key_env:
             key = self.config.api_key(self._env)
             if not key:
-                raise self._error(f"no API key: the environment variable {self.config.api_key_env} is not set")
+                raise self._error(f"no API key: the environment variable {self.config.api_key_env} is not set",
+                                  cause="key")
             return key
         if self.config.base_url:
             return KEYLESS_PLACEHOLDER
         env = os.environ if self._env is None else self._env
         key = env.get("GEMINI_API_KEY") or env.get("GOOGLE_API_KEY")
         if not key:
-            raise self._error("no API key: set api_key_env for this model in models.toml")
+            raise self._error("no API key: set api_key_env for this model in models.toml", cause="key")
         return key
 
     def _get_client(self) -> genai.Client:
@@ -340,17 +350,19 @@ class GeminiBackend:
         if isinstance(exc, genai_errors.APIError):
             code = exc.code
             message = exc.message or exc.status or ""
+            # Gemini refuses a wrong key with a 400, and says so in the error's details.
             return self._error(f"HTTP {code}: {message}" if message else f"HTTP {code}", status=code,
-                               retryable=code in (408, 409, 429) or code >= 500)
+                               retryable=code in (408, 409, 429) or code >= 500,
+                               cause="key" if _key_invalid(exc.details) else None)
         if isinstance(exc, TimeoutError):
             return self._error(f"timed out after {self.config.timeout:g}s with no data from the server",
-                               retryable=True)
+                               retryable=True, cause="connection")
         if isinstance(exc, genai_errors.UnknownApiResponseError):
             return self._error(f"the server sent something that is not a Gemini response ({exc})")
         what = describe_connection_failure(exc, self.url)
         if started:
-            return self._error(f"stream ended unexpectedly: {what}", retryable=True)
-        return self._error(what, retryable=True)
+            return self._error(f"stream ended unexpectedly: {what}", retryable=True, cause="connection")
+        return self._error(what, retryable=True, cause="connection")
 
     def _remember_signature(self, call_id: str, signature: bytes) -> None:
         self._signatures[call_id] = signature

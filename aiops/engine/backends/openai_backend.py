@@ -27,7 +27,7 @@ from openai import AsyncAPIResponse
 from openai._vendor.httpx_aiohttp import AiohttpTransport  # the SDK imports it; see _PlainHttpTransport
 
 from aiops.config import ModelConfig
-from aiops.engine.backends.base import ModelError
+from aiops.engine.backends.base import FailureCause, ModelError
 from aiops.engine.backends.base import exception_chain as _causes
 from aiops.engine.types import (
     Completion,
@@ -315,11 +315,11 @@ class OpenAIBackend:
         return self.config.display_url()
 
     def _error(self, reason: str, *, status: int | None = None, retryable: bool = False,
-               discard_partial: bool = False) -> ModelError:
+               discard_partial: bool = False, cause: FailureCause | None = None) -> ModelError:
         if self._api_key and self._api_key != KEYLESS_PLACEHOLDER:
             reason = reason.replace(self._api_key, "[redacted]")
         return ModelError(self.key, self.url, reason, status=status, retryable=retryable,
-                          discard_partial=discard_partial)
+                          discard_partial=discard_partial, cause=cause)
 
     def _get_client(self) -> openai.AsyncOpenAI:
         if self._client is not None:
@@ -327,7 +327,8 @@ class OpenAIBackend:
         if self.config.api_key_env:
             api_key = self.config.api_key(self._env)
             if not api_key:
-                raise self._error(f"no API key: the environment variable {self.config.api_key_env} is not set")
+                raise self._error(f"no API key: the environment variable {self.config.api_key_env} is not set",
+                                  cause="key")
         else:
             api_key = KEYLESS_PLACEHOLDER  # keyless local servers ignore it; the SDK insists on one
         self._api_key = api_key
@@ -370,10 +371,11 @@ class OpenAIBackend:
         what = known_connection_failure(exc, self.url) or _hung_up(exc)
         if what is None and _timed_out(exc):
             return self._error(f"timed out after {self.config.timeout:g}s with no data from the server",
-                               retryable=True)
+                               retryable=True, cause="connection")
         if what is None:
             what = describe_connection_failure(exc, self.url)
-        return self._error(f"stream ended unexpectedly: {what}" if streaming else what, retryable=True)
+        return self._error(f"stream ended unexpectedly: {what}" if streaming else what, retryable=True,
+                           cause="connection")
 
     async def _open(self, messages: list[Message], tools: list[ToolSpec],
                     system: str | None) -> AsyncAPIResponse[Any]:

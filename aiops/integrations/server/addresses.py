@@ -64,7 +64,7 @@ def event_seen_by(who: Caller, engine: Engine, event: ev.Event) -> ev.Event:
 
 
 def _error_seen_by(who: Caller, engine: Engine, err: ev.ErrorInfo) -> ev.ErrorInfo:
-    return ev.ErrorInfo(err.code, shown_to(who, err.message, configured_hosts(engine)))
+    return dataclasses.replace(err, message=shown_to(who, err.message, configured_hosts(engine)))
 
 
 def reply_seen_by(who: Caller, engine: Engine, reply: dict[str, Any]) -> dict[str, Any]:
