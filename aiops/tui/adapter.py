@@ -208,6 +208,7 @@ class ModelProbe:
     ok: bool
     reason: str = ""  # why it is unreachable
     description: str = ""  # "openai gpt-4o-mini at https://…"
+    cause: str = ""  # with `reason`: "key" or "connection" (engine/backends/base.py FailureCause)
 
 
 class ModelsChecked(Message):
@@ -414,6 +415,11 @@ class EngineAdapter:
             return key
         return f"{m.type} {m.model_id} at {m.display_url()}"
 
+    def key_env(self, key: str) -> str | None:
+        """The variable that holds the model's API key ("" for a keyless model, None: not known)."""
+        m = self.engine.config.models.models.get(key)
+        return (m.api_key_env or "") if m is not None else ""
+
     async def probe_models(self) -> ModelsChecked:
         keys = self.model_keys()
         results = await asyncio.gather(*(self.probe_model(k) for k in keys))
@@ -422,7 +428,7 @@ class EngineAdapter:
     def models_checked(self, states: Iterable[ev.ModelState]) -> ModelsChecked:
         """What the server knows of the models (`models` event), as the console's probe result."""
         keys = set(self.model_keys())
-        return ModelsChecked({s.key: ModelProbe(s.key, s.ok, s.reason, self.describe_model(s.key))
+        return ModelsChecked({s.key: ModelProbe(s.key, s.ok, s.reason, self.describe_model(s.key), s.cause)
                               for s in states if s.key in keys})
 
     async def probe_model(self, key: str) -> ModelProbe:
@@ -430,7 +436,9 @@ class EngineAdapter:
         from aiops.integrations.model_probe import probe_model
 
         why = await probe_model(self.engine.config.models.models[key], self.engine.env, PROBE_TIMEOUT)
-        return ModelProbe(key, why is None, why or "", self.describe_model(key))
+        if why is None:
+            return ModelProbe(key, True, "", self.describe_model(key))
+        return ModelProbe(key, False, why.reason, self.describe_model(key), why.cause)
 
     # -- sessions and turns --
 

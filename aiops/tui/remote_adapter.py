@@ -179,6 +179,10 @@ class RemoteAdapter(EngineAdapter):
     def describe_model(self, key: str) -> str:
         return str((self.remote.info.get("models") or {}).get(key, key))
 
+    def key_env(self, key: str) -> str | None:
+        # The attached aiops's configuration names it, and does not say.
+        return None
+
     async def probe_models(self) -> ModelsChecked:
         # The models are the attached aiops's to reach, so it probes them: at start-up its picture is
         # shown when it has one (another console asked, or its turns told), later ones (`check
@@ -199,7 +203,7 @@ class RemoteAdapter(EngineAdapter):
         state = self.remote.models.get(key)
         if state is None:
             return ModelProbe(key, True, "", self.describe_model(key))
-        return ModelProbe(key, state.ok, state.reason, self.describe_model(key))
+        return ModelProbe(key, state.ok, state.reason, self.describe_model(key), state.cause)
 
     # -- sessions and turns --
 

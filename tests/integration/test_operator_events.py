@@ -196,19 +196,23 @@ async def test_the_servers_picture_of_its_models_reachability_and_its_changes(
             _, _, event = (await reader.until("models"))[-1]
             assert {m["key"]: m["ok"] for m in event["models"]} == {"gone": False, "local": True}
 
-            # A model error in a turn marks its model unreachable, a whole answer reachable again.
-            other.script(Reply.error(401, "invalid api key"), Reply.text("back"))
+            # A refused key in a turn marks its model unusable; an error its server answered with,
+            # or a whole answer, reachable again.
+            other.script(Reply.error(401, "invalid api key"), Reply.error(500, "upstream failure"))
             async with http.post(srv.url + "/api/v1/submit", json={"text": "hi", "client_id": "api-m"}) as r:
                 assert r.status in (200, 202)
             _, _, event = (await reader.until("models"))[-1]
             local = next(m for m in event["models"] if m["key"] == "local")
-            assert local["ok"] is False and "invalid api key" in local["reason"]
+            assert local["ok"] is False and "invalid api key" in local["reason"] and local["cause"] == "key"
             async with http.get(srv.url + "/api/v1/console") as r:
                 status = {m["key"]: m for m in (await r.json())["model_status"]}
             assert status["local"]["ok"] is False and status["gone"]["ok"] is False
-            await submit(http, srv, "again", "api-m")
+            await submit(http, srv, "again", "api-m")  # HTTP 500: the server is there
             _, _, event = (await reader.until("models"))[-1]
             assert {m["key"]: m["ok"] for m in event["models"]} == {"gone": False, "local": True}
+            assert next(m for m in event["models"] if m["key"] == "gone")["cause"] == "connection"
+            async with http.get(srv.url + "/api/v1/console") as r:
+                assert {m["key"]: m["cause"] for m in (await r.json())["model_status"]} == {"gone": "connection", "local": ""}
             resp.close()
 
 

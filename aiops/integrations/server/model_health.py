@@ -2,8 +2,9 @@
 
 The in-process console probes the models itself and follows its turns (aiops/tui/guidance.py); an
 attached console sees the same through the server, which keeps the same picture: a probe (one cheap
-list-models request per enabled model, aiops/integrations/model_probe.py) says which models answer,
-a model error in a turn marks its model unreachable and a whole answer marks it reachable again.
+list-models request per enabled model, aiops/integrations/model_probe.py) says which models answer;
+a turn's `done` marks the model it ran on unreachable when its call failed for want of a key or a
+connection, and reachable again on a whole answer (or an error its server answered with).
 
 The server probes on demand, never on its own: the first `POST /api/v1/models/check` (an attached
 console asks at start-up when the server has no picture yet, and on `check models`). Until then it
@@ -18,7 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from aiops.engine import events as ev
-from aiops.integrations.model_probe import probe_model
+from aiops.integrations.model_probe import probe_model, turn_verdict
 
 if TYPE_CHECKING:
     from aiops.engine.engine import Engine
@@ -38,7 +39,6 @@ class ModelHealth:
         self.engine = engine
         self.states: dict[str, ev.ModelState] = {}
         self.probed = False
-        self._turn_models: dict[str, str] = {}  # session id -> model of its running turn
         self._check: asyncio.Task[list[ev.ModelState]] | None = None
 
     def snapshot(self) -> list[ev.ModelState]:
@@ -47,23 +47,16 @@ class ModelHealth:
 
     def on_event(self, event: ev.Event) -> None:
         # A bus listener: synchronous, cheap, never raises.
-        match event:
-            case ev.TurnStarted(model=model) if event.session_id and model:
-                self._turn_models[event.session_id] = model
-            case ev.ErrorEvent() if event.code == "model_error" and event.session_id:
-                key = self._turn_models.get(event.session_id) or self.engine.config.models.default_model
-                self._set(ev.ModelState(key, False, _one_line(event.message), time.time()))
-            case ev.Done(model=model) if event.session_id:
-                self._turn_models.pop(event.session_id, None)
-                if model and event.status == "complete" and not event.command:
-                    self._set(ev.ModelState(model, True, "", time.time()))
-            case ev.SessionChanged(change="deleted") if event.session_id:
-                self._turn_models.pop(event.session_id, None)
+        # `done` names the model the turn ran on (a one-turn `@model` too) and how its call failed.
+        if isinstance(event, ev.Done) and (verdict := turn_verdict(event)) is not None:
+            ok, why = verdict
+            self._set(ev.ModelState(event.model, ok, _one_line(why.reason) if why else "", time.time(),
+                                    why.cause if why else ""))
 
     def _set(self, state: ev.ModelState) -> None:
         old = self.states.get(state.key)
         self.states[state.key] = state
-        if old is None or (old.ok, old.reason) != (state.ok, state.reason):
+        if old is None or (old.ok, old.reason, old.cause) != (state.ok, state.reason, state.cause):
             self._publish()
 
     def _publish(self) -> None:
@@ -81,7 +74,8 @@ class ModelHealth:
         keys = sorted(cfg.enabled())
         reasons = await asyncio.gather(*(probe_model(cfg.models[k], self.engine.env) for k in keys))
         now = time.time()
-        self.states = {k: ev.ModelState(k, why is None, why or "", now) for k, why in zip(keys, reasons, strict=True)}
+        self.states = {k: ev.ModelState(k, why is None, why.reason if why else "", now, why.cause if why else "")
+                       for k, why in zip(keys, reasons, strict=True)}
         self.probed = True
         self._publish()
         return self.snapshot()

@@ -225,6 +225,8 @@ class ModelStateOut(BaseModel):
     ok: bool = Field(description="The model answered its last probe, or its last turn.")
     reason: str = Field(description="Why it is unreachable (empty when it answers).")
     checked_at: float = Field(description="When this was last seen (Unix time).")
+    cause: str = Field("", description="With a reason: `key` (no API key, or the key refused) or "
+                                       "`connection` (nothing answers there).")
 
 
 class ModelStates(BaseModel):
