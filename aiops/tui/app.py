@@ -409,8 +409,7 @@ class AiopsApp(App[int]):
 
     @on(ErrorRaised)
     async def _error_raised(self, msg: ErrorRaised) -> None:
-        if self._drawing and msg.event.code == "model_error":
-            self.guidance.failed(msg.event)
+        # The guidance learns of a model error from the turn's `done`, which names the model.
         await self.sessions.follow(msg.event, unread=True)
 
     @on(TurnDone)
@@ -483,9 +482,12 @@ class AiopsApp(App[int]):
     def action_help(self) -> None:
         from aiops.tui.screens.modals import HelpScreen  # (Markdown: imported when first needed)
 
-        help_text = pane_help(self.screen.focused, OVERVIEW_HELP)
+        help_text = self.guidance.help_markdown() + pane_help(self.screen.focused, OVERVIEW_HELP)
         self.push_screen(HelpScreen(focused_pane(self.screen.focused), render_help(help_text, self.keymap_overrides),
                                     self.keymap_overrides))
+
+    def action_hide_guidance(self) -> None:
+        self.guidance.toggle()
 
     def action_jump_gate(self) -> None:
         self.gate_desk.jump()

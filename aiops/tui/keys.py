@@ -88,6 +88,10 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec("app.wider", "alt+right", "resize(4)", "Wider",
             "Make the focused side pane wider (the sessions pane while typing)", "global", show=False,
             priority=True),
+    # Not in the footer: the banner names this key itself, while it is there.
+    KeySpec("app.hide_guidance", "f4", "hide_guidance", "Model warning",
+            "Hide the model warning above the chat, or show it again (F1 shows it whole)", "global",
+            show=False, priority=True),
     # -- the input --
     # The input handles its own keys in order with the characters typed before them (a priority
     # binding would run before earlier keystrokes reached the text); see ChatInput._on_key.

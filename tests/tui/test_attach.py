@@ -288,11 +288,11 @@ async def test_the_attached_console_shows_the_servers_model_reachability_and_eve
     app = attached_app(serve)
     async with app.run_test(size=(160, 48)) as pilot:
         await ready(pilot)
-        await wait_for(pilot, lambda: "not reachable" in region_text(app, "#guidance"), "the guidance", 20)
+        await wait_for(pilot, lambda: "no usable API key" in region_text(app, "#guidance"), "the guidance", 20)
         guidance = region_text(app, "#guidance")
-        assert "Model gpt (openai gpt-x at https://api.openai.com/v1) is not reachable" in guidance
-        assert "AIOPS_TEST_UNSET_KEY is not set" in guidance and "Reachable now: local." in guidance
-        assert "model gpt unreachable" in region_text(app, "StatusBar")
+        assert "Model gpt has no usable API key: AIOPS_TEST_UNSET_KEY is not set" in guidance
+        assert "(openai gpt-x at https://api.openai.com/v1)" in guidance and "Reachable now: local." in guidance
+        assert "model gpt needs a key" in region_text(app, "StatusBar")
         app.main.show_pane("limits")
         rules = app.cfg.limits.rate
         assert sorted(rules) == ["db", "notes"]

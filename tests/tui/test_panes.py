@@ -539,10 +539,11 @@ async def test_first_run_without_a_reachable_model_says_why_and_how(make_app, mo
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await wait_text(pilot, "no model reachable")
-        await wait_for(pilot, lambda: "not reachable" in region_text(app, "#guidance"), "the guidance")
+        await wait_for(pilot, lambda: "no usable API key" in region_text(app, "#guidance"), "the guidance")
         guidance = region_text(app, "#guidance")
-        assert "Model gpt (openai gpt-x at https://api.openai.com/v1) is not reachable" in guidance
-        assert "AIOPS_TEST_UNSET_KEY is not set" in guidance
+        assert "Model gpt has no usable API key: AIOPS_TEST_UNSET_KEY is not set" in guidance
+        assert "(openai gpt-x at https://api.openai.com/v1)" in guidance
+        assert "Set AIOPS_TEST_UNSET_KEY in the environment or" in guidance
         assert "models.toml" in guidance and "aiops config init" in guidance
         # Commands still work, and a turn says what failed where the user looks.
         await send(pilot, "!help")

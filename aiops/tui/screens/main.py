@@ -36,6 +36,7 @@ from aiops.tui.widgets.tab_fit import FittedTabs, TabFit, TabLabel
 log = logging.getLogger(__name__)
 
 NARROW_WIDTH = 100
+SHORT_HEIGHT = 32
 SIDE_TABS = ("gates", "prompt", "limits", "log")
 VIEWS = ("chat", "sessions", *SIDE_TABS)
 MIN_WIDTH, MAX_WIDTH = 16, 90
@@ -119,6 +120,8 @@ def side_label(view: str, gates: int) -> TabLabel:
 
 class MainScreen(Screen[None]):
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_WIDTH, "-wide")]
+    # A short terminal (80×24) keeps the model warning to three lines (app.tcss).
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (SHORT_HEIGHT, "-tall")]
 
     view: reactive[str] = reactive("chat")
     """On a narrow terminal: the one pane shown."""

@@ -25,16 +25,26 @@ class StatusBar(Widget):
     running: reactive[int] = reactive(0)
 
     def render(self) -> Content:
+        full = self._line(address=True)
+        # On 80 columns our server's address and the warning do not fit together: the warning
+        # matters now, the address is in `aiops.run` and the log. A state in that field (attached,
+        # DISCONNECTED, server failed) stays.
+        if self.warning and self.server.startswith("http") and full.cell_length > self.size.width > 0:
+            return self._line(address=False)
+        return full
+
+    def _line(self, *, address: bool) -> Content:
         parts: list[Any] = [("aiops", "bold")]
 
         def sep() -> None:
             parts.append((" │ ", "dim"))
 
-        sep()
-        parts.append(self.server)
-        if self.clients is not None:
+        if address:
             sep()
-            parts.append(f"{self.clients} client{'s' if self.clients != 1 else ''}")
+            parts.append(self.server)
+            if self.clients is not None:
+                sep()
+                parts.append(f"{self.clients} client{'s' if self.clients != 1 else ''}")
         if self.session:
             sep()
             parts.append((self.session, "bold"))
