@@ -14,8 +14,8 @@ listener) — text deltas excepted, which wait up to a short tick to reach the A
 history reads are posted after the read completes. The store runs on one thread in FIFO order and
 every record is published right after it is committed, so every event describing a message
 contained in a history read is already in the App's queue ahead of the `HistoryLoaded` message.
-(Deltas waiting for their tick may follow the page: they belong to a running turn, which the App
-leaves out of the page and draws from its live buffer and the events after it.) The App can
+(Deltas waiting for their tick may follow the page: they belong to a running turn, which the chat
+leaves out of the page and draws from the App's live buffer and the events after it.) The App can
 therefore rebuild a chat from history plus the events of the live turn without duplicates or gaps.
 """
 

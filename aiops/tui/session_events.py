@@ -78,10 +78,10 @@ class SessionEvents:
             return
         chat = app.chat
         if msg.before_id is None:
-            live = app.live.turn.get(msg.session_id)
-            messages = [m for m in msg.messages if live is None or m.turn_id != live]
             app.reclaim.removed(len(chat.walk_children()))  # what the chat held goes
-            await chat.show(msg.session_id, messages, has_more=msg.has_more,
+            # The whole page: the chat leaves out what is stored of the running turn and draws
+            # that turn from its events, in the place its prompt has among the page's turns.
+            await chat.show(msg.session_id, msg.messages, has_more=msg.has_more,
                             live=list(app.live.events.get(msg.session_id, [])))
             app.services.session_shown()
             await self.send_waiting()  # typed while the engine started: sent now, drawn once

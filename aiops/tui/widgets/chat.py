@@ -7,6 +7,11 @@ when that message is complete.
 Thinking and tool calls are collapsible blocks; gate decisions, notices, command output and errors
 are lines styled apart. The view follows the bottom only while the reader is there (Textual's
 anchor: scrolling up releases it, scrolling back to the end restores it).
+
+The conversation reads turn by turn, live and from history alike: a message sent while a turn runs
+is committed (and posted) at once, before that turn's answer, so every widget is kept with its
+turn's (`ChatView._turn_of`) and what a turn adds goes after that turn's last widget, above any
+prompt queued behind it; history is regrouped the same way (`engine.context.by_turn`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from textual.widgets import Button, Collapsible, Static
 
 from aiops.engine import events as ev
 from aiops.engine.client_tools import CLIENT_CALLS
+from aiops.engine.context import by_turn
 from aiops.gates.broker import waiting_notice
 from aiops.tui.format import args_preview, duration, gate_outcome, one_line, pretty_json, sql_of
 from aiops.tui.keys import bindings_for, display_keys, first_key, render_help
@@ -288,40 +294,49 @@ class EarlierButton(Button):
         self.can_focus = False
 
 
-def widgets_for_history(messages: Iterable[HistoryMessage]) -> list[Widget]:
-    """Turn stored messages into chat widgets (tool results attach to their calls)."""
+def widgets_for_history(messages: Iterable[HistoryMessage],
+                        turn_of: dict[Widget, str | None] | None = None) -> list[Widget]:
+    """Turn stored messages into chat widgets (tool results attach to their calls), turn by turn:
+    a message queued behind a running turn is stored before that turn's answer, and is shown
+    after it. `turn_of`, when given, gets each widget's turn id."""
     out: list[Widget] = []
     tools: dict[str, ToolCallBlock] = {}
-    for m in messages:
+    turns: dict[Widget, str | None] = {} if turn_of is None else turn_of
+
+    def add(widget: Widget, m: HistoryMessage) -> None:
+        out.append(widget)
+        turns[widget] = m.turn_id
+
+    for m in by_turn(list(messages), None):
         if m.role == "user":
-            out.append(UserMessage(m.content, command=bool(m.meta.get("command")), model=m.meta.get("model")))
+            add(UserMessage(m.content, command=bool(m.meta.get("command")), model=m.meta.get("model")), m)
         elif m.role == "assistant":
             if m.content.strip() or m.thinking:
-                out.append(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model")))
+                add(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model")), m)
             client_calls = m.meta.get(CLIENT_CALLS) or {}
             for tc in m.tool_calls:
                 block = ToolCallBlock(tc.id, tc.name, tc.arguments)
                 if tc.id in client_calls:
                     block.set_waiting(CLIENT_CALL)
                 tools[tc.id] = block
-                out.append(block)
+                add(block, m)
         elif m.role == "tool":
             found = tools.get(m.tool_call_id or "")
             if found is None:
                 found = ToolCallBlock(m.tool_call_id or "", m.name or "tool", {})
-                out.append(found)
+                add(found, m)
             found.set_result(m.content, is_error=bool(m.meta.get("is_error")),
                              duration_ms=m.meta.get("duration_ms"), gate=m.meta.get("gate"), status=m.status)
         elif m.role == "gate":
             # The stored record is the resolved gate object (its summary, else the record's text).
-            out.append(GateLine(ev.GateInfo.from_dict({"summary": m.content, **m.meta})))
+            add(GateLine(ev.GateInfo.from_dict({"summary": m.content, **m.meta})), m)
         elif m.role == "notice":
             if m.meta.get("kind") == "command":
-                out.append(CommandOutput(m.content, m.meta.get("command")))
+                add(CommandOutput(m.content, m.meta.get("command")), m)
             else:
-                out.append(NoticeLine(m.content))
+                add(NoticeLine(m.content), m)
         elif m.role == "error":
-            out.append(ErrorLine(m.content, m.meta.get("code")))
+            add(ErrorLine(m.content, m.meta.get("code")), m)
     return out
 
 
@@ -359,6 +374,14 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
         self.oldest_id: int | None = None
         self.has_more = False
         self._current: AssistantMessage | None = None
+        self._current_turn: str | None = None  # the turn whose answer `_current` streams
+        # Each widget's turn: what a turn adds later goes after its last widget (see the module).
+        self._turn_of: dict[Widget, str | None] = {}
+        # While `show` replays the running turn: where a turn not drawn yet goes (the first widget
+        # of the turns queued behind it), instead of the end.
+        self._slot: Widget | None = None
+        # The turn `show` drew from its events: an earlier page's stored part of it is drawn already.
+        self._replayed: str | None = None
         self._tools: dict[str, ToolCallBlock] = {}
         self._waiting: dict[str, NoticeLine] = {}  # "waiting for approval" lines, by gate id
         self._held: dict[str, ToolCallBlock] = {}  # tool calls waiting at a gate, by gate id
@@ -371,50 +394,84 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
 
     async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
                    live: Iterable[Event] = ()) -> None:
-        """Replace the view: a page of history, then the events of the live turn (if any)."""
+        """Replace the view: a page of history (in commit order, as read) turn by turn, and the
+        running turn drawn from its events (`live`, if any) in its place: after the turns before
+        it, above the prompts queued behind it. What the store holds of that turn so far is left
+        out: its events say all of it."""
         live = list(live)
         await self._finish_current()
         self.session_id = session_id
         self._tools.clear()
         self._waiting.clear()
         self._held.clear()
+        self._turn_of.clear()
         self._current = None
+        running = self._replayed = next((e.turn_id for e in live if e.turn_id), None)
+        ordered = by_turn(messages, None)
+        # The running turn's place is where its first stored message (its prompt) is; none in this
+        # page: after everything, as before it was known.
+        at = next((i for i, m in enumerate(ordered) if running is not None and m.turn_id == running),
+                  len(ordered))
         with self.app.batch_update():
             await self.remove_children()
-            widgets = widgets_for_history(messages)
-            self._register_tools(widgets)
+            widgets = widgets_for_history(ordered[:at], self._turn_of)
+            later = widgets_for_history([m for m in ordered[at:] if m.turn_id != running], self._turn_of)
+            self._register_tools(widgets + later)
             self.has_more = has_more
             self.oldest_id = min((m.id for m in messages if m.id is not None), default=None)
             if has_more and self.oldest_id is not None:
                 widgets.insert(0, EarlierButton())
-            if not widgets and not live:
+            if not widgets and not later and not live:
                 widgets.append(EmptyHint(getattr(self.app, "keymap_overrides", {})))
-            if widgets:
-                await self.mount_all(widgets)
-        for event in live:
-            await self.apply(event)
+            if widgets or later:
+                await self.mount_all(widgets + later)
+        self._slot = later[0] if later else None
+        try:
+            for event in live:
+                await self.apply(event)
+        finally:
+            self._slot = None
         self.scroll_end(animate=False, immediate=True)
 
     async def prepend(self, messages: list[HistoryMessage], *, has_more: bool) -> None:
-        """Older messages above what is shown; the reader's place stays put."""
+        """Older messages above what is shown, each with its turn; the reader's place stays put.
+        A page boundary can fall inside a turn, and a prompt queued behind a turn is stored before
+        that turn's answer: a turn the view already shows gets its older part right above its own
+        widgets, and a turn it does not goes above the first turn that began after it."""
         old_max = self.max_scroll_y
         old_y = self.scroll_y
         for button in self.query(EarlierButton):
             await button.remove()
-        widgets = widgets_for_history(messages)
+        turn_of: dict[Widget, str | None] = {}
+        widgets = widgets_for_history([m for m in messages if m.turn_id is None or m.turn_id != self._replayed],
+                                      turn_of)
         self._register_tools(widgets)
+        self._turn_of.update(turn_of)
         ids = [m.id for m in messages if m.id is not None]
         if ids:
             self.oldest_id = min(ids)
         self.has_more = has_more and bool(ids)
-        if self.has_more:
-            widgets.insert(0, EarlierButton())
-        if widgets:
-            first = self.children[0] if self.children else None
-            if first is not None:
-                await self.mount_all(widgets, before=first)
+        groups: list[tuple[str | None, list[Widget]]] = []
+        for w in widgets:
+            if groups and groups[-1][0] == turn_of[w]:
+                groups[-1][1].append(w)
             else:
-                await self.mount_all(widgets)
+                groups.append((turn_of[w], [w]))
+        if self.has_more:
+            groups.insert(0, (None, [EarlierButton()]))
+        # Each group's place, worked out on the view as it is (the page's turns are in turn order,
+        # so the places follow each other down the view and each group lands below the one before).
+        order = {t: i for i, (t, _) in enumerate(groups) if t is not None}
+        shown = [(child, self._turn_of.get(child)) for child in self.children]
+        places: list[Widget | None] = []
+        for i, (turn, _) in enumerate(groups):
+            places.append(next((child for child, t in shown
+                                if t is None or t not in order or order[t] > i or t == turn), None))
+        for (_, group), place in zip(groups, places, strict=True):
+            if place is not None:
+                await self.mount_all(group, before=place)
+            else:
+                await self.mount_all(group)
 
         def keep_place() -> None:
             self.scroll_to(y=old_y + (self.max_scroll_y - old_max), animate=False, immediate=True)
@@ -426,20 +483,46 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             if isinstance(w, ToolCallBlock):
                 self._tools[w.call_id] = w
 
-    async def _add(self, widget: Widget) -> None:
+    async def _place(self, widget: Widget, turn: str | None) -> None:
+        """Mount a live event's widget with its turn: after that turn's last widget (above the
+        prompts queued behind it), or, for a turn not drawn yet, at the end."""
         for hint in self.query(EmptyHint):
             await hint.remove()
-        await self.mount(widget)
+        last = self._last_of(turn)
+        self._turn_of[widget] = turn
+        if last is not None:
+            await self.mount(widget, after=last)
+        elif self._slot is not None:
+            await self.mount(widget, before=self._slot)
+        else:
+            await self.mount(widget)
+
+    def _last_of(self, turn: str | None) -> Widget | None:
+        # From the end: the turn adding to the view is almost always the last one in it.
+        if turn is not None:
+            for child in reversed(self.children):
+                if self._turn_of.get(child) == turn:
+                    return child
+        return None
 
     async def _finish_current(self) -> None:
         current, self._current = self._current, None
         if current is not None:
             await current.finish()
 
-    async def _assistant(self) -> AssistantMessage:
-        if self._current is None:
+    async def _text_ends(self, turn: str | None) -> None:
+        """An event of the turn whose answer streams, other than its text: that text ends here
+        (its text after this event is a new message). Another turn's event (a prompt queued
+        behind it, a command run meanwhile, a queued turn cancelled) leaves it streaming."""
+        if self._current is not None and self._current_turn == turn:
+            await self._finish_current()
+
+    async def _assistant(self, turn: str | None) -> AssistantMessage:
+        if self._current is None or self._current_turn != turn:
+            await self._finish_current()
             self._current = AssistantMessage()
-            await self._add(self._current)
+            self._current_turn = turn
+            await self._place(self._current, turn)
         return self._current
 
     # -- live events --
@@ -454,65 +537,70 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
         return candidates[-1] if candidates else None
 
     async def apply(self, event: Event) -> None:
-        """Draw one live event of this session."""
+        """Draw one live event of this session, with the rest of its turn."""
+        turn = event.turn_id
         match event:
             case ev.Tok(text=text):
-                if self._current is None and not text.strip():
-                    return
-                await (await self._assistant()).write(text)
+                # The streaming path: one comparison before the text goes to its message.
+                current = self._current
+                if current is not None and self._current_turn == turn:
+                    await current.write(text)
+                elif text.strip():
+                    await (await self._assistant(turn)).write(text)
             case ev.Thinking(text=text):
-                await (await self._assistant()).think(text)
+                await (await self._assistant(turn)).think(text)
             case ev.UserPosted():
-                await self._finish_current()
-                await self._add(UserMessage(event.text, command=event.command, model=event.model))
+                await self._text_ends(turn)
+                await self._place(UserMessage(event.text, command=event.command, model=event.model), turn)
             case ev.ToolCalled():
-                await self._finish_current()
+                await self._text_ends(turn)
                 block = ToolCallBlock(event.call_id, event.tool, event.arguments)
                 if event.client:
                     block.set_waiting(CLIENT_CALL)
                 if self._details_open:
                     block.collapsed = False
                 self._tools[block.call_id] = block
-                await self._add(block)
+                await self._place(block, turn)
             case ev.ToolReturned():
                 await self._tool_returned(event)
             case ev.GateOpened(gate=gate):
                 # Shown while the gate waits, dropped when it is answered (the history keeps
                 # only the decision): derived from the gate's own events.
-                await self._finish_current()
+                await self._text_ends(turn)
                 line = NoticeLine(waiting_notice(gate))
                 self._waiting[gate.id] = line
-                await self._add(line)
+                await self._place(line, turn)
                 if (held_call := self._gated_call(gate)) is not None:
                     # Not "running…": it waits, and for an operator (the inbox, or an operator
                     # token over the API or MCP).
                     held_call.set_waiting("waiting for operator approval (gates inbox)")
                     self._held[gate.id] = held_call
             case ev.GateResolved(gate=gate):
-                await self._finish_current()
+                await self._text_ends(turn)
                 if (waiting := self._waiting.pop(gate.id, None)) is not None:
+                    self._turn_of.pop(waiting, None)
                     await waiting.remove()
                 if (held := self._held.pop(gate.id, None)) is not None:
                     held.set_waiting(None)
-                await self._add(GateLine(gate))
+                await self._place(GateLine(gate), turn)
             case ev.Notice(command=str(command)) if command:
-                await self._finish_current()
-                await self._add(CommandOutput(event.text, command))
+                await self._text_ends(turn)
+                await self._place(CommandOutput(event.text, command), turn)
             case ev.Notice():
-                await self._finish_current()
-                await self._add(NoticeLine(event.text))
+                await self._text_ends(turn)
+                await self._place(NoticeLine(event.text), turn)
             case ev.ErrorEvent():
-                await self._finish_current()
-                await self._add(ErrorLine(event.message, event.code))
+                await self._text_ends(turn)
+                await self._place(ErrorLine(event.message, event.code), turn)
             case ev.Done():
-                await self._finish_current()
+                await self._text_ends(turn)
 
     async def _tool_returned(self, event: ev.ToolReturned) -> None:
         block = self._tools.get(event.call_id)
         if block is None:
             block = ToolCallBlock(event.call_id, event.tool, {})
             self._tools[block.call_id] = block
-            await self._add(block)
+            await self._place(block, event.turn_id)
         content = event.content
         if event.truncated:
             content += "\n… (preview; the full result is in the session history)"

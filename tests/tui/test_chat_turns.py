@@ -1,0 +1,297 @@
+"""The chat turn by turn: a message queued behind a running turn, live, reloaded and paged back.
+
+A message sent while a turn runs is committed (and posted) at once, before that turn's answer. The
+chat shows each turn whole all the same: the running answer grows in place above the queued
+prompt, the queued turn's answer goes right after its own prompt, and the history reads the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from textual.app import App, ComposeResult
+
+from aiops.engine import events as ev
+from aiops.engine.types import Message
+from aiops.tui.widgets.chat import (
+    AssistantMessage,
+    ChatView,
+    EarlierButton,
+    GateLine,
+    ToolCallBlock,
+    UserMessage,
+)
+from tests.fakes.openai_server import Reply
+from tests.tui.conftest import SIZE, ready, send, wait_for
+
+SLOW = " ".join(f"word{i}" for i in range(1, 31))
+
+
+def transcript(chat: ChatView) -> list[str]:
+    """The chat's widgets top to bottom, one short line each."""
+    lines = []
+    for w in chat.children:
+        match w:
+            case UserMessage():
+                lines.append(f"› {w.text}")
+            case AssistantMessage():
+                lines.append(f"« {w.text.strip()}")
+            case ToolCallBlock():
+                lines.append(f"⚙ {w.tool_name}")
+            case GateLine():
+                lines.append(f"⚑ {w.gate.decision}")
+            case EarlierButton():
+                lines.append("↑ earlier")
+            case _:  # notices, command output, errors
+                lines.append(getattr(w, "text", None) or str(getattr(w, "content", type(w).__name__)))
+    return lines
+
+
+def conversation(chat: ChatView) -> list[str]:
+    """The prompts and answers alone (what the store keeps of both, for reloads)."""
+    return [line for line in transcript(chat) if line[:2] in ("› ", "« ")]
+
+
+async def handled(pilot: Any) -> None:
+    """What the App is handling now (a history page being drawn) is done: a callback queued
+    behind it has run."""
+    done = asyncio.Event()
+    pilot.app.call_later(done.set)
+    await wait_for(pilot, done.is_set, "the App's queue")
+
+
+async def reload(pilot: Any, session: str) -> None:
+    """The session shown again from its history, as picking it in the list does."""
+    app = pilot.app
+    await app.select_session(session)
+    await wait_for(pilot, lambda: app.chat.session_id == session, "the session's history")
+    await handled(pilot)
+
+
+async def test_a_message_queued_behind_a_streaming_answer_does_not_cut_it(make_app, fake_openai):
+    # The slow answer streams a third, is held at the fake, then goes on with a tool call of its
+    # own turn after the second message was queued.
+    fake_openai.script(
+        Reply.tool_calls(("read_note", {"text": ""}), text=SLOW, chunks=6, hold_after=3),
+        Reply.text("the notes are empty"),
+    )
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session = app.selected
+        await send(pilot, "slow one")
+        await fake_openai.wait_for_held_async()
+        await wait_for(pilot, lambda: any(line.startswith("« word1 ") for line in transcript(app.chat)),
+                       "the answer streaming")
+        await send(pilot, "second msg")
+        await wait_for(pilot, lambda: "queued behind the running turn (1 waiting)" in transcript(app.chat),
+                       "the queued notice")
+        fake_openai.release()
+        await wait_for(pilot, lambda: "« echo: second msg" in transcript(app.chat), "the queued turn's answer")
+        await wait_for(pilot, lambda: not app.chat_input.busy, "both turns to end")
+        assert transcript(app.chat) == [
+            "› slow one",
+            f"« {SLOW}",  # one message, whole: the queued prompt did not cut it
+            "⚙ read_note",
+            "« the notes are empty",
+            "› second msg",
+            "queued behind the running turn (1 waiting)",
+            "« echo: second msg",
+        ]
+        # Reloaded, the history (stored: both prompts, then the answers) reads the same way.
+        await reload(pilot, session)
+        assert transcript(app.chat) == [
+            "› slow one", f"« {SLOW}", "⚙ read_note", "« the notes are empty",
+            "› second msg", "« echo: second msg",
+        ]
+
+
+async def test_several_queued_messages_each_get_their_answer_below_their_prompt(make_app, fake_openai):
+    fake_openai.script(Reply.text(SLOW, chunks=6, hold_after=3))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        first = await engine.submit("proxy-q", "slow one", kind="proxy")
+        await fake_openai.wait_for_held_async()
+        await reload(pilot, "proxy-q")
+        second = await engine.submit("proxy-q", "second msg", kind="proxy")
+        third = await engine.submit("proxy-q", "third msg", kind="proxy")
+        fourth = await engine.submit("proxy-q", "fourth msg", kind="proxy")
+        await wait_for(pilot, lambda: "queued behind the running turn (3 waiting)" in transcript(app.chat),
+                       "three queued")
+        # Cancelled before it ran: its prompt stays where it is, and the answer streaming above
+        # goes on in one piece.
+        assert engine.drop_queued_turn(engine.cache.find("proxy-q"), third)
+        await third.wait(10)
+        fake_openai.release()
+        for turn in (first, second, fourth):
+            await turn.wait(30)
+        await wait_for(pilot, lambda: "« echo: fourth msg" in transcript(app.chat), "the last answer")
+        assert transcript(app.chat) == [
+            "› slow one",
+            f"« {SLOW}",
+            "› second msg",
+            "queued behind the running turn (1 waiting)",
+            "« echo: second msg",
+            "› third msg",
+            "queued behind the running turn (2 waiting)",
+            "› fourth msg",
+            "queued behind the running turn (3 waiting)",
+            "« echo: fourth msg",
+        ]
+        await reload(pilot, "proxy-q")
+        assert conversation(app.chat) == [
+            "› slow one", f"« {SLOW}", "› second msg", "« echo: second msg", "› third msg",
+            "› fourth msg", "« echo: fourth msg",
+        ]
+
+
+async def test_a_session_shown_mid_turn_puts_the_running_answer_above_the_queued_prompts(make_app,
+                                                                                        fake_openai):
+    fake_openai.script(Reply.text(SLOW, chunks=6, hold_after=3))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        first = await engine.submit("proxy-r", "slow one", kind="proxy")
+        await fake_openai.wait_for_held_async()
+        second = await engine.submit("proxy-r", "second msg", kind="proxy")
+        third = await engine.submit("proxy-r", "third msg", kind="proxy")
+        await wait_for(pilot, lambda: app.live_events.get("proxy-r") and any(
+            isinstance(e, ev.Tok) for e in app.live_events["proxy-r"]), "streamed text")
+        # Shown now: the history holds the three prompts (in commit order), the live buffer the
+        # running turn's prompt and what it streamed so far.
+        await reload(pilot, "proxy-r")
+        lines = transcript(app.chat)
+        assert lines[0] == "› slow one" and lines[1].startswith("« word1 ") and lines[2:] == [
+            "› second msg", "› third msg"]
+        fake_openai.release()
+        for turn in (first, second, third):
+            await turn.wait(30)
+        await wait_for(pilot, lambda: "« echo: third msg" in transcript(app.chat), "the last answer")
+        assert transcript(app.chat) == [
+            "› slow one", f"« {SLOW}", "› second msg", "« echo: second msg", "› third msg",
+            "« echo: third msg",
+        ]
+
+
+async def test_a_session_shown_after_its_queue_ran_reads_turn_by_turn(make_app, fake_openai):
+    fake_openai.script(Reply.text(SLOW, chunks=6, hold_after=3))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        first = await engine.submit("proxy-h", "slow one", kind="proxy")
+        await fake_openai.wait_for_held_async()
+        second = await engine.submit("proxy-h", "second msg", kind="proxy")
+        third = await engine.submit("proxy-h", "third msg", kind="proxy")
+        fake_openai.release()
+        for turn in (first, second, third):
+            await turn.wait(30)
+        # Stored in commit order: the three prompts, then the three answers.
+        assert [m.role for m in await engine.history("proxy-h")] == ["user"] * 3 + ["assistant"] * 3
+        await reload(pilot, "proxy-h")
+        assert transcript(app.chat) == [
+            "› slow one", f"« {SLOW}", "› second msg", "« echo: second msg", "› third msg",
+            "« echo: third msg",
+        ]
+
+
+async def test_earlier_pages_join_their_turns(make_app, fake_openai):
+    # Stored: slow one, second msg (queued), then both answers. A page of two splits every turn.
+    fake_openai.script(Reply.text(SLOW, chunks=6, hold_after=3))
+    app = make_app(extra_files={"aiops.toml": "[console]\nhistory_page = 2\n"})
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        engine = app.adapter.engine
+        first = await engine.submit("proxy-p", "slow one", kind="proxy")
+        await fake_openai.wait_for_held_async()
+        second = await engine.submit("proxy-p", "second msg", kind="proxy")
+        fake_openai.release()
+        await first.wait(30)
+        await second.wait(30)
+        assert [m.role for m in await engine.history("proxy-p")] == ["user", "user", "assistant", "assistant"]
+        await reload(pilot, "proxy-p")
+        assert transcript(app.chat) == ["↑ earlier", f"« {SLOW}", "« echo: second msg"]
+        app.chat.focus()
+        await pilot.press("e")
+        await wait_for(pilot, lambda: "› slow one" in transcript(app.chat), "the earlier page")
+        await handled(pilot)
+        assert transcript(app.chat) == ["↑ earlier", "› slow one", f"« {SLOW}", "› second msg",
+                                        "« echo: second msg"]
+        await pilot.press("e")  # (a full page: there may be more)
+        await wait_for(pilot, lambda: not app.chat.query(EarlierButton), "the beginning")
+        await handled(pilot)
+        assert transcript(app.chat) == ["› slow one", f"« {SLOW}", "› second msg", "« echo: second msg"]
+
+
+# ---- the chat alone, fed events: what else a running turn draws while a prompt waits behind it ----
+
+
+class ChatOnly(App[None]):
+    def compose(self) -> ComposeResult:
+        yield ChatView(id="chat")
+
+
+def _gate(decision: str | None = None) -> ev.GateInfo:
+    return ev.GateInfo(id="g1", session_id="s", client_id="s", client_kind="proxy", tool="write_note",
+                       tool_type="notes", args={}, operation="write", tables=(), summary="write a note",
+                       created_at=0.0, expires_at=None, decision=decision, scope="once" if decision else None)
+
+
+async def test_the_running_turns_gates_notices_and_errors_stay_with_it():
+    app = ChatOnly()
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.query_one(ChatView)
+        await chat.show("s", [Message("user", "earlier", id=1, turn_id="t0"),
+                              Message("assistant", "earlier answer", id=2, turn_id="t0")], has_more=False)
+        events: list[ev.Event] = [
+            ev.UserPosted(session_id="s", turn_id="t1", text="slow one"),
+            ev.TurnStarted(session_id="s", turn_id="t1", model="local"),
+            ev.Tok(session_id="s", turn_id="t1", text="word1 wo"),
+            ev.UserPosted(session_id="s", turn_id="t2", text="second msg"),
+            ev.Notice(session_id="s", turn_id="t2", text="queued behind the running turn (1 waiting)"),
+            ev.UserPosted(session_id="s", turn_id="c1", text="!help", command=True),
+            ev.Notice(session_id="s", turn_id="c1", text="Commands: …", command="!help", ok=True),
+            ev.Done(session_id="s", turn_id="c1", text="", status="complete", model="local", command=True),
+            ev.Tok(session_id="s", turn_id="t1", text="rd2 word3"),
+            ev.ToolCalled(session_id="s", turn_id="t1", call_id="k1", tool="write_note", arguments={}),
+            ev.GateOpened(session_id="s", turn_id="t1", gate=_gate()),
+            ev.GateResolved(session_id="s", turn_id="t1", gate=_gate("approved")),
+            ev.ToolReturned(session_id="s", turn_id="t1", call_id="k1", tool="write_note", content="noted"),
+            ev.Notice(session_id="s", turn_id="t1", text="a notice of the running turn"),
+            ev.Tok(session_id="s", turn_id="t1", text="after the tool"),
+            ev.ErrorEvent(session_id="s", turn_id="t1", error=ev.ErrorInfo("model_error", "boom")),
+            ev.Done(session_id="s", turn_id="t1", text="", status="error", model="local"),
+            ev.TurnStarted(session_id="s", turn_id="t2", model="local"),
+            ev.Tok(session_id="s", turn_id="t2", text="echo: second msg"),
+            ev.Done(session_id="s", turn_id="t2", text="echo: second msg", status="complete", model="local"),
+        ]
+        for event in events:
+            await chat.apply(event)
+        await pilot.pause()
+        lines = transcript(chat)
+        assert lines[:2] == ["› earlier", "« earlier answer"]
+        assert lines[2:6] == ["› slow one", "« word1 word2 word3", "⚙ write_note", "⚑ approved"]
+        assert lines[6:10] == ["a notice of the running turn", "« after the tool", "error (model_error): boom",
+                               "› second msg"]
+        assert lines[10:] == ["queued behind the running turn (1 waiting)", "« echo: second msg", "› !help",
+                              "Commands: …"]
+
+
+async def test_an_earlier_page_adds_nothing_of_the_turn_drawn_from_its_events():
+    """A running turn whose prompt is older than the latest page (a long turn, a long queue) is
+    drawn from its events; the earlier page's stored prompt is not drawn a second time."""
+    app = ChatOnly()
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.query_one(ChatView)
+        live: list[ev.Event] = [ev.UserPosted(session_id="s", turn_id="t1", text="slow one"),
+                                ev.TurnStarted(session_id="s", turn_id="t1", model="local"),
+                                ev.Tok(session_id="s", turn_id="t1", text="word1 word2")]
+        await chat.show("s", [Message("user", "second msg", id=3, turn_id="t2")], has_more=True, live=live)
+        await chat.prepend([Message("user", "earlier", id=1, turn_id="t0"),
+                            Message("user", "slow one", id=2, turn_id="t1")], has_more=False)
+        await pilot.pause()
+        assert [line for line in transcript(chat) if line.startswith("› ")].count("› slow one") == 1
