@@ -87,13 +87,20 @@ class AssistantMessage(Settled, Vertical):
     """One assistant message: optional thinking, then Markdown (streamed while live)."""
 
     def __init__(self, text: str = "", thinking: str = "", *, status: str = "complete",
-                 model: str | None = None) -> None:
+                 model: str | None = None, tail_lines: int | None = None) -> None:
+        """`tail_lines`: a long answer of the history, drawn from its end, about that many lines of
+        its source at first and the rest as the reader scrolls up to it (widgets/answer_tail.py)."""
         super().__init__(classes="msg assistant" + (" cancelled" if status == "cancelled" else ""))
         self.text = text
         # Imported on first use (markdown-it: 60 modules): the console's first frame has none.
         from aiops.tui.widgets.answer import AnswerMarkdown
 
-        self.markdown: Markdown = AnswerMarkdown(text, classes="answer")
+        if tail_lines is None:
+            self.markdown: Markdown = AnswerMarkdown(text, classes="answer")
+        else:
+            from aiops.tui.widgets.answer_tail import TailFirstMarkdown
+
+            self.markdown = TailFirstMarkdown(text, tail_lines=tail_lines, classes="answer")
         self.thinking_block: ThinkingBlock | None = ThinkingBlock(thinking) if thinking else None
         self._stream: AnswerStream | None = None
         self.status = status
@@ -294,11 +301,36 @@ class EarlierButton(Button):
         self.can_focus = False
 
 
-def widgets_for_history(messages: Iterable[HistoryMessage],
-                        turn_of: dict[Widget, str | None] | None = None) -> list[Widget]:
+def source_lines(text: str) -> int:
+    """The lines of a message's text that draw something: it takes at least as many on screen (a
+    blank line of Markdown is a block's margin at most)."""
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def _tails(messages: list[HistoryMessage], lines: int) -> list[int | None]:
+    """For each message, the lines of source an answer longer than `lines` draws first (None: it
+    is drawn whole): what is left of `lines` below it, counted from the end."""
+    tails: list[int | None] = [None] * len(messages)
+    left = lines
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        # A tool's result is in its call's block, collapsed: a line or two.
+        size = 2 if m.role == "tool" else source_lines(m.content) + 1
+        if m.role == "assistant" and size > lines:
+            tails[i] = max(left, 0)
+        left -= size
+    return tails
+
+
+def widgets_for_history(messages: Iterable[HistoryMessage], turn_of: dict[Widget, str | None] | None = None, *,
+                        tail_lines: int | None = None) -> list[Widget]:
     """Turn stored messages into chat widgets (tool results attach to their calls), turn by turn:
     a message queued behind a running turn is stored before that turn's answer, and is shown
-    after it. `turn_of`, when given, gets each widget's turn id."""
+    after it. `turn_of`, when given, gets each widget's turn id. With `tail_lines`, an answer
+    longer than that is drawn from its end, as far as what is below it leaves of `tail_lines`
+    (the view opens at the bottom), and the rest as the reader scrolls up."""
+    ordered = by_turn(list(messages), None)
+    tails = _tails(ordered, tail_lines) if tail_lines is not None else [None] * len(ordered)
     out: list[Widget] = []
     tools: dict[str, ToolCallBlock] = {}
     turns: dict[Widget, str | None] = {} if turn_of is None else turn_of
@@ -307,12 +339,13 @@ def widgets_for_history(messages: Iterable[HistoryMessage],
         out.append(widget)
         turns[widget] = m.turn_id
 
-    for m in by_turn(list(messages), None):
+    for m, tail in zip(ordered, tails, strict=True):
         if m.role == "user":
             add(UserMessage(m.content, command=bool(m.meta.get("command")), model=m.meta.get("model")), m)
         elif m.role == "assistant":
             if m.content.strip() or m.thinking:
-                add(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model")), m)
+                add(AssistantMessage(m.content, m.thinking, status=m.status, model=m.meta.get("model"),
+                                     tail_lines=tail), m)
             client_calls = m.meta.get(CLIENT_CALLS) or {}
             for tc in m.tool_calls:
                 block = ToolCallBlock(tc.id, tc.name, tc.arguments)
@@ -390,6 +423,49 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
     def on_mount(self) -> None:
         self.anchor()
 
+    # -- long answers drawn from their end (widgets/answer_tail.py) --
+
+    # (child, its height then): a part of that child is being mounted above the lines in sight.
+    _kept_place: tuple[Widget, int] | None = None
+
+    def history_tail_lines(self) -> int:
+        """The lines of a history page drawn first: two screens."""
+        return 2 * max(self.app.size.height, 24)
+
+    def keep_place_above(self, child: Widget) -> None:
+        """`child` (a message in the view) is about to grow above the lines the reader sees: the
+        arrangement that finds it grown moves the view down by as much, in the same layout (as
+        Textual's anchor does), so no frame shows those lines moved."""
+        self._kept_place = (child, child.outer_size.height)
+
+    def arrange(self, size: Size, optimal: bool = False) -> Any:
+        result = super().arrange(size, optimal)
+        if self._kept_place is not None:
+            child, height = self._kept_place
+            placement = next((p for p in result.placements if p.widget is child), None)
+            if placement is None:
+                self._kept_place = None
+            elif placement.region.height != height:
+                self._kept_place = None
+                self._move_by(placement.region.height - height)
+        return result
+
+    def _move_by(self, lines: int) -> None:
+        """The view `lines` further down, the scroll under way (a page key's) included."""
+        from textual._animator import SimpleAnimation
+
+        y = self.scroll_y + lines
+        self.set_reactive(ChatView.scroll_y, y)
+        self.set_reactive(ChatView.scroll_target_y, self.scroll_target_y + lines)
+        self.vertical_scrollbar._reactive_position = y  # type: ignore[attr-defined]  # as the anchor sets it (_compositor.py)
+        animation = self.app.animator._animations.get((id(self), "scroll_y"))
+        if isinstance(animation, SimpleAnimation) and isinstance(animation.start_value, float | int) \
+                and isinstance(animation.end_value, float | int):
+            animation.start_value += lines
+            animation.end_value += lines
+            if isinstance(animation.final_value, float | int):
+                animation.final_value += lines
+
     # -- building the view --
 
     async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
@@ -414,8 +490,10 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
                   len(ordered))
         with self.app.batch_update():
             await self.remove_children()
-            widgets = widgets_for_history(ordered[:at], self._turn_of)
-            later = widgets_for_history([m for m in ordered[at:] if m.turn_id != running], self._turn_of)
+            tail = self.history_tail_lines()
+            widgets = widgets_for_history(ordered[:at], self._turn_of, tail_lines=tail)
+            later = widgets_for_history([m for m in ordered[at:] if m.turn_id != running], self._turn_of,
+                                        tail_lines=tail)
             self._register_tools(widgets + later)
             self.has_more = has_more
             self.oldest_id = min((m.id for m in messages if m.id is not None), default=None)
@@ -444,7 +522,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             await button.remove()
         turn_of: dict[Widget, str | None] = {}
         widgets = widgets_for_history([m for m in messages if m.turn_id is None or m.turn_id != self._replayed],
-                                      turn_of)
+                                      turn_of, tail_lines=self.history_tail_lines())
         self._register_tools(widgets)
         self._turn_of.update(turn_of)
         ids = [m.id for m in messages if m.id is not None]
