@@ -68,6 +68,9 @@ async def test_switching_to_a_long_session_and_away_again_and_again_frees_what_i
 
         for _ in range(4):
             await pick(long_sid, "block 39")
+            app.chat.focus()
+            await pilot.press("home")  # read from the top: the whole answer is drawn
+            await wait_text(pilot, "Part 0")
             held = max(held, len(app.chat.walk_children()))
             await pick(short_sid, "echo: hi")
         assert held > 300  # a long chat: what goes when the operator leaves it
