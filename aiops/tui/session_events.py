@@ -134,6 +134,8 @@ class SessionEvents:
         app = self.app
         while self.waiting and app.services_ready and app.selected is not None and app._drawing:
             await self._send(self.waiting.pop(0))
+        if not app._drawing:
+            return  # quitting: the input may be gone already (a history page drawn as the app closed)
         if not self.waiting and str(app.chat_input.border_subtitle or "").endswith(WAITING_END):
             app.chat_input.border_subtitle = ""
 
