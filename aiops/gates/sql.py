@@ -366,9 +366,12 @@ def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
     if keyword not in _PARSED_KINDS:
         kind = _OPAQUE_KINDS.get(keyword, "unknown")
         # A qualified name anywhere in it is most likely a table it reads
-        # (`SET @h = (SELECT authentication_string FROM mysql.user)`): naming it can only make
-        # the decision stricter, so a table's deny is not turned into a question by wrapping.
-        tables = set(_opaque_tables(text)) | {n for n in _every_name(text) if "." in n}
+        # (`SET @h = (SELECT authentication_string FROM mysql.user)`), and so is any name a query
+        # inside it reads FROM or JOINs, bare ones too (`DO (SELECT v FROM secret)`): naming them
+        # can only make the decision stricter, so a table's deny is not turned into a question by
+        # wrapping the read.
+        tables = (set(_opaque_tables(text)) | {n for n in _every_name(text) if "." in n}
+                  | set(_read_names(text)))
         return _Verdict(kind, _WRITE, tuple(sorted(tables)), beyond_tables=True)
 
     outfile = _strip_into_file(tokens)
@@ -567,6 +570,43 @@ def _every_name(text: str) -> tuple[str, ...]:
             index += 2
         names.add(".".join(parts).lower())
         names.update(p.lower() for p in parts)
+        index += 1
+    return tuple(sorted(names))
+
+
+_FROM_TOKENS = (TokenType.FROM, TokenType.JOIN)
+
+
+def _read_names(text: str) -> tuple[str, ...]:
+    """The names a statement's queries read (after FROM or JOIN, and each one after a comma of
+    the same FROM list), as written: `db.t` or a bare `t`, lower case, sorted. For statements the
+    parser does not read, where a query may sit inside (`SET @h = (SELECT ...)`, `DO (...)`)."""
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - nothing readable: the unknown rule still applies
+        return ()
+    names: set[str] = set()
+    want = False  # the next name is a table (after FROM, JOIN or a comma of a FROM list)
+    in_from = False  # inside a FROM list: a comma brings the next table
+    index = 0
+    while index < len(tokens):
+        kind = tokens[index].token_type
+        if kind in _FROM_TOKENS:
+            want = in_from = True
+        elif kind in _NAME_TOKENS and want:
+            parts = [tokens[index].text]
+            while (index + 2 < len(tokens) and tokens[index + 1].token_type == TokenType.DOT
+                   and tokens[index + 2].token_type in _NAME_TOKENS):
+                parts.append(tokens[index + 2].text)
+                index += 2
+            names.add(".".join(parts).lower())
+            want = False
+        elif kind == TokenType.COMMA and in_from:
+            want = True
+        elif kind in _NAME_TOKENS or kind == TokenType.ALIAS:
+            pass  # an alias (`FROM a x`, `AS s`): the FROM list goes on
+        else:
+            want = in_from = False
         index += 1
     return tuple(sorted(names))
 

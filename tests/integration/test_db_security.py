@@ -140,6 +140,29 @@ async def test_statements_exposing_the_account_tables_are_denied(engine_factory,
         assert "IDENTIFIED BY PASSWORD" in out and probe_user in out
 
 
+@pytest.mark.parametrize("template", [
+    "SET @h = (SELECT v FROM {t} LIMIT 1); SELECT @h AS leaked",
+    "SET @h = (SELECT v FROM `{t}` LIMIT 1); SELECT @h AS leaked",
+    "DO (SELECT v FROM {t} LIMIT 1)",
+])
+async def test_a_tables_deny_holds_when_a_statement_wraps_its_read_and_names_it_bare(
+        engine_factory, mariadb, mysql_table, fake_openai, template):
+    """A statement the parser does not read (SET, DO, ...) counts every name in it as a table it
+    may touch, bare ones too: a table's deny is not turned into a question an operator could wave
+    through by wrapping the read (found by a QA pass: the secret came back after a 'y')."""
+    t = await mysql_table("v VARCHAR(20)", [("s3cret-value",)])
+    table = f"{mariadb.database}.{t}"
+    gates = ('[defaults]\nread = "allow"\nwrite = "ask"\n[db.tables."*"]\nread = "allow"\nwrite = "ask"\n'
+             f'[db.tables."{table}"]\nread = "deny"\nwrite = "deny"\n'
+             '[db.unknown]\nread = "ask"\nwrite = "ask"\n[wait]\napi = 5\nconsole = 0\n')
+    engine = await db_engine(engine_factory, mariadb, gates=gates)
+    sub = engine.bus.subscribe(names=[GATE])
+    told = await model_runs(engine, fake_openai, template.format(t=t))
+    assert "policy denies" in told and table in told, told
+    assert "s3cret-value" not in told
+    assert not sub.pending()  # refused outright: no gate was opened
+
+
 @pytest.mark.parametrize(("sql", "table"), [
     ("SHOW FULL PROCESSLIST", "information_schema.processlist"),
     ("SELECT * FROM information_schema.PROCESSLIST", "information_schema.processlist"),
