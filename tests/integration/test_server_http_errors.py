@@ -588,6 +588,19 @@ def test_an_extra_port_that_repeats_the_main_one_is_listened_on_once(aiops_serve
     assert f"lists port {port}, which aiops already listens on" in (serve.data_dir / "aiops.log").read_text()
 
 
+def test_an_mcp_port_in_use_is_said_at_start_and_the_rest_serves(aiops_serve_factory: ServeFactory) -> None:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        serve = aiops_serve_factory(server={"mcp_port": port})
+        assert _healthy(serve.url) and "MCP" not in serve.banner
+        assert f"aiops: warning: /mcp is not served: cannot listen for MCP on 127.0.0.1:{port}" in serve.stderr
+    finally:
+        held.close()
+
+
 def test_a_port_in_use_is_one_line_that_says_what_to_do(tmp_path: Any, fake_openai: Any) -> None:
     held = socket.socket()
     held.bind(("127.0.0.1", 0))

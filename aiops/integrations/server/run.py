@@ -312,6 +312,12 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
     if lock is not None and handle.urls:
         lock.update(url=handle.urls[0])
     gc_policy.settle()  # start-up is over: see gc_policy
+    if cfg.app.server.mcp_enabled and handle.mcp is None:
+        # The rest serves; said here, not only in /api/v1/health, as a port clash is found at once.
+        from aiops.integrations.mcp.endpoint import endpoint_status
+
+        why = (endpoint_status(engine) or {}).get("error") or "it did not start"
+        print(f"aiops: warning: /mcp is not served: {why}", file=sys.stderr)
     print(_banner(handle, unset), flush=True)
     try:
         await stopping.wait()
