@@ -69,14 +69,23 @@ SESSION_PAGE = 30
 async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
     if not ctx.is_operator and (not argv or argv[0] in ("all", "page")):
-        # Other sessions' titles are other people's conversations: a client sees only its own.
+        # Other sessions' titles are other people's conversations: a client sees its own, those
+        # its token made (as GET /api/v1/sessions lists them), else the one it writes in.
+        head = f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title"
+        if ctx.owner is not None:
+            rows = await engine.list_sessions(owner=ctx.owner, limit=SESSION_PAGE)
+            if not rows:
+                return "no session yet: this message starts none"
+            lines = [head] + [f"{'*' if r['client_id'] == ctx.session_id else ' '}{r['short_id']:>4}  "
+                              f"{r['kind']:<8} {r['model'] or '':<12} {r['message_count']:>5}  "
+                              f"{ago(r['updated_at']):<9} {r['title']}" for r in rows]
+            return "\n".join([*lines, "(your sessions; operators see every session)"])
         own = await ctx.session() if ctx.session_id else None
         if own is None:
             return "no session yet: this message starts none"
         r = own.row
-        return "\n".join([f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title",
-                          f"*{r.short_id:>4}  {r.kind:<8} {own.model_key(engine):<12} "
-                          f"{r.message_count:>5}  {ago(r.updated_at):<9} {r.title}",
+        return "\n".join([head, f"*{r.short_id:>4}  {r.kind:<8} {own.model_key(engine):<12} "
+                                 f"{r.message_count:>5}  {ago(r.updated_at):<9} {r.title}",
                           "(operators see every session)"])
     if not argv or argv[0] in ("all", "page"):
         page = 1

@@ -350,6 +350,7 @@ class Engine:
                 live.forget_history()
                 self.cache.history_changed(live.id)
         live.row.title = ""
+        live.row.message_count = 0  # the new epoch's
         self.session_changed(live)
 
     async def set_session_model(self, ref: str, model: str) -> None:

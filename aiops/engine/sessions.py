@@ -91,11 +91,13 @@ class LiveSession:
         self._history = None
 
     def remember(self, msg: Message) -> None:
-        """A message just committed: into the loaded history, and the row's title and time."""
+        """A message just committed: into the loaded history, and the row's title, time and count
+        (read by `!session` and the session's events, as the store would count it)."""
         if self._history is not None:
             self._history.append(msg)
         self.row.title = title_after(self.row.title, msg)
         self.row.updated_at = msg.created_at
+        self.row.message_count += 1
 
     def to_dict(self, engine: _Stated) -> dict[str, Any]:
         d = self.row.to_dict()

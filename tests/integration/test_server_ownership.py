@@ -84,6 +84,24 @@ async def test_a_client_token_uses_only_its_own_sessions_and_an_operator_uses_al
         assert await ops.delete_session("api-ops") == {"client_id": "api-ops", "deleted": True}
 
 
+async def test_session_command_of_a_client_lists_its_own_sessions_with_their_counts(
+        api_server_factory: ApiServerFactory) -> None:
+    srv = await two_clients(api_server_factory)
+    async with srv.client("ops") as ops, srv.client("bot") as bot:
+        await ops.send("operator business", client_id="api-ops")
+        for _ in range(3):
+            await bot.send("bot business", client_id="api-bot")
+        await bot.send("elsewhere", client_id="api-bot-2")
+        listed = (await bot.send("!session"))["text"]  # no session named: still its own listed
+        here = (await bot.send("!session", client_id="api-bot"))["text"]
+    rows = listed.splitlines()[1:-1]
+    # Its two sessions, the latest first, with the stored counts (three turns of two messages,
+    # one of two); not the operator's.
+    assert [r.split()[3] for r in rows] == ["2", "6"], listed
+    assert "elsewhere" in rows[0] and "bot business" in rows[1] and "operator business" not in listed
+    assert any(line.startswith("*") and "bot business" in line for line in here.splitlines()), here
+
+
 async def test_a_client_stream_of_a_session_another_caller_creates_ends_with_forbidden(
         api_server_factory: ApiServerFactory) -> None:
     srv = await two_clients(api_server_factory)
