@@ -295,8 +295,9 @@ async def _serve(cfg: Config, host: str | None, port: int | None, lock: Any = No
         if p.state == "failed":
             print(f"aiops: plugin {p.name} {p.state}: {p.reason}", file=sys.stderr)
     if skipped := [p.name for p in engine.plugin_status if p.state == "skipped"]:
-        # A data tool without its key is skipped on every start: one line, not one each.
-        print(f"aiops: plugins skipped (a secret or package is missing; `aiops plugins` says which): "
+        # A data tool without its key (or swarm without peers) is skipped on every start: one line,
+        # not one each, and no reason guessed for all of them.
+        print(f"aiops: plugins skipped (`aiops plugins` says why): "
               f"{', '.join(skipped)}", file=sys.stderr)
     try:
         handle = await start_server(engine, cfg, host, port, env=env, tokens=tokens)
