@@ -500,6 +500,25 @@ class Engine:
         live = self.cache.find(ref)
         return live is not None and self.turns.stop(live, clear_queue=clear_queue, by=by)
 
+    async def stop_one_turn(self, ref: str, turn_id: str, *, by: str = "stop") -> bool:
+        """Cancel the turn `turn_id` of a session, running (as stop_turn) or still queued (taken
+        out of the queue, recorded as cancelled): a client that leaves before its own turn ends
+        (`aiops chat` on Ctrl-C) must not end another client's turn that runs ahead of it, and
+        must not leave its own to run later with nobody at its gates. False when that turn is
+        neither running nor queued (it ended, or there is no such turn)."""
+        live = self.cache.find(ref)
+        if live is None:
+            return False
+        running = live.current or (live.queue[0] if live.queue else None)  # (as TurnQueue.stop sees it)
+        if running is not None and running.id == turn_id:
+            return self.turns.stop(live, by=by)
+        queued = next((t for t in live.queue if t.id == turn_id), None)
+        if queued is None or not self.turns.drop(live, queued):
+            return False
+        await self.record(live.id, Message("notice", "turn cancelled before it started: it was stopped",
+                                           turn_id=queued.id, meta={"kind": "cancelled"}))
+        return True
+
     # -- what a turn asks of the gatekeeper (see turn.TurnHost) --
 
     async def check_call(self, tool: Tool, args: dict[str, Any], cls: Classification,

@@ -104,6 +104,14 @@ class GateDecisionRequest(_Body):
                             "of the session (denials are always `once`).")
 
 
+class StopQuery(_Query):
+    turn_id: str | None = Field(
+        None, min_length=1, max_length=128,
+        description="Stop this turn only (a submit's `turn_id`): running, or still queued behind another "
+                    "(taken out of the queue, recorded as cancelled); the session's other turns are left "
+                    "alone. `stopped` is false when it already ended. Without it: the running turn.")
+
+
 # Store ids and offsets are SQLite integers: a larger number is a 400, not an overflow (a 500).
 class SessionsQuery(_Query):
     kind: Literal["console", "cli", "api", "proxy", "slack", "swarm", "mcp"] | None = Field(
@@ -237,7 +245,8 @@ class SessionDeleted(BaseModel):
 
 class SessionStopped(BaseModel):
     client_id: str
-    stopped: bool = Field(description="A running turn was cancelled (false: nothing was running).")
+    stopped: bool = Field(description="A turn was cancelled (false: nothing was running, or the `turn_id` "
+                                      "named had ended).")
 
 
 class GateOut(BaseModel):
@@ -569,8 +578,11 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def stop_session(request: web.Request) -> web.Response:
+    q = validate(StopQuery, dict(request.query), "query string")
     engine = get_engine(request)
     live = await _live(engine, request.match_info["id"], caller(request))
+    if q.turn_id is not None:
+        return _json(SessionStopped(client_id=live.id, stopped=await engine.stop_one_turn(live.id, q.turn_id)))
     return _json(SessionStopped(client_id=live.id, stopped=engine.stop_turn(live.id)))
 
 
@@ -675,8 +687,9 @@ ROUTES: tuple[ApiRoute, ...] = (
     ApiRoute("POST", f"{PREFIX}/sessions/{{id}}/stop", stop_session, "stopSession",
              "Stop the running turn", "sessions",
              description="Cancels the running turn cleanly: its partial answer is recorded as cancelled, its "
-                         "pending gates are cancelled, and `done` comes with status `cancelled`." + _OWN,
-             response=SessionStopped, errors=(403, 404), path_params={"id": _SESSION_ID}),
+                         "pending gates are cancelled, and `done` comes with status `cancelled`. With "
+                         "`turn_id`, that turn only, queued or running." + _OWN,
+             query=StopQuery, response=SessionStopped, errors=(403, 404), path_params={"id": _SESSION_ID}),
     ApiRoute("GET", f"{PREFIX}/gates", list_gates, "listGates", "Pending gates", "gates",
              description="Oldest first. Operators see the pending gates of every session; a client token "
                          "sees only those of the sessions it created.",
