@@ -19,6 +19,9 @@ Exit status:
      asked: unknown, not permitted, bad arguments, or naming what does not
      exist (a page past the last, a session id, a model)
   2  a usage or configuration error, or a message aiops refused to take
+  130, 143, 129
+     Ctrl-C, SIGTERM or SIGHUP (128 + the signal); the turn is stopped
+     first, its pending gates cancelled
 
 A message of only !commands to a new session creates no session.
 --json prints one JSON object per event: see docs/API.md, "aiops chat --json".

@@ -10,7 +10,12 @@ pydantic (the configuration is not loaded: the data dir's run file and `.env` ar
 no aiohttp (aiops/cli/remote_http.py speaks the little HTTP it needs). The in-process path,
 aiops/cli/chat.py, is for when no aiops runs.
 Exit status as in-process: 0 done, 1 the turn or a `!command` reported an error, 2 usage errors
-(an unknown session, the server unreachable or refusing the token).
+(an unknown session, the server unreachable or refusing the token); 128 + the signal when one ended
+it (130 for Ctrl-C).
+
+Leaving before the turn's `done` (a signal, a closed terminal, the stream cut or ended) stops the
+turn on the server, which cancels its pending gates: a `cli` gate waits for good (`[wait] cli = 0`),
+and one left behind would sit in every inbox for anyone to approve with nobody watching its turn.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +71,10 @@ async def submit_as_cli(api: Api, text: str, session: str, model: str | None) ->
 
 
 COMMANDS_WAIT = 2.0  # seconds the stream has to bring a !command's own verdict (see below)
+STOP_WAIT = 5.0  # seconds the stop of a turn left behind may take: leaving must not hang on a dead server
+# What ends `aiops chat` from outside: Ctrl-C, `kill`/`timeout`/cron's SIGTERM, a closed terminal
+# (no SIGHUP on Windows).
+LEAVING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 async def _a_command_failed(stream: EventStream, turn_id: object) -> bool:
@@ -88,6 +98,34 @@ async def _a_command_failed(stream: EventStream, turn_id: object) -> bool:
     return failed
 
 
+async def _stop_left_turn(url: str, token: str | None, session: str, turn_id: str | None,
+                          ours: bool) -> None:
+    """Stop the turn this run submitted and is leaving before its `done`, so that its gates are
+    cancelled rather than left waiting in every inbox. By its id: the session's running turn may
+    be another client's, ours queued behind it. Left while the submit was unanswered, its id is
+    unknown: the session's turn is stopped only when the session is `ours` (made by this run)."""
+    from aiops.cli.remote_http import Api, ApiError, segment
+
+    # (Each line below starts with a newline: a gate's question, and the ^C typed at it, leave one open.)
+    where = f"turn {turn_id} of session {session}" if turn_id else f"the turn of session {session}"
+    path = f"/api/v1/sessions/{segment(session)}/stop"
+    if turn_id is None and not ours:
+        print(f"\n[left before {url} said which turn is ours: stop it with POST {path} (or !stop in a console) "
+              f"if it runs; its gates wait in the consoles' inboxes]", file=sys.stderr)
+        return
+    try:
+        reply = await Api(url, token, timeout=STOP_WAIT).call(
+            "POST", path + (f"?turn_id={segment(turn_id)}" if turn_id else ""), expect=("stopped",))
+    except ApiError as e:
+        if e.status == 404:
+            return  # the session was deleted, its turn and gates with it
+        print(f"\n[could not stop {where} on {url}: {e.message}; if it still runs, its gates stay open "
+              f"until it is stopped (POST {path}, or !stop in a console)]", file=sys.stderr)
+        return
+    if reply.get("stopped"):
+        print(f"\n[stopped {where}: its pending gates are cancelled]", file=sys.stderr)
+
+
 async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
     from aiops.cli.remote_http import Api, ApiError, segment
     from aiops.cli.terminal import TerminalAsker, shown
@@ -101,6 +139,31 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
         api = Api(url, token)
     except ValueError as e:
         raise CliError(f"--url: {e}") from None
+    # A signal cancels this task, so that the `finally` below stops the turn before the process
+    # goes (SIGTERM and SIGHUP would otherwise end it on the spot, and Ctrl-C's KeyboardInterrupt
+    # would skip the stop). Only the first counts: a second Ctrl-C while the stop is sent (at most
+    # STOP_WAIT) must not cut it short and leave the gates open after all.
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    received: list[int] = []
+
+    def leave(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            main.cancel()
+
+    handled: list[int] = []
+    for sig in LEAVING_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, leave, sig)
+        except NotImplementedError:  # Windows event loops catch no signals: Ctrl-C still cancels us
+            continue
+        handled.append(sig)
+    session = ""
+    submitted = False  # the message may have been taken in: a turn of ours may run
+    turn_id: str | None = None
+    ended = False  # our turn's `done` came: nothing to stop
 
     async def answer(gate_id: str, tool: str) -> None:
         assert asker is not None
@@ -151,8 +214,14 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
         else:
             session = f"chat-{os.urandom(4).hex()}"  # (not uuid: its import is a few ms more)
         stream = await api.stream(session)  # subscribed before the message goes: no event is missed
-        reply = await submit_as_cli(api, args.text, session, args.model)
+        submitted = True  # from here a turn of ours may run, even if no answer comes
+        try:
+            reply = await submit_as_cli(api, args.text, session, args.model)
+        except ApiError as e:
+            submitted = e.status == 0  # an error status: refused, nothing taken in (no answer: unknown)
+            raise
         if reply.get("status") != "accepted":
+            ended = True
             # Only !commands: answered at once (their output is the reply's text).
             failed = reply.get("status") == "error" or await _a_command_failed(stream, reply.get("turn_id"))
             if args.json:
@@ -187,6 +256,7 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             elif name == "error":
                 status = 1
             elif name == "done":
+                ended = True
                 if data.get("status") == "error":
                     status = 1
                 if not args.json:  # (a JSON line ends with its own newline: no blank line after it)
@@ -198,10 +268,23 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             raise CliError(f"cannot reach the aiops at {url}: {e.message}") from None
         hint = " (give a token: --token-env NAME, or AIOPS_TOKEN)" if e.status == 401 else ""
         raise CliError(f"{url}: {e.message}{hint}") from None
+    except asyncio.CancelledError:
+        if not received:
+            raise
+        main.uncancel()  # our own cancellation, handled: the stop below must not be cut short
+        status = 128 + received[0]  # as a shell reports a command a signal ended (130: Ctrl-C)
     finally:
         for task in asking.values():
             task.cancel()
         if stream is not None:
             stream.close()
+        try:
+            if submitted and not ended:
+                # Not the turn's end (a signal, a broken pipe, the stream cut, ended or refused):
+                # whatever made us leave, the turn must not go on without anyone at its gates.
+                await _stop_left_turn(url, token, session, turn_id, ours=not args.session)
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
         out.flush()
     return status

@@ -15,6 +15,8 @@ import time
 import urllib.request
 from typing import Any
 
+import pytest
+
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.server import ServeFactory, ServeProcess, Tokens
 
@@ -193,3 +195,135 @@ def test_a_server_killed_midway_is_said_and_exits_2(aiops_serve: ServeProcess, f
     assert proc.returncode == 2, err.decode()
     assert f"aiops: {aiops_serve.url}: the event stream of chat-" in err.decode()
     assert "was cut" in err.decode() and "never sent" not in out.decode()
+
+
+
+def _history(serve: ServeProcess, session: str) -> list[dict[str, Any]]:
+    return _get(serve, f"/api/v1/sessions/{session}?limit=1000")["messages"]  # type: ignore[no-any-return]
+
+
+def _audit(serve: ServeProcess, session: str) -> list[dict[str, Any]]:
+    r = _run([*AIOPS, "audit", "--session", session, "--json", "--config-dir", str(serve.config_dir),
+              "--data-dir", str(serve.data_dir)])
+    assert r.returncode == 0, r.stderr
+    return [json.loads(line) for line in r.stdout.splitlines()]
+
+
+def _finish(proc: subprocess.Popen[bytes], timeout: float = 30) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return out.decode(), err.decode()
+
+
+def _assert_stopped_with_its_gate(serve: ServeProcess, fake: FakeOpenAI, gate: dict[str, Any]) -> None:
+    """The turn of `gate` ended as cancelled, the gate with it: out of every inbox, recorded as
+    cancelled in the session's history and in the audit log, and the session takes a next turn."""
+    assert _get(serve, "/api/v1/gates")["gates"] == []
+    history = _history(serve, gate["session_id"])
+    [record] = [m for m in history if m["role"] == "gate"]
+    assert (record["meta"]["id"], record["meta"]["decision"], record["meta"]["by"]) == (gate["id"], "cancelled", "stop")
+    assert history[-1]["role"] == "notice" and history[-1]["meta"] == {"kind": "cancelled"}
+    assert history[-1]["content"] == "turn cancelled: stopped update_system_prompt (1 pending gate cancelled)"
+    audit = _audit(serve, gate["session_id"])
+    assert [(a["event"], a["decision"]) for a in audit if a["event"] != "gate_opened"][-1:] == [
+        ("gate_resolved", "cancelled")], audit
+    fake.reset()  # (the stopped turn's answer was never asked for)
+    fake.script(Reply.text("still here"))
+    r = _run(_cmd(serve, "are you there?", "--session", gate["session_id"]))
+    assert (r.returncode, r.stdout.strip()) == (0, "still here"), r.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_leaving_before_the_turn_ends_stops_it_and_cancels_its_gate(aiops_serve: ServeProcess,
+                                                                     fake_openai: FakeOpenAI,
+                                                                     sig: signal.Signals) -> None:
+    """Ctrl-C, `timeout`/cron's SIGTERM, a closed terminal: a `cli` gate waits for good (`[wait] cli
+    = 0`), so one left behind would stay in every inbox for anyone to approve, unwatched."""
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("never sent"))
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env(), stdin=subprocess.DEVNULL)
+    try:
+        gate = _wait_gate(aiops_serve)  # no terminal: it waits for a console
+        assert gate["expires_at"] is None
+        proc.send_signal(sig)
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 128 + sig, err  # 130 for Ctrl-C, as a shell says it
+    [turn] = {m["turn_id"] for m in _history(aiops_serve, gate["session_id"])}
+    assert f"[stopped turn {turn} of session {gate['session_id']}: its pending gates are cancelled]" in err
+    assert "never sent" not in out
+    _assert_stopped_with_its_gate(aiops_serve, fake_openai, gate)
+
+
+def test_ctrl_c_at_the_terminals_question_stops_the_turn(aiops_serve: ServeProcess,
+                                                         fake_openai: FakeOpenAI) -> None:
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("never sent"))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdin=slave, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=_env())
+    os.close(slave)
+    err: list[str] = []
+    asked = threading.Event()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
+            err.append(chunk)
+            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
+                asked.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        assert asked.wait(30), "".join(err)
+        gate = _wait_gate(aiops_serve)
+        proc.send_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+        proc.wait(30)
+    finally:
+        _finish(proc)
+        os.close(master)
+    reader.join(10)
+    assert proc.returncode == 130, "".join(err)
+    _assert_stopped_with_its_gate(aiops_serve, fake_openai, gate)
+
+
+def test_leaving_a_message_queued_behind_another_turn_stops_that_message_only(aiops_serve: ServeProcess,
+                                                                              fake_openai: FakeOpenAI) -> None:
+    """`--session` of a session whose turn (another client's) waits at its gate: Ctrl-C takes our
+    message out of the queue, so it never runs unwatched later, and leaves the other turn alone."""
+    fake_openai.script(Reply.tool_calls(EDIT), Reply.text("Changed it."))
+    first = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=_env(), stdin=subprocess.DEVNULL)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        gate = _wait_gate(aiops_serve)
+        session = gate["session_id"]
+        second = subprocess.Popen(_cmd(aiops_serve, "and this too", "--session", session), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=_env(), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30  # taken in: the session holds it, queued behind the gate's turn
+        while not any(m["content"] == "and this too" for m in _history(aiops_serve, session)):
+            assert time.monotonic() < deadline and second.poll() is None, "the second message was not taken in"
+            time.sleep(0.05)
+        second.send_signal(signal.SIGINT)
+        _, err2 = _finish(second)
+        assert second.returncode == 130, err2
+        assert [g["id"] for g in _get(aiops_serve, "/api/v1/gates")["gates"]] == [gate["id"]]  # theirs waits on
+        _approve(aiops_serve, gate["id"])
+        out, err = _finish(first)
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(10)
+    assert first.returncode == 0, err
+    assert out.rstrip().endswith("Changed it.")
+    history = _history(aiops_serve, session)
+    [queued] = [m["turn_id"] for m in history if m["content"] == "and this too"]
+    assert [(m["role"], m["content"]) for m in history if m["turn_id"] == queued] == [
+        ("user", "and this too"), ("notice", "turn cancelled before it started: it was stopped")]
+    assert f"[stopped turn {queued} of session {session}" in err2
+    assert len(fake_openai.requests) == 2  # the first turn's two calls; the stopped message never ran
