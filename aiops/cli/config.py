@@ -89,9 +89,10 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         for e in tree.errors:
             print(f"ERR system prompt {folder}: {e.message}")
             problems += 1
-    from aiops.engine.plugins import PluginUnavailable, discover, validate_settings
+    from aiops.engine.plugins import PluginUnavailable, discover, stray_tables, validate_settings
 
-    for name, cls in discover().items():
+    found = discover()
+    for name, cls in found.items():
         if isinstance(cls, Exception):
             print(f"ERR plugin {name}: cannot load: {cls}")
             problems += 1
@@ -101,6 +102,12 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         except PluginUnavailable as e:
             print(f"ERR {e}")
             problems += 1
+    # A table no installed plugin reads is ignored: a misspelled one leaves its plugin off without a
+    # word. A warning, not an error: it may be for a plugin installed elsewhere.
+    known = set(found) | {cls.name for cls in found.values() if not isinstance(cls, Exception)}
+    for table, near in stray_tables(cfg.plugins, known).items():
+        guess = f" (did you mean [{near}]?)" if near else ""
+        print(f"warn plugins.toml: [{table}] matches no installed plugin{guess}; it is ignored")
     print("configuration is valid" if not problems else f"{problems} problem(s)")
     return 1 if problems else 0
 

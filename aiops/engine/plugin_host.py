@@ -18,6 +18,7 @@ from aiops.engine.plugins import (
     PluginStatus,
     PluginUnavailable,
     check_requirements,
+    disabled_reason,
     discover,
     validate_settings,
 )
@@ -67,8 +68,11 @@ class PluginHost:
             try:
                 plugin.settings = validate_settings(type(plugin), table, plugins_file)
                 if not plugin.settings.enabled:
-                    self.status.append(PluginStatus(name, "disabled", f"enabled = false in {plugins_file}",
-                                                    source))
+                    # What the file says, or that it says nothing (QA: a misspelled [myslq] was
+                    # reported as "enabled = false", which the file never said).
+                    known = {p.name for p, _ in instances} | set(classes)
+                    why = disabled_reason(name, self._config.plugins, plugins_file, known)
+                    self.status.append(PluginStatus(name, "disabled", why, source))
                     continue
                 missing = check_requirements(type(plugin))
                 if missing:

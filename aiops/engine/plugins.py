@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -220,6 +220,31 @@ def discover() -> dict[str, type[Plugin] | Exception]:
             continue
         found[ep.name] = cls
     return found
+
+
+def stray_tables(tables: Iterable[str], known: Collection[str]) -> dict[str, str | None]:
+    """The plugins.toml tables that no plugin here reads, each with the plugin name closest to it
+    (what a misspelled table was likely meant to be), or None. Such a table is ignored, and the
+    plugin it was meant for stays off: said, or a typo passes for a plugin switched off."""
+    stray = [t for t in tables if t not in known]
+    if not stray:
+        return {}  # the usual case, asked on start-up for each plugin without a table: no difflib
+    import difflib
+
+    return {t: next(iter(difflib.get_close_matches(t, list(known), n=1, cutoff=0.6)), None) for t in stray}
+
+
+def disabled_reason(name: str, tables: Mapping[str, Any], source: str, known: Collection[str]) -> str:
+    """Why the plugin `name` is off, as plugins.toml (`tables`, read from `source`) says it, or as
+    its silence does: a plugin is off unless its table sets `enabled = true`."""
+    table = tables.get(name)
+    if isinstance(table, Mapping) and "enabled" in table:
+        return f"enabled = false in {source}"
+    if table is not None:
+        return f"[{name}] in {source} does not set enabled = true (off by default)"
+    misspelled = [t for t, near in stray_tables(tables, known).items() if near == name]
+    hint = f"; [{misspelled[0]}] there matches no plugin: a misspelling of [{name}]?" if misspelled else ""
+    return f"no [{name}] table in {source} (off by default){hint}"
 
 
 def check_requirements(cls: type[Plugin]) -> str | None:

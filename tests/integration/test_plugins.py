@@ -158,3 +158,19 @@ async def test_a_plugin_that_never_stops_does_not_keep_the_engine(engine_factory
     assert not engine.started
     assert first.stopped, "the plugins started before the hung one still stop"
     assert "plugin hangs did not stop within 0.3 s; left behind" in caplog.text
+
+
+async def test_a_plugin_whose_table_is_missing_or_misspelled_is_not_said_to_be_switched_off(engine_factory):
+    """QA: with [mysql] misspelled [myslq], `aiops plugins` said "enabled = false in plugins.toml",
+    which the file never said. The status says what the file holds, and points at the typo."""
+    engine = await engine_factory(extra_files={"plugins.toml": "[myslq]\nenabled = true\n[slack]\n"
+                                                               "[good]\nenabled = false\n"},
+                                  plugins=[Good()], env={})
+    status = {s.name: s for s in engine.plugin_status}
+    plugins_toml = str(engine.config.sources["plugins.toml"])
+    assert status["mysql"].state == "disabled"
+    assert status["mysql"].reason == (f"no [mysql] table in {plugins_toml} (off by default); [myslq] there "
+                                      f"matches no plugin: a misspelling of [mysql]?")
+    assert status["slack"].reason == f"[slack] in {plugins_toml} does not set enabled = true (off by default)"
+    assert status["good"].reason == f"enabled = false in {plugins_toml}"
+    assert status["delegation"].reason == f"no [delegation] table in {plugins_toml} (off by default)"

@@ -97,6 +97,19 @@ def test_config_check_names_every_error_in_every_file_in_one_run(tmp_path, capsy
     assert "Traceback" not in err
 
 
+def test_config_check_warns_of_a_plugins_table_no_plugin_reads_naming_the_closest(tmp_path, capsys):
+    """QA: a misspelled [myslq] passed `config check` as valid while mysql stayed off."""
+    cfg = tmp_path / "cfg"
+    write_models(cfg, "http://127.0.0.1:9/v1")
+    (cfg / "plugins.toml").write_text("[myslq]\nenabled = true\n[zzzzzz]\nenabled = true\n"
+                                      "[slack]\nenabled = false\n")
+    assert main(["config", "check", "--config-dir", str(cfg), "--data-dir", str(tmp_path / "data")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "warn plugins.toml: [myslq] matches no installed plugin (did you mean [mysql]?); it is ignored" in out
+    assert "warn plugins.toml: [zzzzzz] matches no installed plugin; it is ignored" in out
+    assert not any("[slack]" in line for line in out)
+
+
 def test_good_base_urls_pass(tmp_path):
     for url in ("http://127.0.0.1:8080/v1", "https://api.x.ai/v1"):
         write_models(tmp_path / "cfg", url)
