@@ -22,6 +22,24 @@ class ConfigError(Exception):
     """A configuration problem, already phrased for the operator (file and key named)."""
 
 
+class DataDirUnusable(Exception):
+    """The data dir cannot be created, written or its store opened: one line for the operator
+    (exit status 2), not a traceback. Raised where the data dir is first touched (the log file, the
+    lock, the store), which a command reaches through the engine as well as directly; here, in the
+    module every layer may import, so that the engine can raise it and the CLI catch it."""
+
+    def __init__(self, data_dir: Path, error: BaseException, where: Path | str | None = None) -> None:
+        self.data_dir = data_dir
+        self.error = error
+        # mkdir of a path that is a file says "File exists", which reads as no reason at all.
+        reason = "Not a directory" if isinstance(error, FileExistsError) else (
+            getattr(error, "strerror", None) or str(error) or type(error).__name__)
+        where = where if where is not None else getattr(error, "filename", None)
+        # The file inside the data dir that failed (aiops.log, the database), when it is not the dir.
+        inside = f" ({where})" if where and Path(where) != Path(data_dir) else ""
+        super().__init__(f"data dir {data_dir} is not usable: {reason}{inside}")
+
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

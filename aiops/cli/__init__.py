@@ -66,8 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _last_command
     args = parse_args(argv)
     _last_command = args.command
-    # (aiops.paths, not aiops.config: the exception without pydantic, for `aiops chat`'s remote path)
-    from aiops.paths import ConfigError
+    # (aiops.paths, not aiops.config: the exceptions without pydantic, for `aiops chat`'s remote path)
+    from aiops.paths import ConfigError, DataDirUnusable
 
     handlers = {
         None: cmd_console, "console": cmd_console, "serve": cmd_serve, "chat": cmd_chat,
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             fn = handlers[args.command]
         return fn(args)
-    except (ConfigError, CliError) as e:
+    except (ConfigError, CliError, DataDirUnusable) as e:
         print(f"aiops: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ import json
 import time
 from typing import Any
 
-from aiops.cli.common import CliError, load, parse_since, setup_file_logging
+from aiops.cli.common import CliError, check_data_dir, load, parse_since, setup_file_logging
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -66,6 +66,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         from aiops.engine.store import Store
 
         if not cfg.paths.db_path.exists():
+            check_data_dir(cfg.paths.data_dir)  # no database yet: fine, unless the dir is not one
             return []
         store = Store(cfg.paths.db_path)
         await store.open()

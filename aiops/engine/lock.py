@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aiops.engine import runfile
+from aiops.paths import DataDirUnusable
 
 try:
     import fcntl
@@ -137,8 +138,11 @@ class DataDirLock:
         """Take the lock or raise AlreadyRunning with what the holder wrote."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise DataDirUnusable(self.path.parent, e) from None
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

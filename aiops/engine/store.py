@@ -18,6 +18,7 @@ from typing import Any
 
 from aiops.engine.sqlite_worker import SQLiteWorker, StoreError
 from aiops.engine.types import Message, SessionKey, ToolCall, is_short_id
+from aiops.paths import DataDirUnusable
 
 __all__ = ["MIGRATIONS", "OWNER_KEY", "SQLITE_MAX_INT", "AuditRow", "SessionRow", "Store", "StoreError"]
 
@@ -238,7 +239,12 @@ class Store:
         self.worker = SQLiteWorker(path, prepare=_prepare, inline_writes=inline_writes)
 
     async def open(self) -> None:
-        await self.worker.open()
+        try:
+            await self.worker.open()
+        except (OSError, sqlite3.OperationalError) as e:
+            # A data dir that is read-only, or whose database cannot be opened: the operator's to
+            # fix, said as such by every command that reaches the store (`aiops audit`, the engine).
+            raise DataDirUnusable(self.path.parent, e, self.path) from None
 
     async def close(self) -> None:
         await self.worker.close()
