@@ -13,6 +13,7 @@ from aiops.cli.common import CliError, setup_file_logging
 from aiops.cli.terminal import TerminalAsker, shown
 
 if TYPE_CHECKING:
+    from aiops.engine.engine import Engine
     from aiops.engine.events import GateInfo, GateOpened
     from aiops.engine.lock import DataDirLock
 
@@ -67,6 +68,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return asyncio.run(_chat(cfg, args, lock))
     finally:
         lock.release()
+
+
+TOOLS_NOTICE_AFTER = 1.0  # seconds of waiting for plugins' tools before saying so on stderr
+
+
+async def _tools_ready(engine: Engine) -> None:
+    """Wait (bounded by each plugin) for the tools plugins register in the background; a wait
+    that is long enough to notice is said on stderr, so a run that seems to hang says why."""
+    waiting = asyncio.ensure_future(engine.tools_ready())
+    done, _ = await asyncio.wait({waiting}, timeout=TOOLS_NOTICE_AFTER)
+    if not done:
+        print("[waiting for plugins' tools: MCP servers connecting…]", file=sys.stderr, flush=True)
+    await waiting
 
 
 def _waiting_line(opened: GateOpened) -> dict[str, Any]:
@@ -146,6 +160,10 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
                 out.write(f"\nerror: {shown(e.message)}\n")
 
     try:
+        # The turn's model is offered the tools registered when the turn starts; an MCP server's
+        # are registered once it connects, in the background. Without this wait the one turn of
+        # this run never saw them (QA: "unknown tool"). No plugin with such tools: no wait at all.
+        await _tools_ready(engine)
         for p in engine.plugin_status:
             if p.state in ("skipped", "failed"):
                 print(f"[plugin {p.name} {p.state}: {p.reason}]", file=sys.stderr)

@@ -166,6 +166,15 @@ class Engine:
         """Wait for the plugins' background start-up checks (each bounds its own)."""
         await self.plugin_host.ready()
 
+    async def tools_ready(self) -> None:
+        """Wait for the tools plugins register in the background (an MCP server's), each plugin
+        bounding its own wait; at once when none does."""
+        await self.plugin_host.tools_ready()
+
+    def tool_unavailable(self, name: str) -> str | None:
+        """Why the unregistered tool `name` is one a plugin cannot offer yet, or None."""
+        return self.plugin_host.tool_unavailable(name)
+
     def plugin(self, name: str) -> Plugin | None:
         return self.plugin_host.get(name)
 

@@ -97,6 +97,22 @@ class PluginHost:
         """Wait for the plugins' background start-up checks (each bounds its own)."""
         await asyncio.gather(*(p.ready() for p in self._started), return_exceptions=True)
 
+    async def tools_ready(self) -> None:
+        """Wait for the tools the plugins register in the background (each bounds its own)."""
+        await asyncio.gather(*(p.tools_ready() for p in self._started), return_exceptions=True)
+
+    def tool_unavailable(self, name: str) -> str | None:
+        """Why the unregistered tool `name` cannot be called now, from the plugin it belongs to."""
+        for p in self._started:
+            try:
+                why = p.tool_unavailable(name)
+            except Exception:  # noqa: BLE001 - the model then hears "unknown tool", as before
+                log.exception("plugin %s: tool_unavailable failed", p.name)
+                continue
+            if why:
+                return why
+        return None
+
     def get(self, name: str) -> Plugin | None:
         return next((p for p in self._started if p.name == name), None)
 

@@ -78,6 +78,19 @@ class Plugin:
         `aiops plugins` waits for this before it reports."""
         return None
 
+    async def tools_ready(self) -> None:
+        """Return once the tools this plugin registers in the background (an MCP server's, once
+        connected) are registered, or will not be soon (bounded by the plugin). A one-turn run
+        (`aiops chat`) waits for this before its turn, whose model is offered the tools registered
+        when the turn starts; unlike `ready`, it does not wait for checks the tools do not need."""
+        return None
+
+    def tool_unavailable(self, name: str) -> str | None:
+        """Why `name`, not registered, is a tool of this plugin that cannot be called now (its
+        server is still connecting), said to the model instead of "unknown tool"; None when the
+        name is not this plugin's."""
+        return None
+
     async def stop(self) -> None:
         return None
 

@@ -210,6 +210,10 @@ class TurnHost(ToolHost, Protocol):
         """Cancel the turn's pending gates; how many there were."""
         ...
 
+    def tool_unavailable(self, name: str) -> str | None:
+        """Why the unregistered tool `name` is a plugin's that cannot be called yet, or None."""
+        ...
+
 
 class TurnTimeLimit(Exception):
     """The turn reached `max_turn_seconds`; the message says so, for the `error` event."""
@@ -605,7 +609,12 @@ class TurnRunner:
         start = self._started[call.id] = time.monotonic()
         decision: str | None = None
         tool = engine.tools.get(call.name)
-        if call.parse_error and tool is None:
+        # A tool its plugin has not registered yet (an MCP server still connecting) is not unknown:
+        # the model is told why it cannot run now, not that it does not exist.
+        pending = engine.tool_unavailable(call.name) if tool is None else None
+        if pending:
+            out = ToolOutput(f"error: {pending}; {call.name} was not executed", is_error=True)
+        elif call.parse_error and tool is None:
             out = ToolOutput(f"error: {call.parse_error}. Available tools: "
                              f"{', '.join(engine.tools.names()) or 'none'}", is_error=True)
         elif call.parse_error:

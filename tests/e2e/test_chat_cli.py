@@ -208,3 +208,22 @@ def test_what_was_said_is_in_the_store_after_aiops_chat_exits(setup, tmp_path: P
     assert kind == "cli" and said == [("user", "remember this"), ("assistant", "kept")]
     r = chat(cfg, data, "!bogus")
     assert r.returncode == 1  # and the exit status is main()'s
+
+
+def test_the_model_is_offered_and_can_call_the_tools_of_an_mcp_server(tmp_path: Path, fake_openai: FakeOpenAI):
+    """QA: the one turn of an in-process `aiops chat` started before the servers of mcp.toml had
+    connected, so its model never had their tools ("unknown tool", every time). A stdio server (a
+    process to start, then the handshake) is the slow kind."""
+    server = Path(sys.executable).parent / "mcp-server-time"
+    mcp = f'[servers.time]\ncommand = {json.dumps(str(server))}\nargs = ["--local-timezone", "UTC"]\n'
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n", "mcp.toml": mcp})
+    fake_openai.script(Reply.tool_calls(("time__get_current_time", {"timezone": "Europe/Paris"})),
+                       Reply.text("it is late"))
+    r = chat(cfg, tmp_path / "data", "what time is it in Paris?")
+    assert r.returncode == 0, r.stderr
+    offered = [t["function"]["name"] for t in fake_openai.requests[0].json["tools"]]
+    assert "time__get_current_time" in offered, offered
+    told = [m["content"] for m in fake_openai.requests[1].json["messages"] if m.get("role") == "tool"]
+    assert json.loads(told[0])["timezone"] == "Europe/Paris", told
+    assert "← time__get_current_time" in r.stdout and r.stdout.rstrip().endswith("it is late")

@@ -430,3 +430,28 @@ async def test_stopping_a_connection_that_keeps_failing_always_ends(tmp_path, ca
         await asyncio.sleep(rng.random() * 0.02)
         await asyncio.wait_for(conn.stop(), 5)
         assert conn.state == "stopped"
+
+
+async def test_a_call_to_a_server_still_connecting_says_so_not_unknown_tool(engine_factory, fake_openai):
+    """A turn that starts before a server of mcp.toml has connected is not offered its tools; a
+    call of one (a model that knows the name) is told the server is not connected yet, not that
+    the tool does not exist (QA: "unknown tool 'self__list_sessions'")."""
+    held: list[asyncio.StreamWriter] = []  # its connections, kept open
+    silent = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)  # never answers
+    port = silent.sockets[0].getsockname()[1]
+    try:
+        toml = http_toml(f"http://127.0.0.1:{port}/mcp").replace("[servers.files]", "[servers.slow]")
+        engine = await engine_factory(extra_files={"mcp.toml": toml})
+        assert mcp_plugin(engine).connections["slow"].state == "connecting"
+        fake_openai.script(Reply.tool_calls(("slow__read_note", {"name": "a"})), Reply.text("ok"))
+        result = await engine.run("api-s", "read it", kind="api", timeout=20)
+        assert result.status == "complete"
+        told = tool_results(fake_openai)[0]
+        assert told.startswith("error: MCP server slow is not connected yet (connecting)"), told
+        assert "unknown tool" not in told and "slow__read_note was not executed" in told
+        # A name of no configured server is still unknown.
+        fake_openai.script(Reply.tool_calls(("nosuch__tool", {})), Reply.text("ok"))
+        await engine.run("api-s", "again", kind="api", timeout=20)
+        assert "unknown tool 'nosuch__tool'" in tool_results(fake_openai)[-1]
+    finally:
+        silent.close()

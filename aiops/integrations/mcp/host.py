@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from aiops.engine.plugins import Plugin, PluginAPI, PluginSettings
 from aiops.engine.tools import Classification, Tool, ToolContext, ToolOutput
-from aiops.integrations.mcp.naming import gate_target, model_tool_name
+from aiops.integrations.mcp.naming import SEPARATOR, gate_target, model_tool_name
 from aiops.integrations.mcp.results import ArtifactStore, cut_for_model, operator_copy, render_contents
 
 if TYPE_CHECKING:
@@ -96,6 +96,23 @@ class McpPlugin(Plugin):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(READY_SECONDS):
                 await asyncio.gather(*(c.first_attempt() for c in self.connections.values()))
+
+    async def tools_ready(self) -> None:
+        # A server's tools are registered when it connects: the first attempts are what a turn
+        # that starts now would otherwise miss (`aiops chat` starts one right after start-up).
+        await self.ready()
+
+    def tool_unavailable(self, name: str) -> str | None:
+        # The longest server name the tool name starts with (SERVER__TOOL, the server's name kept
+        # as is, see naming.py); one connected is not asked about: the name is then unknown to it.
+        servers = [s for s in self.connections if name.startswith(s + SEPARATOR)]
+        if not servers:
+            return None
+        conn = self.connections[max(servers, key=len)]
+        if conn.state == "connected":
+            return None
+        yet = " yet" if conn.state == "connecting" else ""
+        return f"MCP server {conn.name} is not connected{yet} ({conn.describe_state()}); its tools are offered once it is"
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self.connections.values()), return_exceptions=True)
