@@ -165,8 +165,12 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         # this run never saw them (QA: "unknown tool"). No plugin with such tools: no wait at all.
         await _tools_ready(engine)
         for p in engine.plugin_status:
-            if p.state in ("skipped", "failed"):
-                print(f"[plugin {p.name} {p.state}: {p.reason}]", file=sys.stderr)
+            if p.state == "failed":
+                print(f"[plugin {p.name} failed: {p.reason}]", file=sys.stderr)
+        if skipped := [p.name for p in engine.plugin_status if p.state == "skipped"]:
+            # A tool without its key is skipped at every run: one line, not one each (a QA pass
+            # counted six with the shipped config), as `aiops serve` says it.
+            print(f"[plugins skipped (`aiops plugins` says why): {', '.join(skipped)}]", file=sys.stderr)
         session = args.session
         if session:
             live = await engine.session(session)

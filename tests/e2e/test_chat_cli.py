@@ -112,6 +112,19 @@ def test_on_a_terminal_the_operator_answers_the_gate_inline(setup):
     assert "Be brief." in (cfg / "system_prompt" / "default" / ".system_prompt_role").read_text()
 
 
+def test_plugins_skipped_for_want_of_a_key_are_one_line_not_one_each(setup):
+    cfg, data, fake = setup
+    # The shipped plugins, the database off: search, extraction, Drive and swarm lack their keys.
+    shipped = (Path(__file__).resolve().parents[2] / "config" / "plugins.toml").read_text()
+    (cfg / "plugins.toml").write_text(shipped.replace("[mysql]\nenabled = true", "[mysql]\nenabled = false", 1))
+    fake.script(Reply.text("hi there"))
+    r = chat(cfg, data, "hi")
+    assert r.returncode == 0 and r.stdout.strip() == "hi there", r.stderr
+    said = [line for line in r.stderr.splitlines() if "skipped" in line]
+    assert len(said) == 1 and said[0].startswith("[plugins skipped (`aiops plugins` says why): "), r.stderr
+    assert len(said[0].split(", ")) > 1  # several plugins, named on the one line
+
+
 def test_a_failing_command_exits_1_and_a_good_one_0(setup):
     cfg, data, _ = setup
     r = chat(cfg, data, "!nope")
