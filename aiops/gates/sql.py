@@ -371,7 +371,7 @@ def _classify_tokens(sql: str, tokens: list[Token], text: str) -> _Verdict:
         # can only make the decision stricter, so a table's deny is not turned into a question by
         # wrapping the read.
         tables = (set(_opaque_tables(text)) | {n for n in _every_name(text) if "." in n}
-                  | set(_read_names(text)))
+                  | set(_read_names(text)) | set(_embedded_query_tables(text)))
         return _Verdict(kind, _WRITE, tuple(sorted(tables)), beyond_tables=True)
 
     outfile = _strip_into_file(tokens)
@@ -608,6 +608,43 @@ def _read_names(text: str) -> tuple[str, ...]:
         else:
             want = in_from = False
         index += 1
+    return tuple(sorted(names))
+
+
+_QUERY_STARTS = frozenset({"SELECT", "WITH", "TABLE", "VALUES"})
+# Statements whose string operand is SQL the server runs: `PREPARE s FROM '...'`, `EXECUTE IMMEDIATE '...'`.
+_DYNAMIC_SQL_STARTS = frozenset({"PREPARE", "EXECUTE"})
+
+
+def _embedded_query_tables(text: str) -> tuple[str, ...]:
+    """The tables read by the queries an opaque statement holds: each parenthesised query
+    (`SET @h = (SELECT ... FROM a STRAIGHT_JOIN secret)`, `DO (...)`), read by the parser as any
+    query is, every name in it when the parser cannot; and the tables of a literal statement that
+    PREPARE or EXECUTE IMMEDIATE runs. A token scan of the FROM list alone misses joins, index
+    hints, parenthesised tables and ON conditions."""
+    try:
+        tokens = _FullTokenizer(dialect=_DIALECT).tokenize(text)
+    except Exception:  # noqa: BLE001 - nothing readable: the unknown rule still applies
+        return ()
+    names: set[str] = set()
+    for index, token in enumerate(tokens):
+        if (token.token_type == TokenType.L_PAREN and index + 1 < len(tokens)
+                and tokens[index + 1].text.upper() in _QUERY_STARTS):
+            depth = 0
+            for close in range(index, len(tokens)):
+                depth += {TokenType.L_PAREN: 1, TokenType.R_PAREN: -1}.get(tokens[close].token_type, 0)
+                if depth == 0:
+                    break
+            inner = text[tokens[index + 1].start : tokens[close - 1].end + 1]
+            node = _parse(_tokenize(inner), inner)
+            names.update(_tables(node)[0] if node is not None else _every_name(inner))
+    if tokens and tokens[0].text.split()[0].upper() in _DYNAMIC_SQL_STARTS:
+        for token in tokens:
+            if token.token_type == TokenType.STRING and token.text.strip():
+                try:
+                    names.update(classify_sql(token.text).tables)
+                except Exception:  # noqa: BLE001 - not SQL: the unknown rule still applies
+                    names.update(_every_name(token.text))
     return tuple(sorted(names))
 
 

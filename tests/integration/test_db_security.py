@@ -144,6 +144,15 @@ async def test_statements_exposing_the_account_tables_are_denied(engine_factory,
     "SET @h = (SELECT v FROM {t} LIMIT 1); SELECT @h AS leaked",
     "SET @h = (SELECT v FROM `{t}` LIMIT 1); SELECT @h AS leaked",
     "DO (SELECT v FROM {t} LIMIT 1)",
+    # The FROM list goes on past a join keyword, an index hint, a parenthesised
+    # table and an ON condition (review: each of these was asked, not denied).
+    "SET @h = (SELECT v FROM (SELECT 1 AS x) a STRAIGHT_JOIN {t} LIMIT 1); SELECT @h AS leaked",
+    "SET @h = (SELECT {t}.v FROM mysql.help_topic USE INDEX (PRIMARY), {t} LIMIT 1); SELECT @h AS leaked",
+    "SET @h = (SELECT v FROM (({t})) LIMIT 1); SELECT @h AS leaked",
+    "SET @h = (SELECT v FROM (SELECT 1 AS x) a JOIN ({t}) ON 1 LIMIT 1); SELECT @h AS leaked",
+    "SET @h = (SELECT v FROM (SELECT 1 AS x) a JOIN (SELECT 2 AS y) b ON 1, {t} LIMIT 1); SELECT @h AS leaked",
+    "PREPARE s FROM 'SELECT v FROM {t}'; EXECUTE s",
+    "EXECUTE IMMEDIATE 'SELECT v FROM {t}'",
 ])
 async def test_a_tables_deny_holds_when_a_statement_wraps_its_read_and_names_it_bare(
         engine_factory, mariadb, mysql_table, fake_openai, template):

@@ -157,7 +157,15 @@ CASES = [
     pytest.param("ANALYZE TABLE orders", W, ("orders",), id="analyze"),
     pytest.param("OPTIMIZE NO_WRITE_TO_BINLOG TABLE orders, users", W, ("orders", "users"), id="optimize"),
     pytest.param("REPAIR TABLE orders", W, ("orders",), id="repair"),
-    pytest.param("PREPARE s FROM 'DELETE FROM t'", W, (), id="prepare"),
+    # The literal statement PREPARE (or EXECUTE IMMEDIATE) runs names its tables.
+    pytest.param("PREPARE s FROM 'DELETE FROM t'", W, ("t",), id="prepare"),
+    pytest.param("EXECUTE IMMEDIATE 'SELECT v FROM secret'", W, ("secret",), id="execute-immediate"),
+    # A query inside an opaque statement names what it reads however its FROM list is written.
+    pytest.param("SET @h = (SELECT v FROM a STRAIGHT_JOIN secret)", W, ("a", "secret"), id="set-straight-join"),
+    pytest.param("SET @h = (SELECT v FROM a USE INDEX (p), secret)", W, ("a", "secret"), id="set-index-hint"),
+    pytest.param("SET @h = (SELECT v FROM ((secret)))", W, ("secret",), id="set-parenthesised-table"),
+    pytest.param("DO (SELECT v FROM a JOIN b ON 1, secret)", W, ("a", "b", "secret"), id="do-from-after-on"),
+    pytest.param("SET @h = (SELECT v FROM a PARTITION (p0), secret)", W, ("a", "secret"), id="set-partition"),
     pytest.param("EXECUTE s", W, (), id="execute"),
     pytest.param("EXPLAIN ANALYZE DELETE FROM orders", W, ("orders",), id="explain-delete"),
     pytest.param("SELECT * FROM orders WHERE id = 1 FOR UPDATE", W, ("orders",), id="for-update"),
