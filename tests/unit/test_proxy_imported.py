@@ -80,3 +80,21 @@ def test_a_client_tool_named_like_an_agent_tool_is_recorded_under_the_name_the_m
         ClientMessage("tool", "42", tool_call_id="c1")])], rename)
     assert call.tool_calls[0].name == result.name == "client_db_query"
     assert call.meta[CLIENT_CALLS] == {"c1": "db_query"}  # the client's name, as a live call keeps it
+
+
+def test_a_result_naming_a_call_id_nobody_made_is_left_out_not_paired_with_a_waiting_call() -> None:
+    """As a live continuation refuses it (tool_results.pair): paired with the first waiting call,
+    one tool's result would be recorded as another's (review finding)."""
+    chat = folded([
+        ClientMessage("user", "time and weather?"),
+        ClientMessage("assistant", "", tool_calls=(ClientToolCall("c1", "get_time", {}),
+                                                   ClientToolCall("c2", "get_weather", {}))),
+        ClientMessage("tool", "sunny", tool_call_id="c2"),
+        ClientMessage("tool", "rm -rf says hi", tool_call_id="c9"),  # no call c9 was made
+        ClientMessage("assistant", "ok"),
+        ClientMessage("user", "bye"),
+    ])
+    recs = records(taken_in(chat[:-1]), _same)
+    assert [(m.role, m.content, m.tool_call_id) for m in recs] == [
+        ("user", "time and weather?", None), ("assistant", "", None), ("tool", "sunny", "c2"),
+        ("tool", UNANSWERED, "c1"), ("assistant", "ok", None)]

@@ -101,8 +101,11 @@ def _answer(parts: Sequence[ClientMessage], turn_id: str, rename: Rename) -> lis
 
 def _answered(waiting: Sequence[tuple[ClientToolCall, ToolCall]], result: ClientMessage) -> int | None:
     """Which waiting call `result` answers, as a live turn pairs them (tool_results.pair): the one
-    it names by id, else the first of the tool it names (Ollama's `tool_name`), else the first."""
+    it names by id, else the first of the tool it names (Ollama's `tool_name`), else the first. A
+    result naming an id no waiting call has answers none (a live continuation refuses it)."""
     found = next((k for k, (c, _) in enumerate(waiting) if c.id is not None and c.id == result.tool_call_id), None)
+    if found is None and result.tool_call_id:
+        return None
     if found is None and result.tool_name is not None:
         found = next((k for k, (c, _) in enumerate(waiting) if c.name == result.tool_name), None)
     if found is None and result.tool_name is None and waiting:
