@@ -227,6 +227,16 @@ async def test_a_field_of_several_types_is_named_as_the_client_wrote_it(api_serv
     await still_serving(api_server)
 
 
+async def test_an_unknown_field_whose_name_looks_like_a_type_is_still_an_unknown_field(api_server: ApiServer) -> None:
+    """A client's field name ("Text", "Model") is not a union member's name (review: it read
+    "body: expected an object, not a string")."""
+    status, body, _ = await call(api_server, "POST", "/api/v1/submit",
+                                 json={"text": "hi", "Text": "hi"})
+    assert status == 400, body
+    assert body["error"]["message"] == "invalid request: Text: unknown field", body
+    await still_serving(api_server)
+
+
 async def test_openai_apis_not_served_say_what_to_use_instead(api_server: ApiServer) -> None:
     """The Responses API (newer SDKs' agents try it first), legacy completions, embeddings: a 501
     in OpenAI's shape naming Chat Completions, not a bare 'no route'; the real SDK shows it."""

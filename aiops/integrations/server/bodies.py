@@ -143,6 +143,15 @@ def _kind(member: str) -> str:
     return _KINDS.get(head, "an object")  # a model
 
 
+def _member_at(e: Any) -> int | None:
+    """Where in an error's location a union member's name is, if anywhere. The name an unknown
+    field has is the client's (`{"Text": ...}`), never a member's, whatever it looks like."""
+    loc = tuple(e["loc"])
+    if e["type"] == "extra_forbidden":
+        loc = loc[:-1]
+    return next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None)
+
+
 def validation_message(err: ValidationError) -> tuple[str, str | None]:
     """One line naming every bad field, and the first field's name. A field that may be of several
     types (a union) is named without pydantic's names for its members: where the value is of none
@@ -154,7 +163,7 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
     errors = err.errors()
     for e in errors:
         loc = tuple(e["loc"])
-        at = next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None)
+        at = _member_at(e)
         if at is not None:
             unions.setdefault(loc[:at], []).append(loc[at])  # type: ignore[arg-type]
             if len(loc) > at + 1:
@@ -162,7 +171,7 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
     said: set[tuple[Any, ...]] = set()
     for e in errors:
         loc = tuple(e["loc"])
-        at = next((i for i, p in enumerate(loc) if isinstance(p, str) and _UNION_MEMBER.fullmatch(p)), None)
+        at = _member_at(e)
         if at is not None:
             union = loc[:at]
             if union in deeper and len(loc) == at + 1:
@@ -176,7 +185,9 @@ def validation_message(err: ValidationError) -> tuple[str, str | None]:
                 first = first or where
                 parts.append(f"{where}: expected {' or '.join(kinds)}, not {json_type(e['input'])}")
                 continue
-            loc = tuple(p for p in loc if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p)))
+            own = loc[-1:] if e["type"] == "extra_forbidden" else ()  # the client's field name
+            loc = (*(p for p in loc[:len(loc) - len(own)]
+                     if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p))), *own)
         where = ".".join(str(p) for p in loc) or "body"
         first = first or where
         msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
