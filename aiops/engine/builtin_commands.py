@@ -66,13 +66,19 @@ async def _model(ctx: CommandContext, argv: list[str], raw: str) -> str:
 SESSION_PAGE = 30
 
 
+# Clients that are the holder of their token (a script, `aiops chat`), not one of the many users a
+# chat UI, Slack or an MCP host serve with one token.
+_TOKEN_HOLDER_KINDS = frozenset({"api", "cli"})
+
+
 async def _session(ctx: CommandContext, argv: list[str], raw: str) -> str:
     engine = ctx.engine
     if not ctx.is_operator and (not argv or argv[0] in ("all", "page")):
-        # Other sessions' titles are other people's conversations: a client sees its own, those
-        # its token made (as GET /api/v1/sessions lists them), else the one it writes in.
+        # Other sessions' titles are other people's conversations: a script or `aiops chat` (the
+        # token's holder) sees those its token made, as GET /api/v1/sessions lists them; a chat UI
+        # or Slack, whose one token serves all their users, only the session it writes in.
         head = f"{'id':>5}  {'kind':<8} {'model':<12} {'msgs':>5}  {'last':<9} title"
-        if ctx.owner is not None:
+        if ctx.owner is not None and ctx.client_kind in _TOKEN_HOLDER_KINDS:
             rows = await engine.list_sessions(owner=ctx.owner, limit=SESSION_PAGE)
             if not rows:
                 return "no session yet: this message starts none"

@@ -484,3 +484,22 @@ def test_ownership_survives_a_restart_of_aiops_serve(aiops_serve_factory: ServeF
     msgs = httpx.get(url, headers=tokens.header("bot")).json()["messages"]
     assert [m["content"] for m in msgs if m["role"] == "user"] == ["remember me", "still me"]
 
+
+
+async def test_session_command_in_a_chat_ui_does_not_list_its_other_users_chats(
+        api_server_factory: ApiServerFactory, fake_openai: Any) -> None:
+    """One client token serves every user of a chat UI (docs/PROXY.md: Open WebUI's connection
+    key): a `!session` typed in one user's chat must not show the titles (their first words) of the
+    other users' chats (review finding: it listed every session the token made)."""
+    srv = await two_clients(api_server_factory)
+    headers = srv.headers("bot")
+    async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=20) as h:
+        r = await h.post("/v1/chat/completions", json={
+            "model": "aiops", "user": "alice",
+            "messages": [{"role": "user", "content": "alice's private salary question"}]})
+        assert r.status_code == 200, r.text
+        r = await h.post("/v1/chat/completions", json={
+            "model": "aiops", "user": "bob", "messages": [{"role": "user", "content": "!session"}]})
+        assert r.status_code == 200, r.text
+    listed = r.json()["choices"][0]["message"]["content"]
+    assert "salary" not in listed, listed
