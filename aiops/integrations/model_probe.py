@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import aiohttp
-
 from aiops.engine import events as ev
 
 if TYPE_CHECKING:
@@ -63,6 +61,10 @@ def _bare_reason(model: str, message: str) -> str:
 async def probe_model(m: ModelConfig, env: Mapping[str, str],
                       timeout: float = PROBE_TIMEOUT) -> Unanswered | None:
     """None when `m` answers; otherwise why it does not."""
+    # Here, not at the top: the console imports this module (turn_verdict) before its first
+    # frame, and aiohttp with its ~100 modules is ~0.1 s of that on a 2-core machine.
+    import aiohttp
+
     if not m.enabled:
         return Unanswered("it is disabled in models.toml", "connection")
     if m.key_status(dict(env)) == "missing":

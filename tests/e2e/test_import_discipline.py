@@ -86,3 +86,17 @@ def test_aiops_chat_through_a_running_aiops_imports_no_http_library_pydantic_eng
     assert aiops_serve.url in r.stderr  # it went through the server (found by its run file)
     assert _loaded(modules, "aiops.cli.remote_http")  # the check sees what was imported
     assert [m for m in _NOT_USED_REMOTE if _loaded(modules, m)] == []
+
+
+def test_the_console_app_imports_no_http_library_or_sdk_before_its_first_frame() -> None:
+    """The console draws its first frame, then loads the engine, the server and the SDKs in a
+    thread (docs/PERFORMANCE.md). What `aiops.tui.app` imports is on the way to that frame: an HTTP
+    library there (aiohttp with its ~100 modules, pulled in by a helper the model guidance used)
+    made the console ~0.1 s slower to paint on a 2-core machine."""
+    code = "import json, sys; import aiops.tui.app; print(json.dumps(sorted(sys.modules)))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    modules = set(json.loads(r.stdout))
+    assert [m for m in ("aiohttp", "openai", "httpx2", "google.genai", "slack_sdk", "mcp", "sqlglot")
+            if _loaded(modules, m)] == []
