@@ -563,15 +563,22 @@ def _every_name(text: str) -> tuple[str, ...]:
         if tokens[index].token_type not in _NAME_TOKENS:
             index += 1
             continue
-        parts = [tokens[index].text]
-        while (index + 2 < len(tokens) and tokens[index + 1].token_type == TokenType.DOT
-               and tokens[index + 2].token_type in _NAME_TOKENS):
-            parts.append(tokens[index + 2].text)
-            index += 2
+        parts, index = _name_at(tokens, index)
         names.add(".".join(parts).lower())
         names.update(p.lower() for p in parts)
         index += 1
     return tuple(sorted(names))
+
+
+def _name_at(tokens: Sequence[Token], index: int) -> tuple[list[str], int]:
+    """The parts of the (maybe dotted: `db.t`) name starting at `index`, and the index of its
+    last token."""
+    parts = [tokens[index].text]
+    while (index + 2 < len(tokens) and tokens[index + 1].token_type == TokenType.DOT
+           and tokens[index + 2].token_type in _NAME_TOKENS):
+        parts.append(tokens[index + 2].text)
+        index += 2
+    return parts, index
 
 
 _FROM_TOKENS = (TokenType.FROM, TokenType.JOIN)
@@ -594,11 +601,7 @@ def _read_names(text: str) -> tuple[str, ...]:
         if kind in _FROM_TOKENS:
             want = in_from = True
         elif kind in _NAME_TOKENS and want:
-            parts = [tokens[index].text]
-            while (index + 2 < len(tokens) and tokens[index + 1].token_type == TokenType.DOT
-                   and tokens[index + 2].token_type in _NAME_TOKENS):
-                parts.append(tokens[index + 2].text)
-                index += 2
+            parts, index = _name_at(tokens, index)
             names.add(".".join(parts).lower())
             want = False
         elif kind == TokenType.COMMA and in_from:

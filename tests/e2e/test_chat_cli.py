@@ -9,13 +9,13 @@ import pty
 import sqlite3
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.fixtures import make_config_dir, openai_model_entry
 from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.support.stderr import watch_stderr
 
 AIOPS = [sys.executable, "-m", "aiops.cli"]
 EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
@@ -84,18 +84,7 @@ def test_on_a_terminal_the_operator_answers_the_gate_inline(setup):
                              str(data)], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=_env())
     os.close(slave)
-    asked = threading.Event()
-    err: list[str] = []
-
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
-            err.append(chunk)
-            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
-                asked.set()
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    asked, err, reader = watch_stderr(proc, "approve update_system_prompt? [y]es once, [s]ession, [N]o:")
     try:
         assert asked.wait(30), "".join(err)
         os.write(master, b"y\n")

@@ -10,7 +10,6 @@ import pty
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.support.server import ServeFactory, ServeProcess, Tokens
+from tests.support.stderr import watch_stderr
 
 AIOPS = [sys.executable, "-m", "aiops.cli"]
 EDIT = ("update_system_prompt", {"section": "role", "operation": "append", "content": "Be brief."})
@@ -95,18 +95,7 @@ def test_a_gate_asked_on_the_terminal_is_answered_first_in_a_console(aiops_serve
     proc = subprocess.Popen(_cmd(aiops_serve, "make it brief", "--url", aiops_serve.url), stdin=slave,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     os.close(slave)
-    asked = threading.Event()
-    err: list[str] = []
-
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
-            err.append(chunk)
-            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
-                asked.set()
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    asked, err, reader = watch_stderr(proc, "approve update_system_prompt? [y]es once, [s]ession, [N]o:")
     try:
         assert asked.wait(30), "".join(err)
         gate = _wait_gate(aiops_serve)  # asked here, and in the consoles' inbox at the same time
@@ -266,18 +255,7 @@ def test_ctrl_c_at_the_terminals_question_stops_the_turn(aiops_serve: ServeProce
     proc = subprocess.Popen(_cmd(aiops_serve, "make it brief"), stdin=slave, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=_env())
     os.close(slave)
-    err: list[str] = []
-    asked = threading.Event()
-
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for chunk in iter(lambda: proc.stderr.read1(4096).decode(), ""):  # type: ignore[union-attr]
-            err.append(chunk)
-            if "approve update_system_prompt? [y]es once, [s]ession, [N]o:" in "".join(err):
-                asked.set()
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
+    asked, err, reader = watch_stderr(proc, "approve update_system_prompt? [y]es once, [s]ession, [N]o:")
     try:
         assert asked.wait(30), "".join(err)
         gate = _wait_gate(aiops_serve)
