@@ -229,3 +229,20 @@ def test_the_model_is_offered_and_can_call_the_tools_of_an_mcp_server(tmp_path: 
     told = [m["content"] for m in fake_openai.requests[1].json["messages"] if m.get("role") == "tool"]
     assert json.loads(told[0])["timezone"] == "Europe/Paris", told
     assert "← time__get_current_time" in r.stdout and r.stdout.rstrip().endswith("it is late")
+
+
+def test_the_rule_suggested_for_an_mcp_tool_is_the_one_gates_toml_reads(tmp_path: Path, fake_openai: FakeOpenAI):
+    """The model calls an MCP tool as SERVER__TOOL; gates.toml names it mcp:SERVER:TOOL. The hint
+    printed when the call is denied for want of a terminal must be the rule that would allow it."""
+    server = Path(sys.executable).parent / "mcp-server-time"
+    mcp = f'[servers.time]\ncommand = {json.dumps(str(server))}\nargs = ["--local-timezone", "UTC"]\n'
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n", "mcp.toml": mcp,
+                           "gates.toml": '[tools."mcp:time"]\nread = "ask"\nwrite = "ask"\n'})
+    fake_openai.script(Reply.tool_calls(("time__get_current_time", {"timezone": "Europe/Paris"})),
+                       Reply.text("I may not look"))
+    r = chat(cfg, tmp_path / "data", "what time is it in Paris?")
+    assert r.returncode == 0, r.stderr
+    said = r.stdout + r.stderr
+    assert '[tools."mcp:time:get_current_time"] read = "allow"' in said, said
+    assert '[tools."time__get_current_time"]' not in said

@@ -73,16 +73,17 @@ def test_config_paths_takes_the_dirs_after_the_sub_command(tmp_path, capsys):
     assert f"config dir       {tmp_path / 'c'}" in out and f"data dir         {tmp_path / 'd'}" in out
 
 
-@pytest.mark.parametrize(("tool", "tool_type", "operation", "tables", "unknown"), [
-    ("db_query", "db", "read", [], True),                       # SHOW TABLES: no table named
-    ("db_query", "db", "write", ["shop.orders"], False),
-    ("db_query", "db", "write", ["shop.orders", "shop.users"], False),
-    ("db_query", "db", "read", ["shop.orders"], True),          # SELECT ... INTO OUTFILE
-    ("update_system_prompt", "system", "write", [], False),
-    ("mcp:fs:write_file", "mcp", "write", [], False),
+@pytest.mark.parametrize(("tool", "tool_type", "operation", "tables", "unknown", "rule"), [
+    ("db_query", "db", "read", [], True, None),                       # SHOW TABLES: no table named
+    ("db_query", "db", "write", ["shop.orders"], False, None),
+    ("db_query", "db", "write", ["shop.orders", "shop.users"], False, None),
+    ("db_query", "db", "read", ["shop.orders"], True, None),          # SELECT ... INTO OUTFILE
+    ("update_system_prompt", "system", "write", [], False, None),
+    # An MCP server's tool: the gate names it as the model does; rules, as mcp:SERVER:TOOL.
+    ("fs__write_file", "mcp", "write", [], False, "mcp:fs:write_file"),
 ])
 def test_the_rule_aiops_chat_suggests_after_a_denial_does_allow_the_call(tool, tool_type, operation, tables,
-                                                                          unknown):
+                                                                          unknown, rule):
     # The hint is advice to paste into gates.toml: following it must turn the shipped "ask" into allow.
     import re
     import tomllib
@@ -91,14 +92,15 @@ def test_the_rule_aiops_chat_suggests_after_a_denial_does_allow_the_call(tool, t
     from aiops.gates.rules import GatesConfig
 
     shipped = GatesConfig()
-    assert shipped.decide(tool, tool_type, operation, tables, unknown_tables=unknown) == "ask"
-    hint = _rule_hint({"tool": tool, "tool_type": tool_type, "operation": operation, "tables": tables})
+    target = rule or tool  # what the gatekeeper decides on (the tool's gate target)
+    assert shipped.decide(target, tool_type, operation, tables, unknown_tables=unknown) == "ask"
+    hint = _rule_hint({"tool": tool, "tool_type": tool_type, "operation": operation, "tables": tables}, rule)
     settings = re.findall(r'(\[[^\]]+\]) (read|write) = "allow"', hint)
     if unknown and tables:
         settings.append(("[db.unknown]", operation))  # the hint's "(and [db.unknown] …)" part
     toml = "\n".join(f'{section}\n{op} = "allow"' for section, op in settings)
     followed = GatesConfig.model_validate(tomllib.loads(toml))
-    assert followed.decide(tool, tool_type, operation, tables, unknown_tables=unknown) == "allow", hint
+    assert followed.decide(target, tool_type, operation, tables, unknown_tables=unknown) == "allow", hint
 
 
 @pytest.mark.parametrize("text", ["³m", "1.5x", "h", "-1h", "٣h"])
