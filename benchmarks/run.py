@@ -3,9 +3,11 @@ not, at each concurrency, the same number of requests each, in one run.
 
     make bench                                   # or: python -m benchmarks.run [--requests N] ...
 
-Four processes: the fast fake upstream (benchmarks.upstream), `aiops serve` on it (fresh config and
-data in a temp dir, no system prompt so the upstream request stays small), a bare aiohttp relay to
-the upstream (benchmarks.relay: the floor for any Python proxy on this machine, for reference), and
+The processes: the fast fake upstream (benchmarks.upstream), `aiops serve` on it (fresh config and
+data in a temp dir, no system prompt so the upstream request stays small), three reference relays
+to the upstream (benchmarks.relay: bare aiohttp, the floor for any Python proxy on this machine; the
+SDK relay, the floor of a proxy that calls the model through openai.AsyncOpenAI; and the SDK relay
+that also makes a new conversation's three durable writes through aiops's store, `sdk+db`), and
 this load generator.
 Everything is on 127.0.0.1. Each scenario runs `--warmup` unmeasured requests first; every request
 through aiops is a new conversation (its own `X-Aiops-Session`), so each one also creates a session.
@@ -124,9 +126,9 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
     lines += ["", "cpu ms/req: CPU time (user + system) of the process that served the measured requests "
                   "(the upstream for direct), per request; loop ms/req: of its main thread alone (the "
                   "event loop's: what bounds throughput, as the store's thread runs beside it)."]
-    lines += ["", "| via   | stream | conc | added p50 ms | added p99 ms | throughput vs direct | cpu vs relay "
+    lines += ["", "| via    | stream | conc | added p50 ms | added p99 ms | throughput vs direct | cpu vs relay "
                   "| target | met |",
-              "|-------|--------|-----:|-------------:|-------------:|---------------------:|-------------:"
+              "|--------|--------|-----:|-------------:|-------------:|---------------------:|-------------:"
               "|--------|-----|"]
     overhead: list[dict[str, Any]] = []
     ok = all(r.errors == 0 for r in results)
@@ -134,7 +136,7 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
     for (target, stream, conc), d in by.items():
         if target != "direct":
             continue
-        for via in ("aiops", "relay", "sdk"):
+        for via in ("aiops", "relay", "sdk", "sdk+db"):
             if (via, stream, conc) not in by:
                 continue
             a = by[(via, stream, conc)]
@@ -151,7 +153,7 @@ def report(results: list[Result]) -> tuple[str, list[dict[str, Any]], bool]:
                 goal, met = f"≥ {TARGET_THROUGHPUT_RATIO:.0%} of direct", ratio >= TARGET_THROUGHPUT_RATIO
             if met is False:
                 ok = False
-            lines.append(f"| {via:<5} | {'yes' if stream else 'no':<6} | {conc:>4} | {added50:12.2f} | "
+            lines.append(f"| {via:<6} | {'yes' if stream else 'no':<6} | {conc:>4} | {added50:12.2f} | "
                          f"{added99:12.2f} | {ratio:19.1%} | {'' if cpu_x is None else f'{cpu_x:.2f}×':>12} | "
                          f"{goal:<6} | "
                          f"{'' if met is None else ('yes' if met else 'NO')} |")
@@ -172,9 +174,10 @@ def _times(a: Result, base: Result | None) -> float | None:
 
 
 def _sdk_floor(by: dict[tuple[str, bool, int], Result]) -> list[str]:
-    """Issue 27's figure beside its floor: aiops's CPU per streamed request in multiples of the
-    relay's, split into what the SDK relay spends (the SDK and aiohttp, no aiops at all) and what
-    aiops spends beyond it."""
+    """Issue 27's figure beside its floors: aiops's CPU per streamed request in multiples of the
+    relay's, beside the SDK relay's (the SDK and aiohttp, no aiops at all) and the SDK relay's with
+    aiops's store making a new conversation's three durable writes (sdk+db), and what aiops spends
+    beyond each."""
     out: list[str] = []
     for (target, stream, conc), a in by.items():
         sdk, relay = by.get(("sdk", stream, conc)), by.get(("relay", stream, conc))
@@ -187,6 +190,12 @@ def _sdk_floor(by: dict[tuple[str, bool, int], Result]) -> list[str]:
                    f"{relay.cpu_ms_per_request:.2f}; the SDK relay alone {sdk.cpu_ms_per_request:.2f} = "
                    f"{floor:.2f}× (the floor with openai.AsyncOpenAI); aiops beyond it "
                    f"{a.cpu_ms_per_request - sdk.cpu_ms_per_request:.2f} ms/req = {x - floor:.2f}×")
+        db = by.get(("sdk+db", stream, conc))
+        db_x = _times(db, relay) if db is not None else None
+        if db is not None and db_x is not None and db.cpu_ms_per_request is not None:
+            out.append(f"  with a new conversation's three durable writes (aiops's Store) the floor is "
+                       f"{db.cpu_ms_per_request:.2f} ms/req = {db_x:.2f}×; aiops beyond it "
+                       f"{a.cpu_ms_per_request - db.cpu_ms_per_request:.2f} ms/req = {x - db_x:.2f}×")
     return ["", *out] if out else []
 
 
@@ -207,7 +216,8 @@ def machine() -> dict[str, Any]:
 
 
 async def _scenarios(upstream: Child, relay: Child | None, aiops: Child,
-                     args: argparse.Namespace, sdk: Child | None = None) -> list[Result]:
+                     args: argparse.Namespace, sdk: Child | None = None,
+                     stored: Child | None = None) -> list[Result]:
     results: list[Result] = []
     # Each target's CPU is read from the process that serves it: the upstream for direct.
     targets = [("direct", upstream, UPSTREAM_MODEL), ("aiops", aiops, "aiops")]
@@ -215,12 +225,14 @@ async def _scenarios(upstream: Child, relay: Child | None, aiops: Child,
         targets.insert(1, ("relay", relay, UPSTREAM_MODEL))
     if sdk:
         targets.insert(-1, ("sdk", sdk, UPSTREAM_MODEL))
+    if stored:
+        targets.insert(-1, ("sdk+db", stored, UPSTREAM_MODEL))
     for conc in args.concurrency:
         for stream in (False, True):
             for target, proc, model in targets:
                 r = await run_load(proc.url, model, target=target, stream=stream, concurrency=conc,
                                    requests=args.requests, warmup=args.warmup,
-                                   session_header=target == "aiops", server_pid=proc.pid)
+                                   session_header=target in ("aiops", "sdk+db"), server_pid=proc.pid)
                 print(_row(r), flush=True)
                 if r.errors:
                     print(f"    first error: {r.first_error}", flush=True)
@@ -334,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
                     child(relay_cmd if not args.no_relay else none,
                           r"relay on (\S+)", "the relay", env=env) as relay, \
                     child([*relay_cmd, "--sdk"] if not args.no_relay else none,
-                          r"relay on (\S+)", "the SDK relay", env=env) as sdk:
+                          r"relay on (\S+)", "the SDK relay", env=env) as sdk, \
+                    child([*relay_cmd, "--sdk", "--store", str(root / "relay-store")] if not args.no_relay
+                          else none, r"relay on (\S+)", "the SDK relay with a store", env=env) as stored:
                 relay_child = None if args.no_relay else relay
                 results: list[Result] = []
                 if not args.chats_only:
@@ -342,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{relay_child and sdk.url}, aiops {aiops.url}; "
                           f"{args.requests} requests per "
                           f"scenario after {args.warmup} warm-up, concurrency {args.concurrency}", flush=True)
-                    results = asyncio.run(_scenarios(upstream, relay_child, aiops, args, None if args.no_relay else sdk))
+                    results = asyncio.run(_scenarios(upstream, relay_child, aiops, args,
+                                                     *((None, None) if args.no_relay else (sdk, stored))))
             chats = _run_chats(upstream, root, env, args) if args.chats > 0 else []
     finally:
         shutil.rmtree(root, ignore_errors=True)

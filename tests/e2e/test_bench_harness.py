@@ -23,7 +23,7 @@ def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
 
     rows = {(r["target"], r["stream"], r["concurrency"]): r for r in doc["results"]}
-    assert set(rows) == {(t, s, c) for t in ("direct", "relay", "sdk", "aiops") for s in (False, True) for c in (1, 3)}
+    assert set(rows) == {(t, s, c) for t in ("direct", "relay", "sdk", "sdk+db", "aiops") for s in (False, True) for c in (1, 3)}
     for key, r in rows.items():
         assert (r["requests"], r["errors"]) == (40, 0), key  # every answer was checked and right
         assert r["p99_ms"] >= r["p50_ms"] > 0, key
@@ -40,6 +40,7 @@ def test_a_short_benchmark_run_reports_every_scenario(tmp_path: Path) -> None:
     assert set(sdk_x) == {1, 3} and all(x is None or x > 0 for x in sdk_x.values()), sdk_x
     for conc in (1, 3):
         assert f"streamed, c={conc}: aiops " in proc.stdout and "the SDK relay alone" in proc.stdout
+    assert proc.stdout.count("three durable writes (aiops's Store) the floor is") == 2
 
     # The many-chats case: every phase ran, every chat went on in its own session.
     chats = {c["phase"]: c for c in doc["chats"]}
@@ -54,3 +55,28 @@ def test_bad_arguments_are_refused_with_usage(bad: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", *bad], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_the_sdk_relay_with_a_store_writes_what_a_new_conversation_costs_aiops(tmp_path: Path) -> None:
+    """The `sdk+db` floor is only a floor if it does aiops's durable work: a session, the question
+    and the answer, committed through aiops's own Store, per conversation."""
+    import asyncio
+    import sqlite3
+
+    from benchmarks.load import run_load
+    from benchmarks.run import child
+
+    with child([sys.executable, "-m", "benchmarks.upstream"], r"upstream on (http://\S+)", "the upstream",
+               cwd=ROOT) as upstream, \
+            child([sys.executable, "-m", "benchmarks.relay", "--upstream", upstream.url, "--sdk", "--store",
+                   str(tmp_path / "store")], r"relay on (\S+)", "the SDK relay with a store", cwd=ROOT) as relay:
+        for stream in (True, False):
+            r = asyncio.run(run_load(relay.url, "bench-model", target="sdk+db", stream=stream, concurrency=2,
+                                     requests=3, warmup=0, session_header=True))
+            assert r.errors == 0, r.first_error
+    db = sqlite3.connect(tmp_path / "store" / "aiops.db")
+    sessions = db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    roles = db.execute("SELECT role, COUNT(*) FROM messages GROUP BY role ORDER BY role").fetchall()
+    assert sessions == 6 and roles == [("assistant", 6), ("user", 6)], (sessions, roles)
+    streamed = db.execute("SELECT content FROM messages WHERE role='assistant' AND content LIKE 'data:%'").fetchall()
+    assert len(streamed) == 3  # a streamed answer is stored as the stream it was
