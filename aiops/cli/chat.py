@@ -107,7 +107,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
     engine = Engine(cfg)
     # Only the model this turn asks for (a session's own model, or an `@model` line, is imported
     # when its turn needs it): no provider SDK this run does not use.
-    await engine.start(warm=[args.model or cfg.models.default_model])
+    await engine.start(warm=[args.model or cfg.models.default_model], one_turn=True)
     await engine.close_left_open(lock)
     out = sys.stdout
     status = 0

@@ -94,17 +94,20 @@ class Engine:
 
     # ---- lifecycle ----
 
-    async def start(self, *, warm: Iterable[str] | None = None) -> None:
+    async def start(self, *, warm: Iterable[str] | None = None, one_turn: bool = False) -> None:
         """Open the store, register the tools and commands, start the plugins.
 
         `warm`: the model keys whose provider SDK to import now (default: every enabled model's). A
         one-turn command (`aiops chat`) names the one model it uses: google-genai alone takes about
-        half a second to import, which a run on an OpenAI model should not pay.
+        half a second to import, which a run on an OpenAI model should not pay. `one_turn`: this
+        process runs one turn and exits; plugins then start only what the turn may need
+        (PluginAPI.one_turn).
         """
         await self.store.open()
         register_builtin_commands(self)
         register_gate_commands(self)
         register_prompt_tools(self)
+        self.plugin_host.one_turn = one_turn
         await self.plugin_host.load()
         # Importing a provider SDK takes about a second; do it in a thread now rather than on the
         # loop during the first turn (the import lock makes a turn that comes earlier just wait).

@@ -45,6 +45,7 @@ class PluginHost:
         self._extra = plugins or []
         self._discover = discover_plugins
         self._started: list[Plugin] = []
+        self.one_turn = False  # see PluginAPI.one_turn; set before load()
 
     @property
     def config(self) -> Config:

@@ -130,6 +130,9 @@ class PluginHostView(Protocol):
     @property
     def commands(self) -> CommandRegistry: ...
 
+    @property
+    def one_turn(self) -> bool: ...
+
 
 class PluginAPI:
     """What a plugin may touch: registration and read access, nothing that changes policy."""
@@ -152,6 +155,12 @@ class PluginAPI:
     def config(self) -> Config:
         """The whole configuration, read-only by convention (a plugin's own file, the data dir)."""
         return self._host.config
+
+    @property
+    def one_turn(self) -> bool:
+        """True in a process that runs one turn and exits (`aiops chat`): start nothing that turn
+        may not need (a server whose tools it is offered can be started when one is called)."""
+        return self._host.one_turn
 
     def report(self, note: str) -> None:
         """Say something about the plugin's state (shown next to "started"), at any time."""

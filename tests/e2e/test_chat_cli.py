@@ -231,6 +231,39 @@ def test_the_model_is_offered_and_can_call_the_tools_of_an_mcp_server(tmp_path: 
     assert "← time__get_current_time" in r.stdout and r.stdout.rstrip().endswith("it is late")
 
 
+def test_a_later_chat_is_offered_the_servers_last_list_and_starts_a_server_only_for_its_tools(
+        tmp_path: Path, fake_openai: FakeOpenAI):
+    """Every `aiops chat` waited for each MCP server to start and answer before its one turn (a
+    second or more each), then for it to stop. After the first, a chat is offered the tools the
+    server listed last time, and starts the server only when the model calls one of them."""
+    server = Path(sys.executable).parent / "mcp-server-time"
+    mcp = f'[servers.time]\ncommand = {json.dumps(str(server))}\nargs = ["--local-timezone", "UTC"]\n'
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local",
+                          {"plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n", "mcp.toml": mcp})
+    data = tmp_path / "data"
+    starts = data / "mcp" / "time.stderr.log"  # aiops marks each start of the server's process there
+
+    def started() -> int:
+        return starts.read_text().count("--- aiops: ") if starts.exists() else 0
+
+    for text in ("hello", "hi again"):
+        fake_openai.script(Reply.text(text))
+        r = chat(cfg, data, "say hello")
+        assert r.returncode == 0 and r.stdout.rstrip().endswith(text), r.stdout + r.stderr
+        offered = [t["function"]["name"] for t in fake_openai.last_request.json["tools"]]
+        assert "time__get_current_time" in offered, offered
+    assert started() == 1, starts.read_text()  # the second chat offered them without starting it
+    assert "waiting for plugins' tools" not in r.stderr
+
+    fake_openai.script(Reply.tool_calls(("time__get_current_time", {"timezone": "Europe/Paris"})),
+                       Reply.text("it is late"))
+    r = chat(cfg, data, "what time is it in Paris?")
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("it is late"), r.stdout + r.stderr
+    told = [m["content"] for m in fake_openai.last_request.json["messages"] if m.get("role") == "tool"]
+    assert json.loads(told[0])["timezone"] == "Europe/Paris", told
+    assert started() == 2  # started for the call
+
+
 def test_the_rule_suggested_for_an_mcp_tool_is_the_one_gates_toml_reads(tmp_path: Path, fake_openai: FakeOpenAI):
     """The model calls an MCP tool as SERVER__TOOL; gates.toml names it mcp:SERVER:TOOL. The hint
     printed when the call is denied for want of a terminal must be the rule that would allow it."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -455,3 +457,96 @@ async def test_a_call_to_a_server_still_connecting_says_so_not_unknown_tool(engi
         assert "unknown tool 'nosuch__tool'" in tool_results(fake_openai)[-1]
     finally:
         silent.close()
+
+
+# ---- the tool lists of the last connections (tool_cache.py) --------------------------------------------
+
+
+async def _listed_once(engine_factory, toml: str) -> Path:
+    """One process that connects to the server and stops: its list is kept for the next start."""
+    first = await engine_factory(extra_files={"mcp.toml": toml})
+    await wait_state(first, "files", "connected")
+    cache = first.config.paths.data_dir / "mcp" / "tools.json"
+    async with asyncio.timeout(10):
+        while not cache.exists():  # noqa: ASYNC110 - written once the list is in, by a thread
+            await asyncio.sleep(0.02)
+    await first.stop()
+    return cache
+
+
+async def test_a_one_turn_process_offers_the_last_list_and_starts_the_server_for_a_call_only(
+        engine_factory, fake_openai, http_mcp):
+    """`aiops chat` used to wait for every server of mcp.toml before its one turn (a second or
+    more per stdio server). With the list a server gave last time, its tools are offered at once,
+    and the server is started only when the model calls one."""
+    toml = http_toml(http_mcp.url)
+    cache = await _listed_once(engine_factory, toml)
+    assert "http" not in cache.read_text() and "127.0.0.1" not in cache.read_text()  # a hash of the config only
+
+    engine = await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
+    conn = mcp_plugin(engine).connections["files"]
+    assert not conn.started and conn.describe_state() == "not started"
+    note = next(p for p in engine.plugin_status if p.name == "mcp").reason
+    assert "files: started when one of its 6 tools (from its last connection) is called" in note, note
+    fake_openai.script(Reply.text("hello"))
+    await engine.run("api-c", "hi", kind="api", timeout=20)
+    offered = [t["function"]["name"] for t in fake_openai.last_request.json["tools"]]
+    assert "files__read_note" in offered and "files__delete_everything" not in offered  # globs still apply
+    assert not conn.started  # a turn that calls none of its tools never starts it
+
+    fake_openai.script(Reply.tool_calls(("files__read_note", {"name": "a"})), Reply.text("ok"))
+    result = await engine.run("api-c", "read note a", kind="api", timeout=20)
+    assert result.status == "complete"
+    assert "note a: buy milk" in tool_results(fake_openai)[-1] and http_mcp.calls == ["read_note a"]
+    assert conn.state == "connected"
+
+
+async def test_a_cached_list_the_server_no_longer_matches_runs_nothing_it_did_not_gate(
+        engine_factory, fake_openai, http_mcp):
+    """The gate judges a call by the tool as offered: from the last list, until the server answers.
+    A tool that list called a read but the server now marks a write, or no longer has, is not run."""
+    toml = http_toml(http_mcp.url)
+    cache = await _listed_once(engine_factory, toml)
+    listed = json.loads(cache.read_text())
+
+    async def offered_from(edit: Callable[[list[dict[str, Any]]], None]) -> Engine:
+        doc = copy.deepcopy(listed)
+        edit(doc["servers"]["files"]["tools"])
+        cache.write_text(json.dumps(doc))
+        return await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
+
+    def write_note_a_read(tools: list[dict[str, Any]]) -> None:
+        next(t for t in tools if t["name"] == "write_note")["annotations"] = {"readOnlyHint": True}
+
+    engine = await offered_from(write_note_a_read)
+    assert engine.tools.get("files__write_note").operation == "read"
+    fake_openai.script(Reply.tool_calls(("files__write_note", {"name": "a", "text": "x"})), Reply.text("ok"))
+    assert (await engine.run("api-s", "write it", kind="api", timeout=20)).status == "complete"
+    refused = tool_results(fake_openai)[-1]
+    assert refused.startswith("error: MCP server files now marks write_note as a write"), refused
+    # From the server's own list now: a write, which asks by default.
+    assert engine.tools.get("files__write_note").operation == "write"
+    await engine.stop()
+
+    engine = await offered_from(lambda tools: tools.append({**tools[0], "name": "read_secret"}))
+    fake_openai.script(Reply.tool_calls(("files__read_secret", {"name": "a"})), Reply.text("ok"))
+    assert (await engine.run("api-s2", "read it", kind="api", timeout=20)).status == "complete"
+    gone = tool_results(fake_openai)[-1]
+    assert gone.startswith("error: MCP server files no longer offers read_secret"), gone
+    assert "files__read_secret" not in {t.name for t in engine.tools.specs()}  # withdrawn
+    assert http_mcp.calls == []  # neither call reached the server
+
+
+async def test_a_changed_server_config_or_an_unreadable_cache_waits_for_the_server(
+        engine_factory, fake_openai, http_mcp):
+    toml = http_toml(http_mcp.url)
+    cache = await _listed_once(engine_factory, toml)
+    engine = await engine_factory(extra_files={"mcp.toml": http_toml(http_mcp.url, timeout="30")}, one_turn=True)
+    conn = mcp_plugin(engine).connections["files"]
+    assert conn.started and "files__read_note" not in {t.name for t in engine.tools.specs()}
+    await engine.stop()
+    cache.write_text("{not json")
+    engine = await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
+    assert mcp_plugin(engine).connections["files"].started
+    await wait_state(engine, "files", "connected")
+    assert "files__read_note" in {t.name for t in engine.tools.specs()}

@@ -33,10 +33,10 @@ async def engine_factory(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterat
 
     async def make(extra_files: dict[str, str] | None = None, plugins: list[Plugin] | None = None,
                    models: dict[str, dict[str, Any]] | None = None, default: str = "m",
-                   env: dict[str, str] | None = None) -> Engine:
+                   env: dict[str, str] | None = None, one_turn: bool = False) -> Engine:
         cfg = load_test_config(tmp_path, fake_openai, extra_files, models, default)
         engine = Engine(cfg, plugins=plugins, env=env)
-        await engine.start()
+        await engine.start(one_turn=one_turn)
         engines.append(engine)
         return engine
 

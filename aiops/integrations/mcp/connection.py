@@ -7,6 +7,9 @@ task, and a call to a server that is not connected answers at once with its stat
 
 A stdio server's stderr goes to a file in the data dir; its tail is part of the state shown for a
 server that failed (`!mcp`, the plugin status, /api/v1/health).
+
+The MCP SDK is imported by the first connection's task, in a thread (~0.5 s of CPU): a turn that
+starts meanwhile, offered the servers' tools from their last lists, does not wait for it.
 """
 
 from __future__ import annotations
@@ -17,15 +20,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, TextIO
-
-import mcp_types as mt
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from aiops.mcp_config import McpConfig, McpServerConfig, expand
+
+if TYPE_CHECKING:
+    import mcp_types as mt
+    from mcp import Client
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,12 @@ class ServerConnection:
     # ---- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"mcp:{self.name}")
+        if self._task is None and not self._stopping:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"mcp:{self.name}")
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
 
     async def first_attempt(self) -> None:
         """Return once the first connection attempt has succeeded or failed."""
@@ -100,6 +106,7 @@ class ServerConnection:
 
     async def _run(self) -> None:
         wait = self.settings.retry_first_seconds
+        await _sdk_loaded()
         while not self._stopping:
             self.attempts += 1
             try:
@@ -123,6 +130,8 @@ class ServerConnection:
             wait = min(wait * 2, self.settings.retry_max_seconds)
 
     async def _session(self) -> None:
+        from mcp import Client
+
         async with contextlib.AsyncExitStack() as stack:
             transport = self._transport(stack)
             # No response cache: the liveness check must reach the server.
@@ -154,6 +163,11 @@ class ServerConnection:
                     await self._set("connected")
 
     def _transport(self, stack: contextlib.AsyncExitStack) -> Any:
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
         try:
             if self.cfg.command:
                 env = {k: expand(v, self.env) for k, v in self.cfg.env.items()}
@@ -197,6 +211,8 @@ class ServerConnection:
             raise
 
     async def _elicit(self, context: Any, params: mt.ElicitRequestParams) -> mt.ElicitResult:
+        import mcp_types as mt
+
         try:
             return await self._on_elicit(self, params)
         except Exception:  # noqa: BLE001 - whatever went wrong, the server gets a clear "no"
@@ -226,6 +242,8 @@ class ServerConnection:
         return "\n".join(said[-1]).strip() if said else ""
 
     def describe_state(self) -> str:
+        if self._task is None and self.state == "connecting":
+            return "not started"
         text = self.state + (f": {self.error}" if self.error and self.state != "connected" else "")
         return text
 
@@ -240,6 +258,29 @@ class ServerConnection:
 
 class ConfigProblem(Exception):
     pass
+
+
+_SDK_MODULES = ("mcp_types", "mcp", "mcp.client.stdio", "mcp.client.streamable_http", "mcp.shared._httpx_utils",
+                "mcp.shared.exceptions")
+_sdk: asyncio.Future[None] | None = None
+
+
+async def _sdk_loaded() -> None:
+    """The SDK's modules, imported once, in a thread, for every connection."""
+    global _sdk
+    import sys
+
+    if all(m in sys.modules for m in _SDK_MODULES):
+        return
+    if _sdk is None or _sdk.get_loop() is not asyncio.get_running_loop():
+        import importlib
+
+        def load() -> None:
+            for m in _SDK_MODULES:
+                importlib.import_module(m)
+
+        _sdk = asyncio.ensure_future(asyncio.to_thread(load))
+    await asyncio.shield(_sdk)
 
 
 def _is_transport_error(e: BaseException) -> bool:

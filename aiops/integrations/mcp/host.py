@@ -4,6 +4,11 @@ Each tool is `SERVER__TOOL` to the model (aiops.integrations.mcp.naming), of too
 the gate target `mcp:SERVER:TOOL` that gates.toml rules name. A tool the server annotates
 read-only is a read, every other call a write (asking by default). The annotation comes from the
 server; gates.toml can tighten any tool or server regardless.
+
+A server's tools are offered from the list it gave when it last connected (tool_cache.py) until it
+answers, so a turn that starts first (`aiops chat`'s one turn) need not wait for it. A call of such
+a tool waits for the connection, and is refused when the server no longer lists the tool, or now
+marks it a write where the cached list said read: the gate judged it as the cache described it.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
@@ -71,6 +78,13 @@ class McpPlugin(Plugin):
         self._in_flight: dict[str, dict[int, ToolContext]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.artifacts: ArtifactStore | None = None
+        # The tool lists of the last connections (tool_cache.py), by server, and which servers'
+        # registered tools came from there rather than from the server itself.
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache_path: Path | None = None
+        self._cache_lock = asyncio.Lock()
+        self._fingerprints: dict[str, str] = {}
+        self._cached_only: set[str] = set()
 
     async def setup(self, api: PluginAPI) -> None:
         from aiops.integrations.mcp.commands import mcp_command
@@ -80,16 +94,29 @@ class McpPlugin(Plugin):
         self.artifacts = ArtifactStore(data_dir / "artifacts")
         enabled = {name: server for name, server in cfg.servers.items() if server.enabled}
         if enabled:
-            # The SDK costs ~1.5 s of CPU to import: only when there is a server to talk to.
+            # Without the SDK, which each connection's task imports in a thread (connection.py).
+            from aiops.integrations.mcp import tool_cache
             from aiops.integrations.mcp.connection import ServerConnection
+
+            self._cache_path = data_dir / "tools.json"
+            self._cache = tool_cache.read(self._cache_path)
+            self._fingerprints = {name: tool_cache.fingerprint(server) for name, server in enabled.items()}
         for name, server in enabled.items():
             self.connections[name] = ServerConnection(
                 name, server, cfg, api.env, data_dir / f"{name}.stderr.log", self._changed, self._elicited)
         api.register_command(mcp_command(self))
 
     async def start(self) -> None:
-        for conn in self.connections.values():
-            conn.start()
+        for name, conn in self.connections.items():
+            entry = self._cache.get(name)
+            if entry is not None and entry["config"] == self._fingerprints.get(name):
+                if (tools := _listed_from(entry["tools"])) is not None:
+                    self._register_tools(conn, tools, cached=True)
+            # A one-turn process (`aiops chat`) offered a server's last list starts the server only
+            # if the model calls one of its tools: most turns need none, and a server's start and
+            # stop would double the command's time.
+            if not (self.api is not None and self.api.one_turn and name in self._cached_only):
+                conn.start()
         self._report()
 
     async def ready(self) -> None:
@@ -100,7 +127,11 @@ class McpPlugin(Plugin):
     async def tools_ready(self) -> None:
         # A server's tools are registered when it connects: the first attempts are what a turn
         # that starts now would otherwise miss (`aiops chat` starts one right after start-up).
-        await self.ready()
+        # A server whose last list is offered already is not waited for.
+        first = [c.first_attempt() for name, c in self.connections.items() if name not in self._cached_only]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(READY_SECONDS):
+                await asyncio.gather(*first)
 
     def tool_unavailable(self, name: str) -> str | None:
         # The longest server name the tool name starts with (SERVER__TOOL, the server's name kept
@@ -131,8 +162,13 @@ class McpPlugin(Plugin):
         parts = []
         for conn in self.connections.values():
             part = f"{conn.name}: {conn.describe_state()}"
+            n = len(self._registered.get(conn.name, []))
             if conn.state == "connected":
-                part += f" ({len(self._registered.get(conn.name, []))} tools)"
+                part += f" ({n} tools)"
+            elif conn.name in self._cached_only and not conn.started:
+                part = f"{conn.name}: started when one of its {n} tools (from its last connection) is called"
+            elif conn.name in self._cached_only:
+                part += f" ({n} tools offered from its last connection)"
             elif conn.cfg.command and (tail := conn.stderr_tail()):
                 part += f" — stderr: {tail.splitlines()[-1][:200]}"
             parts.append(part)
@@ -143,8 +179,28 @@ class McpPlugin(Plugin):
 
     async def _changed(self, conn: ServerConnection) -> None:
         if conn.state == "connected":
-            self._register_tools(conn)
+            self._register_tools(conn, [Listed.of(t) for t in conn.tools])
+        elif conn.name in self._cached_only:
+            # The first attempt failed: its last list would only be offered to fail.
+            self._unregister_tools(conn.name)
+            self._cached_only.discard(conn.name)
         self._report()
+        if conn.state == "connected":
+            await self._remember(conn)
+
+    async def _remember(self, conn: ServerConnection) -> None:
+        """Keep the list the server just gave for the next start (tool_cache.py)."""
+        from aiops.integrations.mcp import tool_cache
+
+        if self._cache_path is None or conn.name not in self._fingerprints:
+            return
+        entry = {"config": self._fingerprints[conn.name],
+                 "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in conn.tools]}
+        if self._cache.get(conn.name) == entry:
+            return
+        self._cache[conn.name] = entry
+        async with self._cache_lock:  # one write at a time, each of the latest lists
+            await asyncio.to_thread(tool_cache.write, self._cache_path, dict(self._cache))
 
     async def _elicited(self, conn: ServerConnection, params: mt.ElicitRequestParams) -> mt.ElicitResult:
         """A server asks the user something during a call: the operator answers it in the console
@@ -183,15 +239,23 @@ class McpPlugin(Plugin):
 
     # ---- tools ------------------------------------------------------------------------------------
 
-    def _register_tools(self, conn: ServerConnection) -> None:
+    def _unregister_tools(self, server: str) -> None:
         assert self.api is not None
-        for old in self._registered.pop(conn.name, []):
+        for old in self._registered.pop(server, []):
             self.api.unregister_tool(old)
+
+    def _register_tools(self, conn: ServerConnection, tools: list[Listed], *, cached: bool = False) -> None:
+        assert self.api is not None
+        self._unregister_tools(conn.name)
+        if cached:
+            self._cached_only.add(conn.name)
+        else:
+            self._cached_only.discard(conn.name)
         names: list[str] = []
-        for t in conn.tools:
+        for t in tools:
             if not conn.cfg.tool_allowed(t.name):
                 continue
-            tool = self._make_tool(conn, t)
+            tool = self._make_tool(conn, t, cached=cached)
             try:
                 self.api.register_tool(tool)
             except ValueError as e:
@@ -203,9 +267,9 @@ class McpPlugin(Plugin):
     def model_names(self, server: str) -> list[str]:
         return list(self._registered.get(server, []))
 
-    def _make_tool(self, conn: ServerConnection, t: mt.Tool) -> Tool:
+    def _make_tool(self, conn: ServerConnection, t: Listed, *, cached: bool = False) -> Tool:
         server, original = conn.name, t.name
-        read_only = bool(t.annotations and t.annotations.read_only_hint)
+        read_only = t.read_only
         operation: Literal["read", "write"] = "read" if read_only else "write"
         limit = conn.cfg.max_result_chars
 
@@ -218,6 +282,8 @@ class McpPlugin(Plugin):
 
             from aiops.integrations.mcp.connection import NotConnected
 
+            if cached and (refused := await _as_listed_now(conn, original, read_only)):
+                return ToolOutput(f"error: {refused}", is_error=True)
             arguments = args.model_dump()
             calls = self._in_flight.setdefault(server, {})
             calls[id(ctx)] = ctx
@@ -253,3 +319,60 @@ class McpPlugin(Plugin):
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _read_only(t: mt.Tool) -> bool:
+    return bool(t.annotations and t.annotations.read_only_hint)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What a tool is offered as: from the server's list now, or from its last one (without the
+    SDK's types, which the cached list is read without)."""
+
+    name: str
+    title: str | None
+    description: str | None
+    input_schema: dict[str, Any]
+    read_only: bool
+
+    @classmethod
+    def of(cls, t: mt.Tool) -> Listed:
+        return cls(t.name, t.title, t.description, t.input_schema, _read_only(t))
+
+
+def _listed_from(dicts: list[Any]) -> list[Listed] | None:
+    """The tools of a cached list (as `Tool.model_dump(by_alias=True)` wrote them); None when it
+    does not read as tools (then the server is waited for, as with no cache)."""
+    out: list[Listed] = []
+    for d in dicts:
+        if not (isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("inputSchema"), dict)):
+            log.warning("mcp: a cached tool list is unusable; waiting for its server")
+            return None
+        annotations = d.get("annotations")
+        if not isinstance(annotations, dict):
+            annotations = {}
+        title, description = d.get("title"), d.get("description")
+        out.append(Listed(d["name"], title if isinstance(title, str) else None,
+                          description if isinstance(description, str) else None, d["inputSchema"],
+                          annotations.get("readOnlyHint") is True))
+    return out
+
+
+async def _as_listed_now(conn: ServerConnection, original: str, read_only: bool) -> str | None:
+    """Why a call of a tool offered from the server's last list must not run now, if it must not:
+    it waits for the first connection; the server must still list the tool, and must not mark
+    as a write what the gate let through as a read."""
+    conn.start()  # a one-turn process starts it now (see McpPlugin.start)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(READY_SECONDS):
+            await conn.first_attempt()
+    if conn.state != "connected":
+        return None  # the call says the server's state
+    live = next((x for x in conn.tools if x.name == original), None)
+    if live is None or not conn.cfg.tool_allowed(original):
+        return f"MCP server {conn.name} no longer offers {original}"
+    if read_only and not _read_only(live):
+        return (f"MCP server {conn.name} now marks {original} as a write, not the read its last list said; "
+                f"not run: call it again to have it gated as a write")
+    return None
