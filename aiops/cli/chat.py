@@ -123,7 +123,7 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         if asker is None:
             decision, scope, by = "denied", "once", "aiops chat (no terminal)"
         else:
-            decision, scope = await asker.ask(gate.tool)
+            decision, scope = await asker.ask(gate.target)  # as gates.toml names it
             by = "aiops chat (terminal)"
         try:
             engine.resolve_gate(gate.id, decision, scope, by=by)

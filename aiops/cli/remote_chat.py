@@ -243,7 +243,8 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
             if name == "gate":
                 gate_id = str(data.get("id"))
                 if asker is not None:
-                    asking[gate_id] = asyncio.create_task(answer(gate_id, str(data.get("tool"))))
+                    named = data.get("rule_target") or data.get("tool")  # as gates.toml names it
+                    asking[gate_id] = asyncio.create_task(answer(gate_id, str(named)))
                 else:
                     say.write(f"[waiting for an operator to answer gate {gate_id} in a console of {url}]\n")
             elif name == "gate_resolved":

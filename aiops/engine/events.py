@@ -180,6 +180,9 @@ class GateInfo:
     expires_at: float | None
     # What approving it "for the session" would let through, in words (None: this call only).
     session_grant: str | None = None
+    # What gates.toml rules call the tool (`mcp:SERVER:TOOL` for the MCP tool the model calls
+    # `SERVER__TOOL`); None from a server older than the field.
+    rule_target: str | None = None
     # Set on a resolved gate:
     decision: str | None = None  # approved | denied | timeout | cancelled
     scope: str | None = None  # once | session
@@ -190,7 +193,7 @@ class GateInfo:
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
         "id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
-        "tables", "summary", "created_at", "expires_at", "session_grant")
+        "tables", "summary", "created_at", "expires_at", "session_grant", "rule_target")
     _RESOLUTION: ClassVar[tuple[str, ...]] = ("decision", "scope", "by", "at")
 
     @classmethod
@@ -203,7 +206,8 @@ class GateInfo:
             args=dict(d.get("args") or {}), operation=str(d.get("operation", "")),
             tables=tuple(d.get("tables") or ()), summary=str(d.get("summary", "")),
             created_at=float(d.get("created_at") or 0.0), expires_at=d.get("expires_at"),
-            session_grant=d.get("session_grant"), decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
+            session_grant=d.get("session_grant"), rule_target=d.get("rule_target"),
+            decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
             extra={k: v for k, v in d.items() if k not in known},
         )
 
@@ -211,11 +215,19 @@ class GateInfo:
     def resolved(self) -> bool:
         return self.decision is not None
 
+    @property
+    def target(self) -> str:
+        """The tool as gates.toml names it, which is what an operator is shown: `rule_target`, or
+        the tool's name when the gate came without one."""
+        return self.rule_target or self.tool
+
     def to_dict(self) -> dict[str, Any]:
         """The gate object (plus its resolution keys once resolved), exactly as on the wire."""
         d: dict[str, Any] = {
             "id": self.id, "session_id": self.session_id, "client_id": self.client_id,
-            "client_kind": self.client_kind, "tool": self.tool, "tool_type": self.tool_type,
+            "client_kind": self.client_kind, "tool": self.tool,
+            **({"rule_target": self.rule_target} if self.rule_target is not None else {}),
+            "tool_type": self.tool_type,
             "args": self.args, "operation": self.operation, "tables": list(self.tables),
             "summary": self.summary, "created_at": self.created_at, "expires_at": self.expires_at,
             "session_grant": self.session_grant,

@@ -168,7 +168,7 @@ class Gatekeeper:
                 decision="denied", actor="policy", data={"args": args, "tables": list(cls.tables)})
             await self.engine.record(ctx.session_id, Message(
                 "gate", f"denied by policy: {summary}", turn_id=ctx.turn_id,
-                meta={"tool": tool.name, "operation": cls.operation, "tables": list(cls.tables),
+                meta={"tool": tool.name, "rule_target": target, "operation": cls.operation, "tables": list(cls.tables),
                       "decision": "denied", "by": "policy", "summary": summary, "at": time.time()},
             ), publish=False)
             return GateOutcome(False, msg, "policy")
@@ -177,7 +177,7 @@ class Gatekeeper:
             tool=tool.name, tool_type=tool.tool_type, args=args, operation=cls.operation,
             tables=list(cls.tables), summary=summary, turn_id=ctx.turn_id,
             wait_seconds=self.rules.wait_seconds(ctx.client_kind), grantable=self._grantable(tool, cls),
-            kinds=cls.kinds,
+            kinds=cls.kinds, rule_target=target,
         )
         if resolution.decision == "approved":
             return GateOutcome(True, decision="approved")

@@ -114,13 +114,21 @@ class Gate:
     grant: Grant | None = None
     # The statement kinds of a db call ("insert", "delete"); part of what a grant covers.
     kinds: tuple[str, ...] = ()
+    # What gates.toml rules call the tool, when not its own name: an MCP tool the model calls
+    # `time__get_current_time` is `mcp:time:get_current_time` there.
+    rule_target: str | None = None
+
+    @property
+    def target(self) -> str:
+        """The tool as gates.toml names it (`rule_target` in the wire shape)."""
+        return self.rule_target or self.tool
 
     @property
     def session_grant(self) -> str | None:
         """What approving for the session lets through from then on, or None (this call only)."""
         if not self.grantable:
             return None
-        return grant_scope(self.tool, self.operation, self.tables, self.kinds) + " pass without asking"
+        return grant_scope(self.target, self.operation, self.tables, self.kinds) + " pass without asking"
 
     def to_dict(self) -> dict[str, Any]:
         """The gate object as docs/API.md ("Gates") documents it, `session_grant` included."""
@@ -130,6 +138,7 @@ class Gate:
             "client_id": self.client_id,
             "client_kind": self.client_kind,
             "tool": self.tool,
+            "rule_target": self.target,
             "tool_type": self.tool_type,
             "args": self.args,
             "operation": self.operation,
@@ -223,13 +232,15 @@ class GateBroker:
         wait_seconds: float | None,
         grantable: bool = True,
         kinds: Sequence[str] = (),
+        rule_target: str | None = None,
     ) -> Resolution:
         """Ask an operator; return the one resolution (approved, denied, timeout or cancelled).
 
         A call matching a session grant is approved without asking (and recorded as "granted");
         a call that is not `grantable` neither uses nor creates a grant.
         If the calling task is cancelled while waiting, the gate is resolved "cancelled" and the
-        CancelledError propagates.
+        CancelledError propagates. `rule_target`: what gates.toml calls the tool when that is not
+        `tool` (an MCP tool's `mcp:SERVER:TOOL`); operators see it in the gate object.
         """
         # Only db calls have tables; ignoring them elsewhere keeps grants and gates consistent.
         gate_tables = list(tables) if tool_type == "db" else []
@@ -241,6 +252,7 @@ class GateBroker:
             tables=gate_tables, summary=summary, created_at=now,
             expires_at=now + timeout if timeout is not None else None, turn_id=turn_id,
             grantable=grantable, kinds=tuple(sorted(set(kinds))),
+            rule_target=rule_target if rule_target and rule_target != tool else None,
         )
         grant = self._matching_grant(gate) if grantable else None
         if grant is not None:
@@ -494,15 +506,19 @@ def summarize(tool: str, operation: str, tables: Sequence[str], args: Mapping[st
     return f"{head}: {text}" if text else head
 
 
-def summary_detail(summary: str, tool: str, operation: str, tables: Sequence[str]) -> str:
+def summary_detail(summary: str, tool: str, operation: str, tables: Sequence[str],
+                   target: str | None = None) -> str:
     """What a gate's summary says beyond its tool, operation and tables, for views that show those
     apart (the console's inbox). A tool's own summary may say more before its ": " than the
-    generic head does ("update_system_prompt overwrite section 'x': …"): only the tool's name goes."""
+    generic head does ("update_system_prompt overwrite section 'x': …"): only the tool's name goes
+    (or its rule `target`, which an MCP tool's summary starts with: "mcp:time:get_current_time {…}")."""
     head = _head(tool, operation, tables)
     if summary == head:
         return ""  # a call without arguments: the head says it all
     if summary.startswith(head + ": "):
         return summary[len(head) + 2:]
+    if target and target != tool and summary.startswith(target + " "):
+        return summary[len(target) + 1:]
     return summary.removeprefix(tool + " ")
 
 

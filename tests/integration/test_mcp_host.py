@@ -92,6 +92,30 @@ async def test_time_server_tool_runs_after_the_operator_approves_its_gate(engine
     assert tool_msg.meta["data"]["structured"]["timezone"] == "Europe/Paris"
 
 
+async def test_the_apis_gate_names_an_mcp_tool_as_gates_toml_does(api_server_factory):
+    """The model calls it `time__get_current_time`; the operator reading the API's `gate` event and
+    gate list also gets `rule_target`, the name gates.toml rules use, which says server and tool."""
+    host = McpPlugin()
+    srv = await api_server_factory(plugins=[host], extra_files={
+        "plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n", "mcp.toml": time_toml(),
+        "gates.toml": '[tools."mcp:time"]\nread = "ask"\n[wait]\napi = 0\n'})
+    await host.ready()
+    srv.fake.script(Reply.tool_calls(("time__get_current_time", {"timezone": "UTC"})), Reply.text("noon"))
+    async with srv.client() as ops, ops.stream("api-rule") as stream:
+        await ops.submit("what time is it?", client_id="api-rule")
+        async with asyncio.timeout(20):
+            gate = await anext(e["data"] async for e in stream if e["event"] == "gate")
+        assert (gate["tool"], gate["tool_type"]) == ("time__get_current_time", "mcp")
+        assert gate["rule_target"] == "mcp:time:get_current_time"
+        assert gate["summary"] == 'mcp:time:get_current_time {"timezone": "UTC"}'
+        assert gate["session_grant"] == ("later mcp:time:get_current_time read calls of this session "
+                                         "pass without asking")
+        (listed,) = await ops.gates()
+        assert listed["rule_target"] == "mcp:time:get_current_time"
+        resolved = await ops.resolve_gate(gate["id"], "deny")
+        assert resolved["rule_target"] == "mcp:time:get_current_time"
+
+
 async def test_a_deny_rule_for_one_mcp_tool_keeps_it_from_running(engine_factory, fake_openai):
     gates = '[tools."mcp:time:convert_time"]\nread = "deny"\n'
     engine = await engine_factory(extra_files={"mcp.toml": time_toml(), "gates.toml": gates})

@@ -77,7 +77,7 @@ def _every_kind() -> list:
 
     gate = e.GateInfo(id="g1", session_id="s", client_id="s", client_kind="api", tool="db_query",
                       tool_type="db", args={"sql": "DELETE FROM t"}, operation="write", tables=("test.t",),
-                      summary="DELETE FROM t", created_at=1.0, expires_at=2.0)
+                      summary="DELETE FROM t", created_at=1.0, expires_at=2.0, rule_target="db_query")
     ids = {"session_id": "s", "turn_id": "turn_1"}
     return [
         e.Tok(text="hi", **ids), e.Thinking(text="hmm", **ids),

@@ -21,8 +21,8 @@ from aiops.gates.broker import (
     waiting_notice,
 )
 
-GATE_KEYS = {"id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
-             "tables", "summary", "created_at", "expires_at", "session_grant"}
+GATE_KEYS = {"id", "session_id", "client_id", "client_kind", "tool", "rule_target", "tool_type", "args",
+             "operation", "tables", "summary", "created_at", "expires_at", "session_grant"}
 RESOLUTION_KEYS = {"decision", "scope", "by", "at"}
 
 
@@ -94,11 +94,13 @@ def ask(
     args: dict[str, Any] | None = None,
     grantable: bool = True,
     kinds: Sequence[str] = (),
+    rule_target: str | None = None,
 ) -> asyncio.Task[Resolution]:
     args = args if args is not None else {"query": "DELETE FROM users WHERE id=3"}
     return asyncio.create_task(broker.request(
         session, session, "api", tool, tool_type, args, operation, list(tables),  # type: ignore[arg-type]
         summarize(tool, operation, tables, args), turn, wait, grantable=grantable, kinds=kinds,
+        rule_target=rule_target,
     ))
 
 
@@ -111,6 +113,7 @@ async def test_gate_opens_publishes_and_resolves_once(broker: GateBroker, bus: B
     task = ask(broker)
     (event,) = await opened(bus, 1)
     assert set(event) == GATE_KEYS
+    assert event["rule_target"] == "db_query"  # a tool the rules name by its own name
     assert event["tables"] == ["users"]
     assert event["expires_at"] is None
     assert event["summary"] == "db_query write on users: DELETE FROM users WHERE id=3"
@@ -486,6 +489,20 @@ async def test_a_session_grant_covers_the_same_statement_kinds_only(broker: Gate
         events = await opened(bus, n)
         broker.resolve(events[-1]["id"], "deny", by="op")
         assert (await task).decision == "denied"
+
+
+async def test_an_mcp_tools_gate_names_it_as_the_rules_do(broker: GateBroker, bus: Bus) -> None:
+    """The model calls it `time__get_current_time`; gates.toml and the operator say
+    `mcp:time:get_current_time`, in the gate object and in what a session answer lets through."""
+    task = ask(broker, tool="time__get_current_time", tool_type="mcp", operation="read", tables=(),
+               args={"timezone": "UTC"}, rule_target="mcp:time:get_current_time")
+    (gate,) = await opened(bus, 1)
+    assert (gate["tool"], gate["rule_target"]) == ("time__get_current_time", "mcp:time:get_current_time")
+    assert gate["session_grant"] == "later mcp:time:get_current_time read calls of this session pass without asking"
+    broker.resolve(gate["id"], "approve", by="op")
+    await task
+    (resolved,) = bus.named("gate_resolved")
+    assert resolved["rule_target"] == "mcp:time:get_current_time"
 
 
 async def test_a_gate_that_cannot_be_granted_says_so(broker: GateBroker, bus: Bus) -> None:

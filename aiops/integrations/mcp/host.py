@@ -56,12 +56,13 @@ def args_model(schema: dict[str, Any]) -> type[BaseModel]:
 
 
 def _summary(server: str, tool: str, args: dict[str, Any]) -> str:
+    """The gate's summary: the tool as gates.toml names it (`mcp:SERVER:TOOL`), then its arguments."""
     import json
 
     text = json.dumps(args, ensure_ascii=False, default=str)
     if len(text) > 160:
         text = text[:159] + "…"
-    return f"MCP {server}:{tool} {text}"
+    return f"{gate_target(server, tool)} {text}"
 
 
 class McpPlugin(Plugin):

@@ -258,6 +258,9 @@ class GateOut(BaseModel):
     client_id: str
     client_kind: str
     tool: str
+    rule_target: str | None = Field(None, description=(
+        "The tool as gates.toml rules name it: `mcp:SERVER:TOOL` for an MCP server's tool (which the "
+        "model calls `SERVER__TOOL`, the `tool` above), the tool's own name otherwise."))
     tool_type: str
     args: dict[str, Any]
     operation: Literal["read", "write"]

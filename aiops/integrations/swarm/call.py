@@ -155,10 +155,10 @@ class PeerCall:
                     case ev.ToolCalled(tool=tool):
                         self._step(f"{self.name}: calling {tool}")
                     case ev.GateOpened(gate=gate):
-                        self._step(f"waiting for operator approval of {gate.tool} on {self.name}")
+                        self._step(f"waiting for operator approval of {gate.target} on {self.name}")
                     case ev.GateResolved(gate=gate):
                         who = f" by {gate.by}" if gate.by else ""
-                        self._step(f"{self.name}: {gate.tool} {gate.decision or 'answered'}{who}")
+                        self._step(f"{self.name}: {gate.target} {gate.decision or 'answered'}{who}")
                     case ev.ToolReturned(tool=tool, is_error=failed, content=content):
                         self._step(f"{self.name}: {tool} failed: {snippet(content, 160)}" if failed
                                    else f"{self.name}: {tool} returned")
