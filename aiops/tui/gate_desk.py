@@ -64,7 +64,7 @@ class GateDesk:
         # Short and brief: the header badge and the inbox carry the details; this only says that
         # something waits and which key answers it.
         who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
-        what = f"{gate.tool} {gate.operation}".rstrip()
+        what = f"{gate.target} {gate.operation}".rstrip()
         app.notify(f"{who} · {one_line(what, 30)}", title=f"⚑ approval needed · {app.key_name('app.jump_gate')}",
                    severity="warning", timeout=GATE_TOAST_SECONDS, markup=False)
 
@@ -73,7 +73,7 @@ class GateDesk:
         if gate.id in app.inbox.gates and app.adapter.answered_elsewhere(gate):
             # Several operators attached: the row leaves this inbox saying who took it.
             who = f"{gate.client_kind} {app.sessions_list.short_id(gate.session_id)}"
-            app.notify(f"gate {gate.tool} ({who}) {gate_outcome(gate)}", timeout=6, markup=False)
+            app.notify(f"gate {gate.target} ({who}) {gate_outcome(gate)}", timeout=6, markup=False)
         if app.inbox.drop(gate.id):
             app.main.draw_now(app.inbox)  # the row gone at once, before the focus and the count move
         app.main.set_gate_count(len(app.inbox.gates))

@@ -499,3 +499,39 @@ async def test_a_gate_row_under_other_toasts_still_up_gets_a_toast_of_its_own(ma
             t.region for t in app.screen.query("Toast")]  # the row is drawn, under the toasts
         await wait_for(pilot, lambda: any("approval needed" in (n.title or "") for n in app._notifications),
                        "the gate's own toast")
+
+
+async def test_an_mcp_gate_names_its_server_and_tool_as_gates_toml_does(tmp_path, fake_openai, notes):
+    """The model calls the time server's tool `time__get_current_time`; the operator answering its
+    gate reads `mcp:time:get_current_time`, the name a rule in gates.toml gives it, in the row and
+    in the details (which also say what the model calls it)."""
+    import sys
+    from pathlib import Path
+
+    from aiops.integrations.mcp.host import McpPlugin
+
+    server = json.dumps(str(Path(sys.executable).parent / "mcp-server-time"))
+    cfg = console_config(tmp_path, fake_openai, extra_files={
+        "plugins.toml": "[notes]\nenabled = true\n[mcp]\nenabled = true\n",
+        "mcp.toml": f'[servers.time]\ncommand = {server}\nargs = ["--local-timezone", "UTC"]\n',
+        "gates.toml": '[tools."mcp:time"]\nread = "ask"\n'})
+    host = McpPlugin()
+    app = AiopsApp(cfg, plugins=[notes, host], discover_plugins=False, server=False, port=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await host.ready()
+        fake_openai.responder = call_tool_when("what time", ("time__get_current_time", {"timezone": "UTC"}))
+        await send(pilot, "what time is it?")
+        await wait_for(pilot, lambda: app.inbox.gates, "the gate")
+        # The row: who and what kind of call, then the tool on a line of its own, then its arguments.
+        side = region_text(app, "#side")
+        assert ("⚑ console 101 · mcp read ∞ tool mcp:time:get_current_time {\"timezone\": \"UTC\"} "
+                "s → mcp:time:get_current_time rea") in side, side
+        assert "time__get_current_time" not in side
+        await pilot.press("ctrl+g", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
+        text = screen_text(app)
+        assert "· mcp:time:get_current_time read · mcp" in text
+        assert "the model calls it time__get_current_time" in text
+        await pilot.press("d")
+        await wait_for(pilot, lambda: not app.inbox.gates, "the gate answered")

@@ -82,12 +82,14 @@ class GateDetailsScreen(ModalScreen[tuple[str, str, bool] | None]):
 
     def compose(self) -> ComposeResult:
         g = self.gate
-        head = f"{g.client_kind} session {self.session_label} · {g.tool} {g.operation} · {g.tool_type}"
+        head = f"{g.client_kind} session {self.session_label} · {g.target} {g.operation} · {g.tool_type}"
         args = dict(g.args)
         sql = sql_of(args)
         with Vertical(id="dialog"):
             yield Label(Content.assemble(("⚑ gate ", "bold"), self.gate_id), classes="dialog-title")
             yield Static(Content(head))
+            if g.target != g.tool:  # an MCP tool: the head names it as gates.toml does
+                yield Static(Content(f"the model calls it {g.tool}"), id="gate-model-name")
             if g.tables:
                 yield Static(Content("tables: " + ", ".join(g.tables)))
             key = self._label("approve_session", "").strip()

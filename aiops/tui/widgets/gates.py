@@ -52,7 +52,8 @@ class GatesInbox(TypesAway, OptionList):
 ## Gates inbox
 
 Every tool call the policy says to **ask** about waits here, from every client (console, API,
-chat UIs, Slack, swarm, MCP), oldest first: client kind and session, tool and operation, tables
+chat UIs, Slack, swarm, MCP), oldest first: client kind and session, tool and operation (an MCP
+server's tool on a line of its own, named as gates.toml names it: `mcp:SERVER:TOOL`), tables
 for database calls, a one-line summary (SQL highlighted) and the time left before it times out
 (`∞`: it waits).
 
@@ -128,9 +129,15 @@ goes to the message input.
 
     def _prompt(self, g: GateInfo) -> Rows:
         who = f"{g.client_kind or '?'} {self._short_id(g.session_id)}"
-        what = f"{g.tool or '?'} {g.operation}".rstrip()
+        # A tool that gates.toml names otherwise than the model does (an MCP server's, which the
+        # model calls `SERVER__TOOL`) gets a line of its own with the rule's name, `mcp:SERVER:TOOL`:
+        # server and tool, long as they may be, are what the operator decides on.
+        named = g.target != g.tool
+        what = f"{(g.tool_type if named else g.tool) or '?'} {g.operation}".rstrip()
         head = Content.assemble(("⚑ ", "$warning"), (who, "bold"), " · ", what)
         lines: list[tuple[Content, Content]] = [(head, self._time_left(g))]
+        if named:
+            lines.append((Content.assemble("  ", ("tool ", "dim"), (g.target, "bold")), Content("")))
         if g.tables:
             lines.append((Content.assemble("  ", ("tables ", "dim"), (", ".join(g.tables), "bold")),
                           Content("")))
@@ -139,7 +146,7 @@ goes to the message input.
         if sql is not None:
             body = Content.assemble("  ", highlight(" ".join(sql.split()), language="sql", theme=RowSQL))
         else:
-            detail = summary_detail(g.summary, g.tool, g.operation, g.tables)
+            detail = summary_detail(g.summary, g.tool, g.operation, g.tables, g.target)
             body = Content.styled("  " + one_line(detail, 400), "dim") if detail else None
         if body is not None:
             lines.append((body, Content("")))
