@@ -458,6 +458,42 @@ async def test_stopping_a_connection_that_keeps_failing_always_ends(tmp_path, ca
         assert conn.state == "stopped"
 
 
+async def test_another_aiops_as_a_server_is_asked_about_only_for_calls_that_change_something(
+        engine_factory, api_server_factory, fake_openai):
+    """An aiops with another aiops's /mcp in mcp.toml: listing the sessions there only reads, so the
+    default rules let it run; sending a message there is a write, which asks (QA: list_sessions of
+    a peer waited for approval)."""
+    from tests.support.server import Tokens
+
+    tokens = Tokens.make(ops="operator", bot="client")
+    peer = await api_server_factory(tokens=tokens, server={"mcp_port": 0})
+    assert peer.handle.mcp is not None
+    toml = (f"[servers.peer]\nurl = {json.dumps(peer.handle.mcp.url)}\n"
+            'headers = { Authorization = "Bearer ${PEER_TOKEN}" }\n')
+    engine = await engine_factory(extra_files={"mcp.toml": toml, "gates.toml": "[wait]\napi = 0\n"},
+                                  env={"PEER_TOKEN": tokens.secrets["bot"]})
+    await wait_state(engine, "peer", "connected")
+
+    fake_openai.script(Reply.tool_calls(("peer__list_sessions", {})), Reply.text("none there"))
+    sub = engine.subscribe()
+    turn = await engine.submit("api-p", "what runs on the peer?", kind="api")
+    async with asyncio.timeout(20):
+        first = await anext(e async for e in sub if e.name in ("gate", "done"))
+    assert first.name == "done", "listing the peer's sessions waited for approval"
+    assert (await turn.wait(20)).text == "none there"
+    assert json.loads(tool_results(fake_openai)[0]) == []
+
+    fake_openai.script(Reply.tool_calls(("peer__send_message", {"text": "restart it"})), Reply.text("asked"))
+    turn = await engine.submit("api-p", "tell the peer to restart", kind="api")
+    opened = await next_event(sub, "gate")
+    assert isinstance(opened, GateOpened)
+    assert (opened.gate.rule_target, opened.gate.operation) == ("mcp:peer:send_message", "write")
+    engine.resolve_gate(opened.gate.id, "denied", by="test-operator")
+    await turn.wait(20)
+    assert "did not allow" in tool_results(fake_openai)[-1]
+    assert await peer.engine.list_sessions() == []  # nothing reached the peer
+
+
 async def test_a_call_to_a_server_still_connecting_says_so_not_unknown_tool(engine_factory, fake_openai):
     """A turn that starts before a server of mcp.toml has connected is not offered its tools; a
     call of one (a model that knows the name) is told the server is not connected yet, not that

@@ -132,6 +132,22 @@ async def test_client_sends_a_message_and_lists_only_its_sessions(served):
         assert policy["gates"]["wait"]["mcp"] == 0
 
 
+async def test_the_tools_say_which_only_read_as_a_client_lists_them(served):
+    """A client honouring annotations (another aiops: a read-only tool is a read for its gates) need
+    not ask before list_sessions, and should before the others, which change something."""
+    srv, _ = served
+    async with connect(srv, "bot") as bot:
+        listed = {t.name: t.annotations for t in (await bot.list_tools()).tools}
+    hints = {name: (a.read_only_hint, a.destructive_hint, a.idempotent_hint) if a else None
+             for name, a in listed.items()}
+    assert hints == {
+        "list_sessions": (True, None, None),
+        "send_message": (False, True, False),  # runs a turn, whose tools may write
+        "approve_gate": (False, True, True),  # lets a held-back call run
+        "deny_gate": (False, False, True),  # keeps a call from running, undoes nothing
+    }
+
+
 async def test_gate_notification_reaches_the_operator_who_approves_it_and_a_client_token_is_refused(served):
     srv, plugin = served
     srv.fake.script(Reply.tool_calls(("write_note", {"text": "remember the milk"})), Reply.text("noted it"))

@@ -48,6 +48,19 @@ HISTORY = "aiops://gates/history"
 POLICY = "aiops://policy"
 SEND_TIMEOUT = 3600.0
 
+# What each tool does, as MCP tool annotations (hints a client may use to decide what to ask about).
+# list_sessions reads and nothing more. send_message runs a turn of the agent, whose tools may write
+# anywhere the agent reaches (behind this instance's own gates). approve_gate lets a held-back call
+# run, a write as likely as not; a second answer to the same gate changes nothing. deny_gate only
+# keeps a call from running.
+READ_ONLY = mt.ToolAnnotations(read_only_hint=True, open_world_hint=False)
+SEND_MESSAGE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False,
+                                  open_world_hint=True)
+APPROVE_GATE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True,
+                                  open_world_hint=True)
+DENY_GATE = mt.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                               open_world_hint=False)
+
 
 def refused(message: str) -> MCPError:
     return MCPError(DENY_CODE, message, {"decision": "deny_abort"})
@@ -151,8 +164,12 @@ class AiopsMcp:
     def _register(self) -> None:
         mcp = self.mcp
 
+        # Annotations say what each tool does to aiops, so that a client honouring them (another
+        # aiops among them: `readOnlyHint` makes a call a read for its gates) asks before a call
+        # that changes something and need not before one that only reads.
         @mcp.tool(description="Send a message to the aiops agent and wait for its answer. `session`: an "
-                              "existing session id of yours, or empty for a new session.")
+                              "existing session id of yours, or empty for a new session.",
+                  annotations=SEND_MESSAGE)
         async def send_message(text: str, session: str = "") -> str:
             who = caller()
             if session:
@@ -171,15 +188,16 @@ class AiopsMcp:
             return json.dumps({"session": turn.session_id if exists else None, "status": result.status,
                                "text": result.text})
 
-        @mcp.tool(description="The sessions you may use, most recently active first.")
+        @mcp.tool(description="The sessions you may use, most recently active first.", annotations=READ_ONLY)
         async def list_sessions() -> str:
             return json.dumps(await self._sessions(caller()))
 
-        @mcp.tool(description="Approve a pending gate (operators only). scope: once | session.")
+        @mcp.tool(description="Approve a pending gate (operators only). scope: once | session.",
+                  annotations=APPROVE_GATE)
         async def approve_gate(id: str, scope: Literal["once", "session"] = "once") -> str:
             return self._resolve(id, "approved", scope)
 
-        @mcp.tool(description="Deny a pending gate (operators only).")
+        @mcp.tool(description="Deny a pending gate (operators only).", annotations=DENY_GATE)
         async def deny_gate(id: str) -> str:
             return self._resolve(id, "denied", "once")
 
