@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 def _rule_hint(gate: GateInfo | Mapping[str, Any], rule_name: str | None = None) -> str:
     """The gates.toml rule that decided `gate`, phrased as the setting that would allow it.
-    `rule_name`: what rules call the tool when it is not the name the model used (an MCP server's
-    `SERVER__TOOL` is `mcp:SERVER:TOOL` in gates.toml)."""
+    `rule_name`: what rules call the tool, when the gate does not say (a gate from an older server
+    has no `rule_target`; an MCP server's `SERVER__TOOL` is `mcp:SERVER:TOOL` in gates.toml)."""
     from aiops.engine.events import GateInfo
 
     if not isinstance(gate, GateInfo):
@@ -32,7 +32,7 @@ def _rule_hint(gate: GateInfo | Mapping[str, Any], rule_name: str | None = None)
             return f'[db.unknown] {op} = "allow"'
         rules = " and ".join(f'[db.tables."{t}"] {op} = "allow"' for t in gate.tables)
         return f"{rules} (and [db.unknown] {op}, if the statement does more than touch its tables)"
-    return f'[tools."{rule_name or gate.tool}"] {op} = "allow"'
+    return f'[tools."{rule_name or gate.target}"] {op} = "allow"'
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -132,10 +132,8 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
             return
         if asker is None:
             gates_toml = cfg.paths.config_dir / "gates.toml"
-            tool = engine.tools.get(gate.tool)
-            rule_name = tool.meta.get("gate_target") if tool is not None else None
             say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
-                      f"{gate.tool} {gate.operation}, set {_rule_hint(gate, rule_name)} in {gates_toml} "
+                      f"{gate.tool} {gate.operation}, set {_rule_hint(gate)} in {gates_toml} "
                       f"(`aiops config init` copies the defaults there), or send the message through "
                       f"a running aiops (the console, or `aiops serve` and its API) and approve it "
                       f"there]\n")
