@@ -162,7 +162,7 @@ class Grant:
 
     id: str
     session_id: str
-    tool: str
+    tool: str  # as gates.toml names it (the gate's `target`): what the operator was shown
     operation: Operation
     tables: frozenset[str]
     gate_id: str
@@ -173,7 +173,9 @@ class Grant:
     def covers(self, gate: Gate) -> bool:
         """Whether this grant lets `gate`'s call through: same session, tool, operation, exactly
         the same tables and exactly the same statement kinds."""
-        return (gate.grantable and self.session_id == gate.session_id and self.tool == gate.tool
+        # By the rule's name, not the model's: that is what the operator approved, and two MCP
+        # tools can be called alike over time (one server's tools withdrawn, another's in).
+        return (gate.grantable and self.session_id == gate.session_id and self.tool == gate.target
                 and self.operation == gate.operation and self.tables == _table_key(gate.tables)
                 and self.kinds == frozenset(gate.kinds))
 
@@ -392,7 +394,7 @@ class GateBroker:
         if existing is not None:
             return existing
         key = _table_key(gate.tables)
-        grant = Grant(id=_new_id("gr"), session_id=gate.session_id, tool=gate.tool,
+        grant = Grant(id=_new_id("gr"), session_id=gate.session_id, tool=gate.target,
                       operation=gate.operation, tables=key, gate_id=gate.id, by=by,
                       created_at=self._clock(), kinds=frozenset(gate.kinds))
         self._grants[grant.id] = grant
@@ -522,8 +524,15 @@ def summary_detail(summary: str, tool: str, operation: str, tables: Sequence[str
     return summary.removeprefix(tool + " ")
 
 
-def waiting_notice(gate: GateLike) -> str:
-    return f"waiting for operator approval: {_head(gate.tool, gate.operation, gate.tables)}"
+class NamedGate(GateLike, Protocol):
+    @property
+    def target(self) -> str: ...
+
+
+def waiting_notice(gate: NamedGate) -> str:
+    """Said to whoever waits (the chat, the API stream, a chat client): the tool as the operator's
+    inbox and gates.toml name it."""
+    return f"waiting for operator approval: {_head(gate.target, gate.operation, gate.tables)}"
 
 
 def denial_message(gate: GateLike, resolution: Resolution) -> str:

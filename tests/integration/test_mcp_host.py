@@ -539,9 +539,10 @@ async def test_a_one_turn_process_offers_the_last_list_and_starts_the_server_for
     """`aiops chat` used to wait for every server of mcp.toml before its one turn (a second or
     more per stdio server). With the list a server gave last time, its tools are offered at once,
     and the server is started only when the model calls one."""
-    toml = http_toml(http_mcp.url)
+    toml = http_toml(http_mcp.url, headers='{ Authorization = "Bearer sk-literal-token" }')
     cache = await _listed_once(engine_factory, toml)
-    assert "http" not in cache.read_text() and "127.0.0.1" not in cache.read_text()  # a hash of the config only
+    kept = cache.read_text()
+    assert "127.0.0.1" not in kept and "sk-literal-token" not in kept  # a hash of the config only
 
     engine = await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
     conn = mcp_plugin(engine).connections["files"]
@@ -610,3 +611,34 @@ async def test_a_changed_server_config_or_an_unreadable_cache_waits_for_the_serv
     assert mcp_plugin(engine).connections["files"].started
     await wait_state(engine, "files", "connected")
     assert "files__read_note" in {t.name for t in engine.tools.specs()}
+
+
+async def test_a_listed_server_that_does_not_come_up_says_so_and_its_tools_are_withdrawn(
+        engine_factory, fake_openai, http_mcp):
+    toml = http_toml(http_mcp.url)
+    await _listed_once(engine_factory, toml)
+    await http_mcp.stop()  # down at the next start
+    engine = await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
+    assert "files__read_note" in {t.name for t in engine.tools.specs()}  # offered from the list
+    fake_openai.script(Reply.tool_calls(("files__read_note", {"name": "a"})), Reply.text("ok"))
+    assert (await engine.run("api-d", "read it", kind="api", timeout=30)).status == "complete"
+    told = tool_results(fake_openai)[-1]
+    assert told.startswith("error: MCP server files is not connected (failed"), told
+    assert not any(t.name.startswith("files__") for t in engine.tools.specs())  # withdrawn
+
+
+async def test_aiops_chat_waits_for_a_server_whose_list_is_over_a_day_old(engine_factory, fake_openai, http_mcp):
+    """A one-turn process may never start a listed server, so an old list is not used there: the
+    server's new tools reach `aiops chat` within a day even if nothing else ever runs."""
+    toml = http_toml(http_mcp.url)
+    cache = await _listed_once(engine_factory, toml)
+    doc = json.loads(cache.read_text())
+    doc["servers"]["files"]["listed_at"] -= 25 * 3600
+    cache.write_text(json.dumps(doc))
+    engine = await engine_factory(extra_files={"mcp.toml": toml}, one_turn=True)
+    assert mcp_plugin(engine).connections["files"].started
+    await engine.tools_ready()
+    assert "files__read_note" in {t.name for t in engine.tools.specs()}
+    async with asyncio.timeout(10):
+        while json.loads(cache.read_text())["servers"]["files"]["listed_at"] < doc["servers"]["files"]["listed_at"] + 3600:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # listed again, and kept

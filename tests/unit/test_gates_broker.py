@@ -511,3 +511,22 @@ async def test_a_gate_that_cannot_be_granted_says_so(broker: GateBroker, bus: Bu
     assert gate["session_grant"] is None
     broker.resolve(gate["id"], "approve", "session", by="op")
     assert (await task).scope == "once"
+
+
+async def test_a_session_grant_covers_the_tool_the_operator_approved_not_a_name_alike(
+        broker: GateBroker, bus: Bus) -> None:
+    """An approval for the session is matched on what the operator was shown (`mcp:x:_t`), not on
+    the model's name for it: a name another server's tool may carry later must ask again."""
+    first = ask(broker, tool="x___t", tool_type="mcp", tables=(), args={}, rule_target="mcp:x:_t")
+    (gate,) = await opened(bus, 1)
+    broker.resolve(gate["id"], "approve", "session", by="op")
+    await first
+    (grant,) = broker.grants("s1")
+    assert grant.tool == "mcp:x:_t"
+    again = await ask(broker, tool="x___t", tool_type="mcp", tables=(), args={}, rule_target="mcp:x:_t")
+    assert again.by == "session-grant"
+    other = ask(broker, tool="x___t", tool_type="mcp", tables=(), args={}, rule_target="mcp:x_:t")
+    (_, asked) = await opened(bus, 2)
+    assert asked["rule_target"] == "mcp:x_:t"
+    broker.resolve(asked["id"], "deny", by="op")
+    assert (await other).decision == "denied"

@@ -12,7 +12,7 @@ from aiops.cli import main
 from aiops.config import ConfigError, load_config, resolve_paths
 from aiops.integrations.mcp.naming import model_tool_name
 from aiops.integrations.mcp.results import cut_for_model
-from aiops.mcp_config import McpConfig, expand
+from aiops.mcp_config import McpConfig, McpServerConfig, expand
 
 PROVIDER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -67,6 +67,28 @@ def test_model_tool_names_are_valid_stable_and_distinct():
         assert PROVIDER_NAME.fullmatch(name), name
     assert len({long_a, long_b, dotted, slashed}) == 4
     assert long_a == model_tool_name("server", "a" * 80 + "_one")  # the same every time
+    # Server `x` with tool `_t`, server `x_` with tool `t`: one name each, never `x___t` for both.
+    ambiguous = {model_tool_name("x", "_t"), model_tool_name("x_", "t"), model_tool_name("x__", ""),
+                 model_tool_name("a__b", "c"), model_tool_name("a", "b__c")}
+    assert len(ambiguous) == 5 and all(PROVIDER_NAME.fullmatch(n) for n in ambiguous), ambiguous
+
+
+def test_the_tool_list_cache_hashes_no_literal_secret_of_the_config():
+    """A reader of the data dir must not be able to check a guess of a token in mcp.toml against
+    tools.json: literal env and header values are not part of the hash; what names the server is."""
+    from aiops.integrations.mcp.tool_cache import fingerprint
+
+    def server(**kw: object) -> McpServerConfig:
+        return McpServerConfig(url="https://mcp.example/mcp", **kw)  # type: ignore[arg-type]
+
+    base = fingerprint(server(headers={"Authorization": "Bearer sk-one"}))
+    assert fingerprint(server(headers={"Authorization": "Bearer sk-two"})) == base
+    assert fingerprint(server(headers={"Authorization": "Bearer ${TOKEN}"})) != base
+    assert fingerprint(server(headers={"Authorization": "Bearer ${OTHER}"})) != fingerprint(
+        server(headers={"Authorization": "Bearer ${TOKEN}"}))
+    assert fingerprint(McpServerConfig(url="https://elsewhere.example/mcp",
+                                       headers={"Authorization": "Bearer sk-one"})) != base
+    assert fingerprint(server(headers={"Authorization": "Bearer sk-one"}, disabled_tools=["rm_*"])) != base
 
 
 def test_cut_keeps_head_and_tail_within_the_limit():

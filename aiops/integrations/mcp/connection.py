@@ -90,6 +90,7 @@ class ServerConnection:
             task.cancel()
             await asyncio.wait({task}, timeout=1.0)
         self.state = "stopped"
+        self._first_try.set()  # nothing waits on a connection that will not be attempted
 
     async def next_change(self) -> None:
         """Return at the next state change (or tool list change)."""
@@ -106,7 +107,13 @@ class ServerConnection:
 
     async def _run(self) -> None:
         wait = self.settings.retry_first_seconds
-        await _sdk_loaded()
+        try:
+            await _sdk_loaded()
+        except Exception as e:  # noqa: BLE001 - a broken install: said, not retried
+            self._first_try.set()
+            await self._set("failed", f"the MCP SDK could not be imported: {describe(e)}")
+            log.error("mcp %s: the MCP SDK could not be imported: %s", self.name, describe(e))
+            return
         while not self._stopping:
             self.attempts += 1
             try:
@@ -280,6 +287,8 @@ async def _sdk_loaded() -> None:
                 importlib.import_module(m)
 
         _sdk = asyncio.ensure_future(asyncio.to_thread(load))
+        # Read here too: every connection waiting on it may be cancelled before it ends.
+        _sdk.add_done_callback(lambda f: f.cancelled() or f.exception())
     await asyncio.shield(_sdk)
 
 

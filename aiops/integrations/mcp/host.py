@@ -7,8 +7,9 @@ server; gates.toml can tighten any tool or server regardless.
 
 A server's tools are offered from the list it gave when it last connected (tool_cache.py) until it
 answers, so a turn that starts first (`aiops chat`'s one turn) need not wait for it. A call of such
-a tool waits for the connection, and is refused when the server no longer lists the tool, or now
-marks it a write where the cached list said read: the gate judged it as the cache described it.
+a tool waits for the connection. Every call is refused when the server no longer lists the tool,
+or now marks it a write where the list it was offered from said read: the gate judged it as
+offered (a cached list, or a live one that changed while the gate waited).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
@@ -108,15 +110,21 @@ class McpPlugin(Plugin):
         api.register_command(mcp_command(self))
 
     async def start(self) -> None:
+        from aiops.integrations.mcp import tool_cache
+
+        one_turn = self.api is not None and self.api.one_turn
         for name, conn in self.connections.items():
             entry = self._cache.get(name)
-            if entry is not None and entry["config"] == self._fingerprints.get(name):
+            # A one-turn process may never start the server: it takes only a recent list, so
+            # that a server's new tools reach `aiops chat` within a day even if nothing else runs.
+            if (entry is not None and entry["config"] == self._fingerprints.get(name)
+                    and (not one_turn or tool_cache.fresh(entry))):
                 if (tools := _listed_from(entry["tools"])) is not None:
                     self._register_tools(conn, tools, cached=True)
             # A one-turn process (`aiops chat`) offered a server's last list starts the server only
             # if the model calls one of its tools: most turns need none, and a server's start and
             # stop would double the command's time.
-            if not (self.api is not None and self.api.one_turn and name in self._cached_only):
+            if not (one_turn and name in self._cached_only):
                 conn.start()
         self._report()
 
@@ -195,11 +203,12 @@ class McpPlugin(Plugin):
 
         if self._cache_path is None or conn.name not in self._fingerprints:
             return
-        entry = {"config": self._fingerprints[conn.name],
-                 "tools": [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in conn.tools]}
-        if self._cache.get(conn.name) == entry:
-            return
-        self._cache[conn.name] = entry
+        tools = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in conn.tools]
+        old = self._cache.get(conn.name) or {}
+        if (old.get("config") == self._fingerprints[conn.name] and old.get("tools") == tools
+                and tool_cache.fresh(old, time.time() + tool_cache.MAX_AGE_SECONDS / 2)):
+            return  # the same list, listed recently enough: no write per reconnect
+        self._cache[conn.name] = tool_cache.entry(conn.cfg, tools)
         async with self._cache_lock:  # one write at a time, each of the latest lists
             await asyncio.to_thread(tool_cache.write, self._cache_path, dict(self._cache))
 
@@ -278,13 +287,14 @@ class McpPlugin(Plugin):
             return Classification(operation, summary=_summary(server, original, args.model_dump()))
 
         async def execute(args: BaseModel, ctx: ToolContext) -> ToolOutput:
+            if refused := await _as_listed_now(conn, original, read_only, cached=cached):
+                return ToolOutput(f"error: {refused}", is_error=True)
+            # After the connection's task has imported the SDK (in a thread), not before.
             import mcp_types as mt
             from mcp.shared.exceptions import MCPError
 
             from aiops.integrations.mcp.connection import NotConnected
 
-            if cached and (refused := await _as_listed_now(conn, original, read_only)):
-                return ToolOutput(f"error: {refused}", is_error=True)
             arguments = args.model_dump()
             calls = self._in_flight.setdefault(server, {})
             calls[id(ctx)] = ctx
@@ -347,7 +357,8 @@ def _listed_from(dicts: list[Any]) -> list[Listed] | None:
     does not read as tools (then the server is waited for, as with no cache)."""
     out: list[Listed] = []
     for d in dicts:
-        if not (isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("inputSchema"), dict)):
+        if not (isinstance(d, dict) and isinstance(d.get("name"), str) and isinstance(d.get("inputSchema"), dict)
+                and d["inputSchema"].get("type", "object") == "object"):
             log.warning("mcp: a cached tool list is unusable; waiting for its server")
             return None
         annotations = d.get("annotations")
@@ -360,20 +371,21 @@ def _listed_from(dicts: list[Any]) -> list[Listed] | None:
     return out
 
 
-async def _as_listed_now(conn: ServerConnection, original: str, read_only: bool) -> str | None:
-    """Why a call of a tool offered from the server's last list must not run now, if it must not:
-    it waits for the first connection; the server must still list the tool, and must not mark
-    as a write what the gate let through as a read."""
-    conn.start()  # a one-turn process starts it now (see McpPlugin.start)
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(READY_SECONDS):
-            await conn.first_attempt()
+async def _as_listed_now(conn: ServerConnection, original: str, read_only: bool, *, cached: bool) -> str | None:
+    """Why a call of a tool must not run now, if it must not: the server must still list the tool,
+    and must not mark as a write what the gate let through as a read. A tool offered from the
+    server's last list waits for the first connection (a one-turn process starts it now)."""
+    if cached:
+        conn.start()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(READY_SECONDS):
+                await conn.first_attempt()
     if conn.state != "connected":
         return None  # the call says the server's state
     live = next((x for x in conn.tools if x.name == original), None)
     if live is None or not conn.cfg.tool_allowed(original):
         return f"MCP server {conn.name} no longer offers {original}"
     if read_only and not _read_only(live):
-        return (f"MCP server {conn.name} now marks {original} as a write, not the read its last list said; "
+        return (f"MCP server {conn.name} now marks {original} as a write, not the read it was offered as; "
                 f"not run: call it again to have it gated as a write")
     return None

@@ -4,9 +4,11 @@ A server's process can take a second or more to start and answer (an `npx` or `u
 and a turn offers the tools registered when it begins: `aiops chat` used to wait for every server
 before its one turn. With the list a server gave last time, its tools are offered at once, and a
 call of one waits for the connection (see McpPlugin). An entry serves only while the server's
-configuration is the one it was listed under (compared by a hash: nothing of the configuration,
-its environment or its headers is written here), and the live list replaces it once the server
-answers.
+configuration is the one it was listed under (compared by a hash in which the values of `env` and
+`headers` appear only as the `${VAR}` names they hold: a literal secret is not hashed, so nothing
+here can be checked against a guess of it), and the live list replaces it once the server answers.
+A one-turn process (`aiops chat`), which may never start the server, does not use an entry older
+than MAX_AGE_SECONDS: it waits for the server then, and the list is renewed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +27,26 @@ from aiops.mcp_config import McpServerConfig
 log = logging.getLogger(__name__)
 
 VERSION = 1
+MAX_AGE_SECONDS = 24 * 3600
+_VARS = re.compile(r"\$\{[^}]*\}")
 
 
 def fingerprint(cfg: McpServerConfig) -> str:
-    return hashlib.sha256(cfg.model_dump_json().encode()).hexdigest()
+    def masked(values: dict[str, str]) -> dict[str, str]:
+        return {k: " ".join(_VARS.findall(v)) or "<literal>" for k, v in values.items()}
+
+    shown = cfg.model_dump(mode="json")
+    shown["env"], shown["headers"] = masked(cfg.env), masked(cfg.headers)
+    return hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()
+
+
+def entry(cfg: McpServerConfig, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"config": fingerprint(cfg), "listed_at": time.time(), "tools": tools}
+
+
+def fresh(e: dict[str, Any], now: float | None = None) -> bool:
+    listed = e.get("listed_at")
+    return isinstance(listed, (int, float)) and 0 <= (now or time.time()) - listed <= MAX_AGE_SECONDS
 
 
 def read(path: Path) -> dict[str, dict[str, Any]]:
