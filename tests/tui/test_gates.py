@@ -66,9 +66,10 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert not any("approval needed" in (n.title or "") for n in app._notifications)
         assert app.bells == 1
         assert isinstance(app.focused, ChatInput)
-        await wait_chat(pilot, "waiting for operator approval: write_note write")
+        await wait_chat(pilot, "waiting for operator approval (gates inbox)")
         assert app.sessions_list.sessions[app.selected]["state"] == "waiting"
-        # The call's own block says it waits (and where it is answered), not "running…".
+        # The call's own block says it waits (and where it is answered), not "running…"; once.
+        assert chat_text(app).count("waiting for operator approval") == 1
         block = app.chat.query(ToolCallBlock).last()
         assert "waiting for operator approval (gates inbox)" in str(block.title) and "running" not in str(block.title)
         # The global key jumps to the oldest gate; `a` approves it once.
@@ -82,11 +83,43 @@ async def test_a_gated_call_lands_in_the_inbox_and_a_key_approves_it(make_app, f
         assert "⚑ 1 gate" not in screen_text(app)
         assert "approved by console" in chat_text(app)
         assert "waiting" not in str(block.title) and "✓" in str(block.title)
-        # The wait is over: its line goes, as the history (which never had it) shows the session.
+        # The wait is over: its block says so, as the history (which never had the wait) shows it.
         assert "waiting for operator approval" not in chat_text(app)
         history = await app.adapter.engine.history(app.selected)
         gate_records = [m for m in history if m.role == "gate"]
         assert gate_records[-1].meta["decision"] == "approved" and gate_records[-1].meta["by"] == "console"
+
+
+@pytest.mark.parametrize(("answer", "outcome", "decision"), [
+    ("a", "✓", "approved by console"),
+    ("d", "denied", "denied by console"),
+    (None, "timeout", "timed out"),
+])
+async def test_a_waiting_gate_is_said_once_on_its_call_until_answered(make_app, fake_openai, notes, answer,
+                                                                    outcome, decision):
+    # The call's block says it waits, and nothing else in the chat says it again; the answer
+    # (a key, or nobody within the wait) changes the block, and the session reopened from the store
+    # reads as the live chat ended.
+    app = make_app(extra_files={"gates.toml": "[wait]\nconsole = 2\n"} if answer is None else None)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await _ask(pilot, app, fake_openai)
+        await wait_chat(pilot, "waiting for operator approval")
+        assert chat_text(app).count("waiting for operator approval") == 1
+        block_title = region_text(app, "#chat .tool CollapsibleTitle")
+        assert "⏳ waiting for operator approval (gates inbox)" in block_title
+        if answer is not None:
+            await pilot.press("ctrl+g", answer)
+        await wait_chat(pilot, "tool said:")
+        await wait_for(pilot, lambda: not app.chat_input.busy, "the turn to end")
+        live = chat_text(app)
+        assert "waiting" not in live and decision in live
+        assert outcome in region_text(app, "#chat .tool CollapsibleTitle")
+        await app.select_session(app.selected)
+        await wait_for(pilot, lambda: app.chat.session_id is not None and decision in chat_text(app), "the reload")
+        reopened = chat_text(app)
+        assert "waiting" not in reopened and outcome in region_text(app, "#chat .tool CollapsibleTitle")
+        assert reopened.count(decision) == live.count(decision) == 1
 
 
 async def test_deny_tells_the_model_and_runs_nothing(make_app, fake_openai, notes):

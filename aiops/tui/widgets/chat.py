@@ -48,6 +48,8 @@ PREVIEW_LINES = 30
 # A client tool's call (see engine.client_tools) until its result comes: it runs in the chat
 # client, which sends the result with its next request; aiops does not gate it.
 CLIENT_CALL = "client tool call: runs in the chat client"
+# A call its gate holds, until the gate is answered (approved, denied, timed out, cancelled).
+WAITING = "waiting for operator approval (gates inbox)"
 
 
 def _esc(text: str) -> Content:
@@ -416,7 +418,8 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
         # The turn `show` drew from its events: an earlier page's stored part of it is drawn already.
         self._replayed: str | None = None
         self._tools: dict[str, ToolCallBlock] = {}
-        self._waiting: dict[str, NoticeLine] = {}  # "waiting for approval" lines, by gate id
+        # "waiting for approval" lines of gates that hold no call of the chat's, by gate id
+        self._waiting: dict[str, NoticeLine] = {}
         self._held: dict[str, ToolCallBlock] = {}  # tool calls waiting at a gate, by gate id
         self._details_open = False
 
@@ -642,17 +645,20 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             case ev.ToolReturned():
                 await self._tool_returned(event)
             case ev.GateOpened(gate=gate):
-                # Shown while the gate waits, dropped when it is answered (the history keeps
-                # only the decision): derived from the gate's own events.
+                # Said once, while the gate waits, and gone when it is answered (the history
+                # keeps only the decision): derived from the gate's own events. The call it holds
+                # says so in its block, not "running…", and for whom: an operator (the inbox, or
+                # an operator token over the API or MCP). A gate with no call of its own in the
+                # chat has a line of its own instead.
                 await self._text_ends(turn)
-                line = NoticeLine(waiting_notice(gate))
-                self._waiting[gate.id] = line
-                await self._place(line, turn)
                 if (held_call := self._gated_call(gate)) is not None:
-                    # Not "running…": it waits, and for an operator (the inbox, or an operator
-                    # token over the API or MCP).
-                    held_call.set_waiting("waiting for operator approval (gates inbox)")
+                    held_call.set_waiting(WAITING if held_call.tool_name == gate.tool
+                                          else f"{waiting_notice(gate)} (gates inbox)")
                     self._held[gate.id] = held_call
+                else:
+                    line = NoticeLine(waiting_notice(gate))
+                    self._waiting[gate.id] = line
+                    await self._place(line, turn)
             case ev.GateResolved(gate=gate):
                 await self._text_ends(turn)
                 if (waiting := self._waiting.pop(gate.id, None)) is not None:
