@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.markup import escape
 
 from aiops.tui.keys import KEYS, PANES, display_keys, keys_of
 
@@ -34,6 +35,14 @@ class PaletteEntry:
     run: Callable[[], Any]
 
 
+def palette_help(tooltip: str, keys: str | None = None) -> str:
+    """An entry's help line: its tooltip, then the keys in effect for it, if any, in brackets.
+    Textual reads a hit's help as markup, where `[i]`, `[f1]`, `[enter]` or `[s]` are style tags
+    (and vanished): escaped, every entry shows its keys the same way."""
+    text = f"{tooltip}  [{display_keys(keys)}]" if keys else tooltip
+    return escape(text)
+
+
 def focused_pane(widget: Widget | None) -> str:
     node: Any = widget
     while node is not None:
@@ -58,12 +67,12 @@ class ConsoleCommands(Provider):
             target = app.pane_target(k.pane)
             if target is None:
                 continue
-            keys = display_keys(keys_of(k, keymap))
             title = f"{PANES[k.pane]}: {k.description}" if k.pane != "global" else k.description
-            entries.append(PaletteEntry(k.pane, title, f"{k.tooltip}  [{keys}]",
+            entries.append(PaletteEntry(k.pane, title, palette_help(k.tooltip, keys_of(k, keymap)),
                                         partial(app.run_palette_action, k.action, target)))
         for pane, title, help_text, action in EXTRA:
-            entries.append(PaletteEntry(pane, title, help_text, partial(app.run_palette_action, action, app)))
+            entries.append(PaletteEntry(pane, title, palette_help(help_text),
+                                        partial(app.run_palette_action, action, app)))
         order = [focused, *(p for p in PANES if p != focused)]
         entries.sort(key=lambda e: order.index(e.pane) if e.pane in order else len(order))
         # Textual's own (theme, keys panel, screenshot, …) come last.

@@ -15,6 +15,7 @@ from textual.widgets import OptionList, Tab, TextArea
 
 from aiops.integrations.mysql_plugin import MySQLPlugin
 from aiops.tui.app import AiopsApp, _terminal_quiet
+from aiops.tui.keys import KEYS, display_keys, keys_of
 from aiops.tui.screens.main import MAX_WIDTH
 from aiops.tui.screens.modals import GateDetailsScreen, HelpScreen, PromptEditScreen
 from aiops.tui.widgets.chat_input import ChatInput
@@ -483,6 +484,28 @@ async def test_the_palette_offers_the_focused_panes_actions_first(make_app):
             results.get_option_at_index(0).prompt), "the match")
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.main.side_tab() == "log", "the log tab")
+
+
+async def test_every_palette_entry_with_a_key_shows_it_the_same_way(make_app):
+    # The keys in effect (a rebound one too), after the entry's tooltip, for every binding the
+    # palette offers: single-letter and function keys as well as ctrl+ ones.
+    keymap = '[console.keymap]\n"chat.earlier" = "ctrl+e"\n"gates.approve" = "y"\n'
+    app = make_app(extra_files={"aiops.toml": keymap})
+    async with app.run_test(size=(220, 200)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+        results = app.screen.query_one(OptionList)
+        await wait_for(pilot, lambda: results.option_count > 30, "the commands")
+        await pilot.pause()
+        lines = [line.strip() for line in screen_text(app).splitlines()]
+        offered = [k for k in KEYS if k.palette]
+        assert len(offered) > 25
+        missing = [f"{k.tooltip}  [{display_keys(keys_of(k, app.keymap_overrides))}]" for k in offered]
+        missing = [want for want in missing if want not in lines]
+        assert not missing, missing
+        assert "Load earlier messages of this session  [ctrl+e]" in lines
+        assert "Approve the highlighted gate once  [y]" in lines
 
 
 async def test_the_keymap_in_aiops_toml_rebinds_keys_by_id(make_app, fake_openai):
