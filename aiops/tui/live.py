@@ -26,6 +26,11 @@ class LiveTurns:
         self._user_events: dict[str, ev.UserPosted] = {}
         # Turns this console's input submitted, until they end: turn id -> (session id, text typed).
         self._typed_here: dict[str, tuple[str, str]] = {}
+        # Turns posted and not begun (queued behind the running one), and the notes said of them
+        # meanwhile ("queued behind the running turn", not stored): a session shown while they
+        # wait shows them as the live chat did, until the turn starts or ends unstarted.
+        self._unstarted: dict[str, str] = {}  # turn id -> session id
+        self._queued: dict[str, list[ev.Notice]] = {}  # turn id -> its notes
 
     def typed(self, turn_id: str, session_id: str, text: str) -> None:
         """The input submitted `text` as `turn_id`: a cancel may put it back in the input."""
@@ -42,12 +47,27 @@ class LiveTurns:
         typed = self._typed_here.get(turn or "")
         return typed[1] if typed is not None else None
 
+    def queued_notes(self, session_id: str) -> list[ev.Notice]:
+        """The notes of the session's turns still queued, oldest first."""
+        return [n for tid, notes in self._queued.items() if self._unstarted.get(tid) == session_id for n in notes]
+
     def track(self, event: ev.Event) -> None:
         sid, tid = event.session_id or "", event.turn_id
         if isinstance(event, ev.UserPosted) and tid:
             self._user_events[tid] = event
             while len(self._user_events) > KEEP:
                 self._user_events.pop(next(iter(self._user_events)))
+            if not event.command:
+                self._unstarted[tid] = sid
+                while len(self._unstarted) > KEEP:
+                    oldest = next(iter(self._unstarted))
+                    del self._unstarted[oldest]
+                    self._queued.pop(oldest, None)
+        elif isinstance(event, ev.Notice) and event.command is None and tid in self._unstarted:
+            self._queued.setdefault(tid, []).append(event)
+        if isinstance(event, ev.TurnStarted | ev.Done) and tid:
+            self._unstarted.pop(tid, None)
+            self._queued.pop(tid, None)
         if isinstance(event, ev.TurnStarted) and tid:
             self.turn[sid] = tid
             first = self._user_events.get(tid)

@@ -82,7 +82,8 @@ class SessionEvents:
             # The whole page: the chat leaves out what is stored of the running turn and draws
             # that turn from its events, in the place its prompt has among the page's turns.
             await chat.show(msg.session_id, msg.messages, has_more=msg.has_more,
-                            live=list(app.live.events.get(msg.session_id, [])))
+                            live=list(app.live.events.get(msg.session_id, [])),
+                            queued=app.live.queued_notes(msg.session_id))
             app.services.session_shown()
             await self.send_waiting()  # typed while the engine started: sent now, drawn once
         elif chat.session_id == msg.session_id:

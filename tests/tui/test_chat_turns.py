@@ -2,7 +2,8 @@
 
 A message sent while a turn runs is committed (and posted) at once, before that turn's answer. The
 chat shows each turn whole all the same: the running answer grows in place above the queued
-prompt, the queued turn's answer goes right after its own prompt, and the history reads the same.
+prompt, the queued turn's answer goes right after its own prompt, and the history reads the same: the `queued` line (never stored) shows only while its
+turn waits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aiops.tui.widgets.chat import (
     UserMessage,
 )
 from tests.fakes.openai_server import Reply
-from tests.tui.conftest import SIZE, ready, send, wait_for
+from tests.tui.conftest import SIZE, chat_text, ready, send, wait_chat, wait_for
 
 SLOW = " ".join(f"word{i}" for i in range(1, 31))
 
@@ -95,8 +96,7 @@ async def test_a_message_queued_behind_a_streaming_answer_does_not_cut_it(make_a
             f"« {SLOW}",  # one message, whole: the queued prompt did not cut it
             "⚙ read_note",
             "« the notes are empty",
-            "› second msg",
-            "queued behind the running turn (1 waiting)",
+            "› second msg",  # (its `queued` line went when its turn began)
             "« echo: second msg",
         ]
         # Reloaded, the history (stored: both prompts, then the answers) reads the same way.
@@ -105,6 +105,36 @@ async def test_a_message_queued_behind_a_streaming_answer_does_not_cut_it(make_a
             "› slow one", f"« {SLOW}", "⚙ read_note", "« the notes are empty",
             "› second msg", "« echo: second msg",
         ]
+
+
+async def test_the_queued_line_shows_while_the_prompt_waits_and_reopened_the_chat_reads_the_same(
+        make_app, fake_openai):
+    # What the operator reads: the line while the message waits (live, and in the session shown
+    # again meanwhile), gone once its turn begins, so the live chat and the session reopened from
+    # the store (which never keeps the line) read alike.
+    fake_openai.script(Reply.text(SLOW, chunks=6, hold_after=3))
+    queued = "queued behind the running turn (1 waiting)"
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        session = app.selected
+        await send(pilot, "slow one")
+        await fake_openai.wait_for_held_async()
+        await send(pilot, "second msg")
+        await wait_chat(pilot, queued)
+        await reload(pilot, session)
+        await wait_chat(pilot, queued)
+        assert chat_text(app).count(queued) == 1
+        assert chat_text(app).index("second msg") < chat_text(app).index(queued)
+        fake_openai.release()
+        await wait_chat(pilot, "echo: second msg")
+        await wait_for(pilot, lambda: not app.chat_input.busy, "both turns to end")
+        await pilot.pause()
+        live = chat_text(app)
+        assert "queued behind" not in live
+        await reload(pilot, session)
+        await wait_chat(pilot, "echo: second msg")
+        assert chat_text(app) == live
 
 
 async def test_several_queued_messages_each_get_their_answer_below_their_prompt(make_app, fake_openai):
@@ -133,16 +163,13 @@ async def test_several_queued_messages_each_get_their_answer_below_their_prompt(
             "› slow one",
             f"« {SLOW}",
             "› second msg",
-            "queued behind the running turn (1 waiting)",
             "« echo: second msg",
             "› third msg",
-            "queued behind the running turn (2 waiting)",
             "› fourth msg",
-            "queued behind the running turn (3 waiting)",
             "« echo: fourth msg",
         ]
         await reload(pilot, "proxy-q")
-        assert conversation(app.chat) == [
+        assert transcript(app.chat) == [
             "› slow one", f"« {SLOW}", "› second msg", "« echo: second msg", "› third msg",
             "› fourth msg", "« echo: fourth msg",
         ]
@@ -166,7 +193,8 @@ async def test_a_session_shown_mid_turn_puts_the_running_answer_above_the_queued
         await reload(pilot, "proxy-r")
         lines = transcript(app.chat)
         assert lines[0] == "› slow one" and lines[1].startswith("« word1 ") and lines[2:] == [
-            "› second msg", "› third msg"]
+            "› second msg", "queued behind the running turn (1 waiting)",
+            "› third msg", "queued behind the running turn (2 waiting)"]
         fake_openai.release()
         for turn in (first, second, third):
             await turn.wait(30)
@@ -277,8 +305,7 @@ async def test_the_running_turns_gates_notices_and_errors_stay_with_it():
         assert lines[2:6] == ["› slow one", "« word1 word2 word3", "⚙ write_note", "⚑ approved"]
         assert lines[6:10] == ["a notice of the running turn", "« after the tool", "error (model_error): boom",
                                "› second msg"]
-        assert lines[10:] == ["queued behind the running turn (1 waiting)", "« echo: second msg", "› !help",
-                              "Commands: …"]
+        assert lines[10:] == ["« echo: second msg", "› !help", "Commands: …"]
 
 
 async def test_an_earlier_page_adds_nothing_of_the_turn_drawn_from_its_events():

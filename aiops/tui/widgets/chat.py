@@ -11,7 +11,9 @@ anchor: scrolling up releases it, scrolling back to the end restores it).
 The conversation reads turn by turn, live and from history alike: a message sent while a turn runs
 is committed (and posted) at once, before that turn's answer, so every widget is kept with its
 turn's (`ChatView._turn_of`) and what a turn adds goes after that turn's last widget, above any
-prompt queued behind it; history is regrouped the same way (`engine.context.by_turn`).
+prompt queued behind it; history is regrouped the same way (`engine.context.by_turn`). What the
+store never keeps is drawn only while it is true: a queued turn's "queued behind the running turn"
+note until that turn begins, a gate's wait (on the call it holds) until the gate is answered.
 """
 
 from __future__ import annotations
@@ -421,6 +423,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
         # "waiting for approval" lines of gates that hold no call of the chat's, by gate id
         self._waiting: dict[str, NoticeLine] = {}
         self._held: dict[str, ToolCallBlock] = {}  # tool calls waiting at a gate, by gate id
+        # Turns whose prompt is drawn and which have not started (queued behind the running one),
+        # and the notes said of them meanwhile ("queued behind the running turn"): a note goes
+        # when its turn starts or ends unstarted, as the store, which never keeps it, shows it.
+        self._unstarted: set[str] = set()
+        self._queued_notes: dict[str | None, list[NoticeLine]] = {}
         self._details_open = False
 
     def on_mount(self) -> None:
@@ -472,11 +479,12 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
     # -- building the view --
 
     async def show(self, session_id: str, messages: list[HistoryMessage], *, has_more: bool,
-                   live: Iterable[Event] = ()) -> None:
+                   live: Iterable[Event] = (), queued: Iterable[ev.Notice] = ()) -> None:
         """Replace the view: a page of history (in commit order, as read) turn by turn, and the
         running turn drawn from its events (`live`, if any) in its place: after the turns before
         it, above the prompts queued behind it. What the store holds of that turn so far is left
-        out: its events say all of it."""
+        out: its events say all of it. `queued`: the notes of turns still queued (not stored),
+        each after its turn's prompt, as they were drawn live."""
         live = list(live)
         await self._finish_current()
         self.session_id = session_id
@@ -484,6 +492,8 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
         self._waiting.clear()
         self._held.clear()
         self._turn_of.clear()
+        self._unstarted.clear()
+        self._queued_notes.clear()
         self._current = None
         running = self._replayed = next((e.turn_id for e in live if e.turn_id), None)
         ordered = by_turn(messages, None)
@@ -512,6 +522,10 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
                 await self.apply(event)
         finally:
             self._slot = None
+        for note in queued:
+            if note.turn_id is not None and (last := self._last_of(note.turn_id)) is not None:
+                self._unstarted.add(note.turn_id)  # (its prompt is on this page)
+                await self._queued_note(note, after=last)
         self.scroll_end(animate=False, immediate=True)
 
     async def prepend(self, messages: list[HistoryMessage], *, has_more: bool) -> None:
@@ -606,6 +620,23 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             await self._place(self._current, turn)
         return self._current
 
+    async def _queued_note(self, notice: ev.Notice, *, after: Widget | None = None) -> None:
+        line = NoticeLine(notice.text)
+        self._queued_notes.setdefault(notice.turn_id, []).append(line)
+        if after is not None:
+            self._turn_of[line] = notice.turn_id
+            await self.mount(line, after=after)
+        else:
+            await self._place(line, notice.turn_id)
+
+    async def _turn_began_or_ended(self, turn: str | None) -> None:
+        """A queued turn is no longer queued: the notes saying it was go."""
+        if turn is not None:
+            self._unstarted.discard(turn)
+        for line in self._queued_notes.pop(turn, []):
+            self._turn_of.pop(line, None)
+            await line.remove()
+
     # -- live events --
 
     def _gated_call(self, gate: ev.GateInfo) -> ToolCallBlock | None:
@@ -632,7 +663,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
                 await (await self._assistant(turn)).think(text)
             case ev.UserPosted():
                 await self._text_ends(turn)
+                if not event.command and turn is not None:
+                    self._unstarted.add(turn)
                 await self._place(UserMessage(event.text, command=event.command, model=event.model), turn)
+            case ev.TurnStarted():
+                await self._turn_began_or_ended(turn)
             case ev.ToolCalled():
                 await self._text_ends(turn)
                 block = ToolCallBlock(event.call_id, event.tool, event.arguments)
@@ -670,6 +705,9 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             case ev.Notice(command=str(command)) if command:
                 await self._text_ends(turn)
                 await self._place(CommandOutput(event.text, command), turn)
+            case ev.Notice() if turn in self._unstarted:
+                # Said of a turn before it began (queued behind the running turn): not stored.
+                await self._queued_note(event)
             case ev.Notice():
                 await self._text_ends(turn)
                 await self._place(NoticeLine(event.text), turn)
@@ -678,6 +716,7 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
                 await self._place(ErrorLine(event.message, event.code), turn)
             case ev.Done():
                 await self._text_ends(turn)
+                await self._turn_began_or_ended(turn)
 
     async def _tool_returned(self, event: ev.ToolReturned) -> None:
         block = self._tools.get(event.call_id)
