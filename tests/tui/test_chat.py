@@ -35,9 +35,10 @@ async def test_sending_a_message_streams_the_answer(make_app, fake_openai):
         await wait_chat(pilot, "The disk on db-2 is")
         assert msg.streaming and msg.text == "".join(split_text(answer, 6)[:2]) and app.chat_input.busy
         fake_openai.release()
-        await wait_for(pilot, lambda: not msg.streaming, "the stream to end")
         # The final re-render shows the whole message, Markdown rendered (no ** or backticks).
-        assert msg.markdown.source == answer
+        # (`streaming` turns false as the stream is ended, before that render: wait for both.)
+        await wait_for(pilot, lambda: not msg.streaming and msg.markdown.source == answer,
+                       "the stream to end and the whole message rendered")
         await wait_chat(pilot, "The disk on db-2 is at 91 percent; the largest table is events.")
         assert "**" not in chat_text(app)
         assert not app.chat_input.busy
