@@ -435,7 +435,7 @@ class Engine:
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
                      owner_only: bool = False, hops: tuple[str, ...] = (),
-                     client_tools: Sequence[ToolSpec] = ()) -> Turn:
+                     client_tools: Sequence[ToolSpec] = (), title: str | None = None) -> Turn:
         """Take a message: run its commands now, queue its plain text as a turn (see intake.py).
 
         The user message is committed before this returns, so acknowledging the returned turn to a
@@ -446,7 +446,8 @@ class Engine:
         after the caller's surface found no session of that id. `depth` and `hops` are a call's
         from another aiops (a swarm session): its tools run at that depth, and a call they make
         carries the hop list on. `client_tools`: the chat client's
-        own tools, offered to the model for this turn (see client_tools.py).
+        own tools, offered to the model for this turn (see client_tools.py). `title`: what a new
+        session is titled by when not the text (a chat UI's template around the user's question).
         """
         outcome: Outcome | None = self.intake.precheck(text, model)
         if outcome is None:
@@ -454,7 +455,8 @@ class Engine:
                 outcome = await self.intake.take(pins, client_id, text, kind=kind, model=model,
                                                  is_operator=is_operator, depth=depth, tools=tools, meta=meta,
                                                  owner_only=owner_only, hops=hops,
-                                                 client_tools=offer(client_tools, self.tools.names()))
+                                                 client_tools=offer(client_tools, self.tools.names()),
+                                                 title=title)
         if isinstance(outcome, Refused):
             raise EngineError(outcome.reason)
         return outcome.turn

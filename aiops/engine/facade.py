@@ -33,7 +33,7 @@ class EngineFacade(Protocol):
     async def submit(self, client_id: str | None, text: str, *, kind: str = "api",
                      model: str | None = None, is_operator: bool = False, depth: int = 0,
                      tools: bool = True, meta: dict[str, Any] | None = None,
-                     owner_only: bool = False, hops: tuple[str, ...] = ()) -> TurnHandle:
+                     owner_only: bool = False, hops: tuple[str, ...] = (), title: str | None = None) -> TurnHandle:
         """Take a message (its `!commands` run now, its text is queued as a turn); durable when
         this returns."""
         ...

@@ -86,6 +86,7 @@ class _Message:
     meta: dict[str, Any] | None
     owner: str | None  # with `owner_only`: the owner its session must have
     client_tools: tuple[ClientTool, ...] = ()  # the chat client's tools, as offered to the model
+    title: str | None = None  # what the session is titled by, when not the text (see Engine.submit)
     turn_id: str = field(default_factory=lambda: new_id("turn_"))
     live: LiveSession | None = None
     session_id: str = ""  # the session's full id once found; else the client's id
@@ -125,7 +126,7 @@ class Intake:
     async def take(self, pins: ExitStack, client_id: str | None, text: str, *, kind: str,
                    model: str | None, is_operator: bool, depth: int, tools: bool,
                    meta: dict[str, Any] | None, owner_only: bool, hops: tuple[str, ...] = (),
-                   client_tools: tuple[ClientTool, ...] = ()) -> Outcome:
+                   client_tools: tuple[ClientTool, ...] = (), title: str | None = None) -> Outcome:
         """The steps, in order. The session is pinned (on `pins`) from the moment it is known
         until its turn is queued: the commands and the writes in between must not see it dropped
         from memory."""
@@ -133,7 +134,8 @@ class Intake:
         if why := too_many_commands(parsed):
             return Refused(why)
         msg = _Message(client_id or f"{kind}-{new_id()[:8]}", parsed, kind, model, is_operator, depth,
-                       tools, hops, meta, (meta or {}).get(OWNER_KEY) if owner_only else None, client_tools)
+                       tools, hops, meta, (meta or {}).get(OWNER_KEY) if owner_only else None, client_tools,
+                       title)
         if (refused := await self._find_session(msg, pins)) is not None:
             return refused
         if parsed.commands and (finished := await self._run_commands(msg, pins)) is not None:
@@ -254,8 +256,10 @@ class Intake:
         assert live is not None
         turn_model = self._turn_model(msg)
         if not self._gone(msg):
-            await self._host.record(live.id, Message("user", parsed.text, turn_id=turn_id,
-                                                     meta={"model": turn_model} if turn_model else {}))
+            meta: dict[str, Any] = {"model": turn_model} if turn_model else {}
+            if msg.title and msg.title != parsed.text:
+                meta["title"] = msg.title
+            await self._host.record(live.id, Message("user", parsed.text, turn_id=turn_id, meta=meta))
         if self._gone(msg):  # (a write ahead of the deletion's is deleted with the session)
             msg.outputs.append("this message was not run: its session was deleted meanwhile")
             return Finished(self._finish(msg, status="cancelled", model=live.model_key(self._host),

@@ -216,7 +216,8 @@ def title_after(title: str, msg: Message) -> str:
     chat UI's `!word` that names no command is text, and it is replaced once, by the next text)."""
     if msg.role != "user":
         return title
-    words = " ".join(msg.content.split()[:8])[:60]
+    shown = msg.meta.get("title")  # the question alone, when a chat UI wrapped it (Engine.submit)
+    words = " ".join((shown if isinstance(shown, str) and shown.strip() else msg.content).split()[:8])[:60]
     if msg.meta.get("command"):
         return title or words
     return words if not title or title.startswith("!") else title

@@ -506,6 +506,34 @@ async def test_open_webui_with_forwarded_user_headers_gets_its_chat_session(api_
                 assert r.headers["x-aiops-session"] == "owui-" + headers["X-OpenWebUI-Chat-Id"]
 
 
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_open_webui_recorded_file_chat_is_one_session_titled_by_the_question(
+        api_server: ApiServer, fake_openai: FakeOpenAI, dialect: str) -> None:
+    """A chat with a file attached, as the real Open WebUI 0.12.4 sent it (its query task, the first
+    message inside its RAG template with the attached files' list, then a second message): one
+    session, listed by the question the user typed, not by the template's first words."""
+    recorded = [json.loads(f.read_text()) for f in sorted(FIXTURES.glob(f"rag-{dialect}-*.json"))]
+    assert len(recorded) == 3
+    # What the recorded model answered the first message, as the next request carries it back.
+    first_answer = recorded[2]["body"]["messages"][1]["content"]
+
+    def respond(body: dict[str, Any]) -> Reply:
+        last = message_text(body["messages"][-1])
+        if last.lstrip().startswith("### Task:"):
+            return Reply.text(first_answer if "<context>" in last else '{"queries": ["launch code"]}')
+        return Reply.text("ECHO: " + last)
+
+    fake_openai.responder = respond
+    async with httpx.AsyncClient(timeout=30) as h:
+        for rec in recorded:
+            body = {**rec["body"], "model": "aiops:latest" if dialect == "ollama" else "aiops"}
+            r = await h.post(api_server.url + rec["path"], json=body)
+            assert r.status_code == 200, (rec["path"], r.text)
+    assert _answer(dialect, r) == ("ECHO: and who is on call?", [])
+    (session,) = await _proxy_sessions(api_server)  # the query task made none, the second message no fork
+    assert session["title"] == "What is the launch code in the file?"
+
+
 # ---- a tool exchange in a history the session takes in (a new chat, a fork) ------------------------------
 
 LOOKUP_ORDER = {"type": "function", "function": {

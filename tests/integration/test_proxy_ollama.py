@@ -360,6 +360,35 @@ def test_model_failure_mid_stream_is_a_final_error_line(client: ollama.Client, f
     assert "".join(got).startswith("this reply")
 
 
+@pytest.mark.parametrize("failure", ["refused", "cut"])
+def test_a_failed_answer_says_so_in_its_text_and_the_chat_goes_on(served: ServeProcess, fake: FakeOpenAI,
+                                                                  failure: str) -> None:
+    """Open WebUI reads only `message.content` of an Ollama stream and drops `error` lines (QA with
+    the real Open WebUI 0.12.4): a failed model call showed as an empty answer, one cut mid-stream
+    as a finished one. The failure is said in the text too; sent back as history, that line does
+    not fork the chat."""
+    fake.script(Reply.error(500, "upstream exploded") if failure == "refused" else
+                Reply.drop(after_chunks=3, reply=Reply.text("this reply is cut off before it ends", chunks=6)))
+    question = f"a question that fails ({failure})"
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        r = http.post("/api/chat", json={"model": "aiops", "messages": [{"role": "user", "content": question}]})
+        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+        assert r.status_code == 200 and "error" in lines[-1], lines
+        shown = "".join(line.get("message", {}).get("content", "") for line in lines[:-1])
+        assert "*⛔ the answer failed: " in shown, shown
+        assert ("upstream exploded" if failure == "refused" else "stream ended unexpectedly") in shown
+        if failure == "cut":
+            assert shown.startswith("this reply")
+        session = r.headers["X-Aiops-Session"]
+
+        fake.script(Reply.text("second answer"))
+        r = http.post("/api/chat", json={"model": "aiops", "stream": False, "messages": [
+            {"role": "user", "content": question}, {"role": "assistant", "content": shown},
+            {"role": "user", "content": "try again"}]})
+        assert r.status_code == 200 and r.json()["message"]["content"] == "second answer", r.text
+        assert r.headers["X-Aiops-Session"] == session  # the same chat, not a fork
+
+
 def test_legacy_v1_api_alias(served: ServeProcess) -> None:
     tags = httpx.get(served.url + "/v1/api/tags").json()
     assert [m["name"] for m in tags["models"]][0] == "aiops:latest"

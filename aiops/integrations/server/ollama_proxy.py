@@ -46,6 +46,7 @@ from aiops.integrations.server.proxy.models import PublishedModel, find_model, p
 from aiops.integrations.server.proxy.openwebui import is_background_task
 from aiops.integrations.server.proxy.output import TurnEnd
 from aiops.integrations.server.proxy.state import proxy_state
+from aiops.integrations.server.proxy.status import REFUSED, status_line
 
 # The Ollama API version we speak; clients that gate features on the server version see a recent one.
 OLLAMA_VERSION = "0.11.4"
@@ -452,7 +453,13 @@ class OllamaFramer:
         return calls + _ndjson(self.final("", end.usage, _reason(end)))
 
     def error(self, code: str, message: str) -> bytes:
-        return _ndjson({"error": message})
+        # Said in the answer's text as well: Open WebUI (0.12) reads only the message of each line
+        # of an Ollama stream and drops `error` lines, so a failed model call showed as an empty
+        # answer, and one cut mid-stream as a finished one. The status line is left out when the
+        # client sends the answer back (proxy.status), so the chat goes on in the same session.
+        said = status_line(REFUSED, f"the answer failed: {message}")
+        lead = "\n\n" if self.first is not None else ""
+        return _ndjson(self.body(lead + said, False)) + _ndjson({"error": message})
 
     def keepalive(self) -> bytes:
         # The ollama client parses every line as JSON: a keep-alive is an empty `done: false`

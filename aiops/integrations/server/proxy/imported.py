@@ -19,6 +19,7 @@ from aiops.engine.client_tools import CLIENT_CALLS, PREFIX, UNANSWERED, ClientTo
 from aiops.engine.turn import clipped
 from aiops.engine.types import Message, ToolCall, new_id
 from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall
+from aiops.integrations.server.proxy.openwebui import question_of
 from aiops.integrations.server.proxy.status import normalize, without_status_lines
 
 Rename = Callable[[str], str]  # a client tool's name -> the name the model knows it by
@@ -55,7 +56,9 @@ def records(messages: Sequence[ClientMessage], rename: Rename) -> list[Message]:
         if m.role == "user" or turn_id is None:
             turn_id = new_id("imp_")
         if m.role == "user":
-            out.append(Message("user", m.text, turn_id=turn_id, meta=_meta()))
+            title = question_of(m.text)
+            out.append(Message("user", m.text, turn_id=turn_id,
+                               meta=_meta(**({"title": title} if title != m.text else {}))))
         else:
             out += _answer(m.parts or (m,), turn_id, rename)
     return out

@@ -64,6 +64,14 @@ def as_typed(text: str) -> str:
 
 
 _TASK_LINE = re.compile("^" + re.escape(TASK_PREFIX), re.MULTILINE)
+# The list of attached files Open WebUI 0.12 puts between its RAG template's context and the question.
+_ATTACHED_FILES = re.compile(r"\A\s*<attached_files>.*?</attached_files>\s*", re.DOTALL)
+
+
+def question_of(text: str) -> str:
+    """What a session is titled by: the user's question alone (as_typed, without the attached
+    files' list), or `text` when that leaves nothing."""
+    return _ATTACHED_FILES.sub("", as_typed(text)).strip() or text
 
 
 def system_rag(messages: Sequence[ClientMessage]) -> str | None:

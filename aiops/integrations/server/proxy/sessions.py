@@ -48,7 +48,7 @@ from aiops.integrations.server.proxy.matching import (
 )
 from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall, check_conversation, folded
 from aiops.integrations.server.proxy.models import PublishedModel, turn_model
-from aiops.integrations.server.proxy.openwebui import as_typed, with_system_context
+from aiops.integrations.server.proxy.openwebui import as_typed, question_of, with_system_context
 from aiops.integrations.server.proxy.status import normalize
 from aiops.integrations.server.proxy.tool_results import exchange, pair
 
@@ -261,7 +261,8 @@ class ProxySessions:
         submit = asyncio.ensure_future(engine.submit(session_id, messages[-1].text, kind="proxy",
                                                      model=turn_model(model), is_operator=False,
                                                      meta=owner_meta(who), owner_only=not who.operator,
-                                                     client_tools=client_tools))
+                                                     client_tools=client_tools,
+                                                     title=question_of(messages[-1].text)))
         return await self._started(session_id, submit, sub, forked, imported)
 
     async def _started(self, session_id: str, submit: asyncio.Future[Turn], sub: Subscription,
