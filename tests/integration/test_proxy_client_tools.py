@@ -534,6 +534,40 @@ async def test_open_webui_recorded_file_chat_is_one_session_titled_by_the_questi
     assert session["title"] == "What is the launch code in the file?"
 
 
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])
+async def test_continue_response_is_a_note_not_an_error_and_the_chat_goes_on(
+        api_server_factory: ApiServerFactory, fake_openai: FakeOpenAI, dialect: str) -> None:
+    """Open WebUI's "Continue Response" (under every answer) sends the chat ending with the answer
+    (recorded from the real 0.12.4). aiops cannot continue an answer it ended: it says so in a
+    status line rather than a 400 the chat shows as an error, runs no turn, and the chat then goes
+    on in its session. With status lines off it is the 400 it was."""
+    api_server = await api_server_factory()
+    rec = json.loads((FIXTURES / f"continue-{dialect}-27-continue-response.json").read_text())
+    question, answer = (m["content"] for m in rec["body"]["messages"])
+    model = "aiops:latest" if dialect == "ollama" else "aiops"
+    fake_openai.script(Reply.text(answer), Reply.text("the next answer"))
+    async with httpx.AsyncClient(timeout=30) as h:
+        first = await h.post(api_server.url + rec["path"], json={
+            **rec["body"], "model": model, "messages": [{"role": "user", "content": question}]})
+        assert _answer(dialect, first)[0] == answer
+        asked = len(fake_openai.requests)
+        r = await h.post(api_server.url + rec["path"], json={**rec["body"], "model": model})
+        assert r.status_code == 200, r.text
+        note, calls = _answer(dialect, r)
+        assert note == '\n\n*⛔ aiops does not continue an answer it has ended: send a message to go on ("continue", say)*'
+        assert not calls and len(fake_openai.requests) == asked  # no turn ran
+        # The chat shows the note under the answer, and sends both back with the next message.
+        r = await h.post(api_server.url + rec["path"], json={**rec["body"], "model": model, "messages": [
+            *rec["body"]["messages"][:-1], {"role": "assistant", "content": answer + note},
+            {"role": "user", "content": "go on then"}]})
+        assert _answer(dialect, r)[0] == "the next answer"
+        assert r.headers["X-Aiops-Session"] == first.headers["X-Aiops-Session"]  # the same chat, no fork
+    quiet = await api_server_factory(server={"proxy_status_lines": False})
+    async with httpx.AsyncClient(timeout=30) as h:
+        r = await h.post(quiet.url + rec["path"], json={**rec["body"], "model": model})
+    assert r.status_code == 400 and "the last message must be the user's new message" in r.text
+
+
 # ---- a tool exchange in a history the session takes in (a new chat, a fork) ------------------------------
 
 LOOKUP_ORDER = {"type": "function", "function": {

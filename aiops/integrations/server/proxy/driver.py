@@ -138,6 +138,32 @@ async def answer_task(request: web.Request, model: PublishedModel, messages: Seq
     return resp
 
 
+# ---- "continue this answer" ------------------------------------------------------------------------------
+
+CANNOT_CONTINUE = "aiops does not continue an answer it has ended: send a message to go on (\"continue\", say)"
+
+
+def asks_to_continue(messages: Sequence[ClientMessage]) -> bool:
+    """A history that ends with the assistant's answer, no new message: a chat UI's "Continue
+    Response" (Open WebUI shows the button under every answer)."""
+    return bool(messages) and messages[-1].role == "assistant" and not messages[-1].tool_calls
+
+
+async def _answer_note(request: web.Request, framer: Framer, note: str, *, stream: bool) -> web.StreamResponse:
+    """An answer that is only a status line, and no turn: the session is left as it was. The chat
+    UI appends it to the answer it asked to continue, so it starts on a line of its own (as a
+    status line it is then left out when that answer comes back as history: no fork)."""
+    text = "\n\n" + status_line(REFUSED, note)
+    end = TurnEnd("complete", text, None, None, "stop")
+    framer.begin(None)
+    if not stream:
+        return web.json_response(framer.answer(text, end))
+    resp = BufferedStreamResponse(headers=framer.stream_headers)
+    await prepare_stream(request, resp)
+    await resp.write_eof(framer.whole(end))
+    return resp
+
+
 # ---- agent turns ----------------------------------------------------------------------------------------
 
 
@@ -148,6 +174,8 @@ async def answer_turn(request: web.Request, conv: ConversationId, messages: Sequ
     client's tools, then stream it or wait for it. A request that ends with the results of client
     tool calls continues the turn that made them instead (see client_tools)."""
     proxy = proxy_state(request)
+    if asks_to_continue(messages) and proxy.settings.status_lines:
+        return await _answer_note(request, framer, CANNOT_CONTINUE, stream=stream)
     reasoning = proxy.settings.reasoning and framer.wants_reasoning
     events = output_events(stream=stream, times_text=framer.times_text, reasoning=reasoning)
     if is_continuation(messages):
