@@ -87,6 +87,7 @@ class McpPlugin(Plugin):
         self._cache_path: Path | None = None
         self._cache_lock = asyncio.Lock()
         self._fingerprints: dict[str, str] = {}
+        self._configured: set[str] = set()  # every server of mcp.toml, enabled or not
         self._cached_only: set[str] = set()
 
     async def setup(self, api: PluginAPI) -> None:
@@ -96,6 +97,7 @@ class McpPlugin(Plugin):
         data_dir = api.config.paths.data_dir / "mcp"
         self.artifacts = ArtifactStore(data_dir / "artifacts")
         enabled = {name: server for name, server in cfg.servers.items() if server.enabled}
+        self._configured = set(cfg.servers)
         if enabled:
             # Without the SDK, which each connection's task imports in a thread (connection.py).
             from aiops.integrations.mcp import tool_cache
@@ -209,6 +211,8 @@ class McpPlugin(Plugin):
                 and tool_cache.fresh(old, time.time() + tool_cache.MAX_AGE_SECONDS / 2)):
             return  # the same list, listed recently enough: no write per reconnect
         self._cache[conn.name] = tool_cache.entry(conn.cfg, tools)
+        for gone in set(self._cache) - set(self._configured):  # servers no longer in mcp.toml
+            del self._cache[gone]
         async with self._cache_lock:  # one write at a time, each of the latest lists
             await asyncio.to_thread(tool_cache.write, self._cache_path, dict(self._cache))
 

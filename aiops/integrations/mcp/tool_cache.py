@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_AGE_SECONDS = 24 * 3600
+MAX_BYTES = 8 * 1024 * 1024  # far above any real list; a file past it is not read (on the loop)
 _VARS = re.compile(r"\$\{[^}]*\}")
 
 
@@ -53,6 +54,9 @@ def read(path: Path) -> dict[str, dict[str, Any]]:
     """Server name → {"config": fingerprint, "tools": [tool dicts]}; empty when there is no
     usable file (a cache that cannot be read is only a slower start, never an error)."""
     try:
+        if path.stat().st_size > MAX_BYTES:
+            log.warning("mcp: tool list cache %s is over %d bytes; not read", path, MAX_BYTES)
+            return {}
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return {}
