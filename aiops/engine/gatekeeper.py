@@ -165,7 +165,8 @@ class Gatekeeper:
                    f"tell the user it is not allowed by the operator's policy.")
             await self.engine.store.add_audit(
                 "policy_denied", session_id=ctx.session_id, tool=tool.name, operation=cls.operation,
-                decision="denied", actor="policy", data={"args": args, "tables": list(cls.tables)})
+                decision="denied", actor="policy",
+                data={"args": args, "tables": list(cls.tables), "rule_target": target})
             await self.engine.record(ctx.session_id, Message(
                 "gate", f"denied by policy: {summary}", turn_id=ctx.turn_id,
                 meta={"tool": tool.name, "rule_target": target, "operation": cls.operation, "tables": list(cls.tables),

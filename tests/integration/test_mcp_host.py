@@ -128,6 +128,9 @@ async def test_a_deny_rule_for_one_mcp_tool_keeps_it_from_running(engine_factory
     assert result.status == "complete"
     denied, allowed = tool_results(fake_openai)
     assert "policy denies time__convert_time" in denied and "Asia/Tokyo" not in denied
+    # The audit log names the rule that denied it, as gates.toml does.
+    (audited,) = [a for a in await engine.store.audit("api-d") if a.event == "policy_denied"]
+    assert audited.tool == "time__convert_time" and audited.data["rule_target"] == "mcp:time:convert_time"
     # The server rule does not cover the other tool: a read, allowed by the default.
     assert json.loads(allowed)["timezone"] == "UTC"
 
