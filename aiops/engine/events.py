@@ -183,6 +183,9 @@ class GateInfo:
     # What gates.toml rules call the tool (`mcp:SERVER:TOOL` for the MCP tool the model calls
     # `SERVER__TOOL`); None from a server older than the field.
     rule_target: str | None = None
+    # The model's call the gate holds (the id of its tool_call event); None for a gate of no call
+    # (an MCP server's question) or from a server older than the field.
+    call_id: str | None = None
     # Set on a resolved gate:
     decision: str | None = None  # approved | denied | timeout | cancelled
     scope: str | None = None  # once | session
@@ -193,7 +196,7 @@ class GateInfo:
 
     _FIELDS: ClassVar[tuple[str, ...]] = (
         "id", "session_id", "client_id", "client_kind", "tool", "tool_type", "args", "operation",
-        "tables", "summary", "created_at", "expires_at", "session_grant", "rule_target")
+        "tables", "summary", "created_at", "expires_at", "session_grant", "rule_target", "call_id")
     _RESOLUTION: ClassVar[tuple[str, ...]] = ("decision", "scope", "by", "at")
 
     @classmethod
@@ -206,7 +209,7 @@ class GateInfo:
             args=dict(d.get("args") or {}), operation=str(d.get("operation", "")),
             tables=tuple(d.get("tables") or ()), summary=str(d.get("summary", "")),
             created_at=float(d.get("created_at") or 0.0), expires_at=d.get("expires_at"),
-            session_grant=d.get("session_grant"), rule_target=d.get("rule_target"),
+            session_grant=d.get("session_grant"), rule_target=d.get("rule_target"), call_id=d.get("call_id"),
             decision=d.get("decision"), scope=d.get("scope"), by=d.get("by"), at=d.get("at"),
             extra={k: v for k, v in d.items() if k not in known},
         )
@@ -231,6 +234,7 @@ class GateInfo:
             "args": self.args, "operation": self.operation, "tables": list(self.tables),
             "summary": self.summary, "created_at": self.created_at, "expires_at": self.expires_at,
             "session_grant": self.session_grant,
+            **({"call_id": self.call_id} if self.call_id is not None else {}),
         }
         d.update(self.extra)
         if self.decision is not None:

@@ -178,7 +178,7 @@ class Gatekeeper:
             tool=tool.name, tool_type=tool.tool_type, args=args, operation=cls.operation,
             tables=list(cls.tables), summary=summary, turn_id=ctx.turn_id,
             wait_seconds=self.rules.wait_seconds(ctx.client_kind), grantable=self._grantable(tool, cls),
-            kinds=cls.kinds, rule_target=target,
+            kinds=cls.kinds, rule_target=target, call_id=ctx.call_id,
         )
         if resolution.decision == "approved":
             return GateOutcome(True, decision="approved")

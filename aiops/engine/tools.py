@@ -75,6 +75,9 @@ class ToolContext:
     # The aiops instances the turn's message came through (a swarm call's hop list), oldest first:
     # an agent_call from here carries them on, so that a loop back to one of them is refused.
     hops: tuple[str, ...] = ()
+    # The model's call this runs for (its id in the turn's tool_call events): a gate names it, so
+    # a view marks the right call of two alike. A delegate's inner call keeps its caller's.
+    call_id: str | None = None
 
     def notice(self, text: str, *, persist: bool = True) -> None:
         """Status text for the session's views; without `persist`, not written to its history

@@ -625,7 +625,7 @@ class TurnRunner:
                              f"{', '.join(engine.tools.names()) or 'none'}", is_error=True)
         else:
             ctx = ToolContext(engine, t.session_id, t.client_kind, t.id, self.model_key, depth=t.depth,
-                              is_operator=t.is_operator, hops=t.hops)
+                              is_operator=t.is_operator, hops=t.hops, call_id=call.id)
             out, decision = await self._execute(tool, call, ctx)
         await self._record_result(call, out, (time.monotonic() - start) * 1000, decision)
 

@@ -117,6 +117,9 @@ class Gate:
     # What gates.toml rules call the tool, when not its own name: an MCP tool the model calls
     # `time__get_current_time` is `mcp:time:get_current_time` there.
     rule_target: str | None = None
+    # The model's call it holds (its `tool_call` event's id); None for a gate of no call of the
+    # turn's (an MCP server's question).
+    call_id: str | None = None
 
     @property
     def target(self) -> str:
@@ -147,6 +150,7 @@ class Gate:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "session_grant": self.session_grant,
+            "call_id": self.call_id,
         }
 
     def resolved_dict(self) -> dict[str, Any]:
@@ -235,6 +239,7 @@ class GateBroker:
         grantable: bool = True,
         kinds: Sequence[str] = (),
         rule_target: str | None = None,
+        call_id: str | None = None,
     ) -> Resolution:
         """Ask an operator; return the one resolution (approved, denied, timeout or cancelled).
 
@@ -242,7 +247,8 @@ class GateBroker:
         a call that is not `grantable` neither uses nor creates a grant.
         If the calling task is cancelled while waiting, the gate is resolved "cancelled" and the
         CancelledError propagates. `rule_target`: what gates.toml calls the tool when that is not
-        `tool` (an MCP tool's `mcp:SERVER:TOOL`); operators see it in the gate object.
+        `tool` (an MCP tool's `mcp:SERVER:TOOL`); operators see it in the gate object. `call_id`:
+        the model's call the gate holds (the id its `tool_call` event carries).
         """
         # Only db calls have tables; ignoring them elsewhere keeps grants and gates consistent.
         gate_tables = list(tables) if tool_type == "db" else []
@@ -255,6 +261,7 @@ class GateBroker:
             expires_at=now + timeout if timeout is not None else None, turn_id=turn_id,
             grantable=grantable, kinds=tuple(sorted(set(kinds))),
             rule_target=rule_target if rule_target and rule_target != tool else None,
+            call_id=call_id,
         )
         grant = self._matching_grant(gate) if grantable else None
         if grant is not None:

@@ -245,7 +245,8 @@ class DelegationPlugin(Plugin):
             return ToolOutput(f"error: model {key!r} made no call to {tool.name}. Its answer: "
                               f"{snippet(said, 1500) or '(empty)'}", is_error=True, data=data)
         inner = ToolContext(ctx.engine, ctx.session_id, ctx.client_kind, ctx.turn_id, ctx.model_key,
-                            depth=ctx.depth + 1, is_operator=ctx.is_operator, via=f"delegate model {key}", hops=ctx.hops)
+                            depth=ctx.depth + 1, is_operator=ctx.is_operator, via=f"delegate model {key}", hops=ctx.hops,
+                            call_id=ctx.call_id)
         if wanted.parse_error:
             out, decision = ToolOutput(f"error: could not decode the arguments of {tool.name}: "
                                        f"{wanted.parse_error}", is_error=True), None

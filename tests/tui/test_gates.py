@@ -122,6 +122,31 @@ async def test_a_waiting_gate_is_said_once_on_its_call_until_answered(make_app, 
         assert reopened.count(decision) == live.count(decision) == 1
 
 
+async def test_two_calls_of_one_tool_each_wait_on_their_own_block(make_app, fake_openai, notes):
+    # One answer calls write_note twice: each call's gate names its call (`call_id`), so the
+    # block that waits is the one whose gate is still open, not the last block of that tool.
+    fake_openai.responder = call_tool_when("two notes", ("write_note", {"text": "first"}),
+                                           ("write_note", {"text": "second"}))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "please take two notes")
+        await wait_for(pilot, lambda: len(app.inbox.gates) == 2, "two gates in the inbox")
+        gates = {g.args["text"]: g for g in app.inbox.gates.values()}
+        blocks = {b.call_id: b for b in app.chat.query(ToolCallBlock)}
+        assert {gates["first"].call_id, gates["second"].call_id} == set(blocks)
+        await wait_for(pilot, lambda: all(b.waiting for b in blocks.values()), "both blocks waiting")
+        # The second note's gate answered: its block runs on; the first's still waits.
+        app.adapter.engine.resolve_gate(gates["second"].id, "approved", by="test")
+        await wait_for(pilot, lambda: notes.notes == ["second"], "the second note")
+        await wait_for(pilot, lambda: blocks[gates["second"].call_id].result is not None, "its result")
+        assert blocks[gates["second"].call_id].waiting is None
+        assert blocks[gates["first"].call_id].waiting and blocks[gates["first"].call_id].result is None
+        app.adapter.engine.resolve_gate(gates["first"].id, "denied", by="test")
+        await wait_for(pilot, lambda: not app.chat_input.busy, "the turn to end")
+        assert notes.notes == ["second"]
+
+
 async def test_deny_tells_the_model_and_runs_nothing(make_app, fake_openai, notes):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

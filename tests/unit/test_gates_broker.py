@@ -22,7 +22,7 @@ from aiops.gates.broker import (
 )
 
 GATE_KEYS = {"id", "session_id", "client_id", "client_kind", "tool", "rule_target", "tool_type", "args",
-             "operation", "tables", "summary", "created_at", "expires_at", "session_grant"}
+             "operation", "tables", "summary", "created_at", "expires_at", "session_grant", "call_id"}
 RESOLUTION_KEYS = {"decision", "scope", "by", "at"}
 
 

@@ -271,6 +271,9 @@ class GateOut(BaseModel):
     session_grant: str | None = Field(None, description=(
         "What approving with scope 'session' lets through from then on (the same tool, operation, "
         "tables and statement kinds), in words; null: a 'session' answer approves this call only."))
+    call_id: str | None = Field(None, description=(
+        "The model's call the gate holds: the `id` of its `tool_call` event (of the delegating call, "
+        "for a delegate's); null for a gate of no call (an MCP server's question)."))
     decision: Literal["approved", "denied", "timeout", "cancelled"] | None = None
     scope: Literal["once", "session"] | None = None
     by: str | None = None

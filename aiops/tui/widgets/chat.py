@@ -640,8 +640,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
     # -- live events --
 
     def _gated_call(self, gate: ev.GateInfo) -> ToolCallBlock | None:
-        """The call a gate holds: the latest call of that tool still without a result and not
-        already held (the gate names its tool, not its call), else the latest open call."""
+        """The call a gate holds: the one it names (`call_id`); from a server that does not name
+        it, the latest call of that tool still without a result and not already held, else the
+        latest open call."""
+        if gate.call_id is not None and (named := self._tools.get(gate.call_id)) is not None:
+            return named if named.result is None else None
         held = set(map(id, self._held.values()))
         open_calls = [b for b in self._tools.values() if b.result is None and id(b) not in held]
         same_tool = [b for b in open_calls if b.tool_name == gate.tool]
