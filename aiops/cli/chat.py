@@ -130,7 +130,13 @@ async def _chat(cfg: Any, args: argparse.Namespace, lock: DataDirLock | None = N
         except GateError as e:
             say.write(f"[gate {gate.id}: {e}]\n")
             return
-        if asker is None:
+        if asker is None and gate.tool.startswith("mcp:"):
+            # Not a tool call (no tool is named with a colon): an MCP server's question during a
+            # call, which no rule answers, only an operator.
+            say.write(f"[declined: {gate.summary}: aiops chat has no terminal to ask on, and no rule in "
+                      f"gates.toml answers an MCP server's question; send the message through a running "
+                      f"aiops (the console, or `aiops serve` and its API) to answer it there]\n")
+        elif asker is None:
             gates_toml = cfg.paths.config_dir / "gates.toml"
             say.write(f"[denied: aiops chat has no terminal to ask for approval on. To allow "
                       f"{gate.tool} {gate.operation}, set {_rule_hint(gate)} in {gates_toml} "

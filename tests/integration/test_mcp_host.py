@@ -645,3 +645,30 @@ async def test_aiops_chat_waits_for_a_server_whose_list_is_over_a_day_old(engine
     async with asyncio.timeout(10):
         while json.loads(cache.read_text())["servers"]["files"]["listed_at"] < doc["servers"]["files"]["listed_at"] + 3600:  # noqa: ASYNC110
             await asyncio.sleep(0.02)  # listed again, and kept
+
+
+async def test_aiops_chat_without_a_terminal_declines_a_servers_question_and_says_why(
+        tmp_path, fake_openai, http_mcp):
+    """A question an MCP server asks during a call is a gate no rule answers: `aiops chat` with no
+    terminal declines it, and does not suggest a gates.toml rule that would change nothing."""
+    import os
+
+    from tests.fakes.fixtures import make_config_dir, openai_model_entry
+
+    cfg = make_config_dir(tmp_path, {"local": openai_model_entry(fake_openai)}, "local", {
+        "plugins.toml": "[mysql]\nenabled = false\n[mcp]\nenabled = true\n",
+        "mcp.toml": http_toml(http_mcp.url, protocol='"legacy"'),  # asking mid-call needs it over HTTP
+        "gates.toml": '[tools."mcp:files:wipe_board"]\nwrite = "allow"\n'})
+    fake_openai.script(Reply.tool_calls(("files__wipe_board", {})), Reply.text("it said no"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOPS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aiops.cli", "chat", "wipe it", "--config-dir", str(cfg), "--data-dir",
+        str(tmp_path / "data"), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    said = out.decode() + err.decode()
+    assert proc.returncode == 0, said
+    assert "[declined: " in said and "Really wipe the whole board?" in said, said
+    assert "no rule in gates.toml answers an MCP server's question" in said
+    assert "elicitation" not in said  # no rule named after it is suggested
+    assert http_mcp.calls == ["wipe_board decline"] and out.decode().rstrip().endswith("it said no")
