@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
 
 from aiops.cli.common import CliError, load, setup_file_logging
+
+if TYPE_CHECKING:
+    from aiops.paths import Paths
 
 # http(s)://…, or host:port ([::1]:8765, localhost:8765): a session id is neither.
 _URL = re.compile(r"^(https?://.+|(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5})$")
@@ -16,13 +20,28 @@ def looks_like_url(text: str) -> bool:
     return bool(_URL.match(text))
 
 
-def resolve_token(name: str | None) -> str | None:
-    from aiops.integrations.remote.find import token_from_env
+def resolve_token(name: str | None, paths: Paths | None = None) -> str | None:
+    """`--token-env NAME`, else AIOPS_TOKEN, else (the aiops of this configuration) the operator
+    token aiops.toml names, when its variable is set: the operator at the machine where aiops runs
+    has it in the environment already, and a second variable for the same token was friction."""
+    from aiops.integrations.remote.find import operator_token, token_from_env
 
     try:
-        return token_from_env(name)
+        token = token_from_env(name)
     except KeyError:
         raise CliError(f"--token-env {name}: the variable {name} is not set") from None
+    if token is None and name is None and paths is not None:
+        token, _ = operator_token(paths.config_file("aiops.toml"))
+    return token
+
+
+def token_hint(paths: Paths | None) -> str:
+    """What to set when a server asked for a token and none (or a wrong one) was given."""
+    from aiops.integrations.remote.find import operator_token
+
+    names = operator_token(paths.config_file("aiops.toml"))[1] if paths is not None else []
+    also = f", or {' / '.join(names)} (the operator token aiops.toml names)" if names else ""
+    return f" (give a token: --token-env NAME, or AIOPS_TOKEN{also})"
 
 
 def default_url(cfg: object) -> str:
@@ -53,7 +72,7 @@ def cmd_attach_any(args: argparse.Namespace) -> int:
         from aiops.tui.attach import run_attached
     except ImportError as e:
         raise CliError(f"the console is not available: {e}") from None
-    return run_attached(cfg, url.rstrip("/"), resolve_token(args.token_env))
+    return run_attached(cfg, url.rstrip("/"), resolve_token(args.token_env, cfg.paths))
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

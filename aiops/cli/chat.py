@@ -52,7 +52,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from aiops.cli.remote_chat import chat_remote, remote_url
 
     if (url := remote_url(paths, args)) is not None:
-        return chat_remote(args, url)
+        return chat_remote(args, url, paths)
     from aiops.config import load_config
 
     cfg = load_config(paths, load_dotenv=False)

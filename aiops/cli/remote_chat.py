@@ -46,10 +46,11 @@ def remote_url(paths: Paths, args: argparse.Namespace) -> str | None:
     return client_url(found) if found else None
 
 
-def chat_remote(args: argparse.Namespace, url: str) -> int:
-    from aiops.cli.attach import resolve_token
+def chat_remote(args: argparse.Namespace, url: str, paths: Paths | None = None) -> int:
+    from aiops.cli.attach import resolve_token, token_hint
 
-    return asyncio.run(_chat(args, url, resolve_token(getattr(args, "token_env", None))))
+    token = resolve_token(getattr(args, "token_env", None), paths)
+    return asyncio.run(_chat(args, url, token, token_hint(paths)))
 
 
 async def submit_as_cli(api: Api, text: str, session: str, model: str | None) -> dict[str, Any]:
@@ -126,7 +127,8 @@ async def _stop_left_turn(url: str, token: str | None, session: str, turn_id: st
         print(f"\n[stopped {where}: its pending gates are cancelled]", file=sys.stderr)
 
 
-async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
+async def _chat(args: argparse.Namespace, url: str, token: str | None,
+                hint_401: str = " (give a token: --token-env NAME, or AIOPS_TOKEN)") -> int:
     from aiops.cli.remote_http import Api, ApiError, segment
     from aiops.cli.terminal import TerminalAsker, shown
 
@@ -267,7 +269,7 @@ async def _chat(args: argparse.Namespace, url: str, token: str | None) -> int:
     except ApiError as e:
         if e.code == "connection_error":
             raise CliError(f"cannot reach the aiops at {url}: {e.message}") from None
-        hint = " (give a token: --token-env NAME, or AIOPS_TOKEN)" if e.status == 401 else ""
+        hint = hint_401 if e.status == 401 else ""
         raise CliError(f"{url}: {e.message}{hint}") from None
     except asyncio.CancelledError:
         if not received:

@@ -38,6 +38,10 @@ def attach_to_holder(cfg: Config, url: str) -> int | None:
     from aiops.integrations.remote.find import client_url
 
     url, token = client_url(url), os.environ.get("AIOPS_TOKEN") or None
+    if token is None:  # the operator token aiops.toml names (see aiops.cli.attach.resolve_token)
+        from aiops.integrations.remote.find import operator_token
+
+        token, _ = operator_token(cfg.paths.config_file("aiops.toml"))
     try:
         asyncio.run(_check(url, token, timeout=2.0))
     except RemoteError as e:
@@ -56,7 +60,11 @@ def run_attached(cfg: Config, url: str, token: str | None) -> int:
     try:
         who = asyncio.run(_check(url, token))
     except RemoteError as e:
-        hint = (" (give an operator token: --token-env NAME, or AIOPS_TOKEN)" if e.status in (401, 403) else "")
+        from aiops.integrations.remote.find import operator_token
+
+        names = operator_token(cfg.paths.config_file("aiops.toml"))[1]
+        also = f", or {' / '.join(names)} (the operator token aiops.toml names)" if names else ""
+        hint = (f" (give an operator token: --token-env NAME, or AIOPS_TOKEN{also})" if e.status in (401, 403) else "")
         print(f"aiops: cannot attach to {url}: {e.message}{hint}", file=sys.stderr)
         return 2
     log.info("attaching to %s as %s", url, who)

@@ -168,6 +168,21 @@ def test_a_server_that_is_gone_or_refuses_the_token_is_a_usage_error(aiops_serve
     assert r.returncode == 2 and f"cannot reach the aiops at {url}" in r.stderr, r.stderr
 
 
+def test_the_operator_token_aiops_toml_names_is_used_without_a_second_variable(
+        aiops_serve_factory: ServeFactory, fake_openai: FakeOpenAI) -> None:
+    """QA as a new user: with tokens set up as API.md says (the operator's in the variable
+    aiops.toml names), `aiops chat` on the same machine was refused until AIOPS_TOKEN was set too.
+    It presents that operator token itself; refused, it names the variable to set."""
+    tokens = Tokens.make(ops="operator", webui="client")
+    serve = aiops_serve_factory(tokens=tokens)
+    fake_openai.script(Reply.text("as the operator"))
+    r = _run(_cmd(serve, "hi"), {**_env(), tokens.var("ops"): tokens.secrets["ops"]})
+    assert (r.returncode, r.stdout.strip()) == (0, "as the operator"), r.stderr
+    r = _run(_cmd(serve, "hi"))
+    assert r.returncode == 2 and f"or {tokens.var('ops')} (the operator token aiops.toml names)" in r.stderr, r.stderr
+    assert tokens.var("webui") not in r.stderr  # a client token is not the operator's
+
+
 def test_a_server_killed_midway_is_said_and_exits_2(aiops_serve: ServeProcess, fake_openai: FakeOpenAI) -> None:
     # The stream cut before its `done` (SIGKILL: no clean end of the body) is not taken for the end.
     fake_openai.script(Reply.tool_calls(EDIT), Reply.text("never sent"))

@@ -189,7 +189,8 @@ def test_attach_refusals_are_one_line_before_the_screen_is_taken(aiops_serve_fac
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"aiops: cannot attach to {serve.url}: missing bearer token: send 'Authorization: Bearer <token>' "
-        f"(give an operator token: --token-env NAME, or AIOPS_TOKEN)"], r.stderr
+        f"(give an operator token: --token-env NAME, or AIOPS_TOKEN, or AIOPS_TEST_TOKEN_OPS "
+        f"(the operator token aiops.toml names))"], r.stderr
     r = subprocess.run([*base, serve.url, "--token-env", "NOT_SET_ANYWHERE"], capture_output=True, text=True,
                        timeout=60, env=env, stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and r.stderr.strip() == ("aiops: --token-env NOT_SET_ANYWHERE: the variable "

@@ -322,3 +322,32 @@ async def test_an_earlier_page_adds_nothing_of_the_turn_drawn_from_its_events():
                             Message("user", "slow one", id=2, turn_id="t1")], has_more=False)
         await pilot.pause()
         assert [line for line in transcript(chat) if line.startswith("› ")].count("› slow one") == 1
+
+
+def _write_gate(gid: str, call_id: str, decision: str | None = None) -> ev.GateInfo:
+    return ev.GateInfo(id=gid, session_id="s", client_id="s", client_kind="proxy", tool="write_note",
+                       tool_type="notes", args={}, operation="write", tables=(), summary="w",
+                       created_at=0.0, expires_at=None, call_id=call_id, decision=decision,
+                       scope="once" if decision else None)
+
+
+async def test_a_gate_marks_the_call_it_names_whatever_order_the_events_come_in():
+    # Two calls of one tool drawn before either gate arrives (the engine runs them concurrently):
+    # each gate names its call (`call_id`), so answering the second leaves the first waiting.
+    # (Matched by tool name, the first gate took the latest block.) From the review of b51f0bb.
+    app = ChatOnly()
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.query_one(ChatView)
+        await chat.show("s", [], has_more=False)
+        for e in [ev.UserPosted(session_id="s", turn_id="t1", text="two"),
+                  ev.TurnStarted(session_id="s", turn_id="t1", model="local"),
+                  ev.ToolCalled(session_id="s", turn_id="t1", call_id="k1", tool="write_note", arguments={}),
+                  ev.ToolCalled(session_id="s", turn_id="t1", call_id="k2", tool="write_note", arguments={}),
+                  ev.GateOpened(session_id="s", turn_id="t1", gate=_write_gate("g1", "k1")),
+                  ev.GateOpened(session_id="s", turn_id="t1", gate=_write_gate("g2", "k2")),
+                  ev.GateResolved(session_id="s", turn_id="t1", gate=_write_gate("g2", "k2", "approved"))]:
+            await chat.apply(e)
+        await pilot.pause()
+        blocks = {b.call_id: b for b in chat.query(ToolCallBlock)}
+        assert blocks["k1"].waiting, "k1's gate is still open"
+        assert not blocks["k2"].waiting

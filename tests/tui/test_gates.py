@@ -123,8 +123,9 @@ async def test_a_waiting_gate_is_said_once_on_its_call_until_answered(make_app, 
 
 
 async def test_two_calls_of_one_tool_each_wait_on_their_own_block(make_app, fake_openai, notes):
-    # One answer calls write_note twice: each call's gate names its call (`call_id`), so the
-    # block that waits is the one whose gate is still open, not the last block of that tool.
+    # One answer calls write_note twice: each gate the engine opens names its call (`call_id`),
+    # and the block that waits is the one whose gate is still open. (The order of the events that
+    # the old matching by tool name got wrong is in test_chat_turns.py.)
     fake_openai.responder = call_tool_when("two notes", ("write_note", {"text": "first"}),
                                            ("write_note", {"text": "second"}))
     app = make_app()

@@ -1,5 +1,6 @@
 """Where a running aiops is: `--url`, else the run file of the data dir (aiops/engine/runfile.py);
-which token to present: `--token-env NAME`, else `AIOPS_TOKEN`."""
+which token to present: `--token-env NAME`, else `AIOPS_TOKEN`, else (for the aiops of this
+configuration) the operator token whose variable aiops.toml names and the environment holds."""
 
 from __future__ import annotations
 
@@ -32,3 +33,20 @@ def token_from_env(name: str | None, env: dict[str, str] | None = None) -> str |
             raise KeyError(name)
         return value
     return env.get("AIOPS_TOKEN") or None
+
+
+def operator_token(aiops_toml: Path, env: dict[str, str] | None = None) -> tuple[str | None, list[str]]:
+    """The token of the first `[auth.tokens.*]` of role operator whose variable is set, and the
+    names of those variables (to say which to set when none is). Read with tomllib alone: the
+    commands that talk to a running aiops do not validate the configuration (it is the server's)."""
+    import tomllib
+
+    env = dict(os.environ) if env is None else env
+    try:
+        doc = tomllib.loads(aiops_toml.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, []
+    tokens = (doc.get("auth") or {}).get("tokens") or {}
+    names = [t["token_env"] for t in tokens.values() if isinstance(t, dict) and t.get("role") == "operator"
+             and isinstance(t.get("token_env"), str)]
+    return next((env[n] for n in names if env.get(n)), None), names
