@@ -568,6 +568,42 @@ async def test_continue_response_is_a_note_not_an_error_and_the_chat_goes_on(
     assert r.status_code == 400 and "the last message must be the user's new message" in r.text
 
 
+async def test_a_chat_opening_with_a_command_is_titled_by_its_text(api_server: ApiServer,
+                                                                   fake_openai: FakeOpenAI) -> None:
+    """Review of 60ccfe9: the title the proxy passes for a file chat must not turn `!help` into
+    the title of a chat that opens with it."""
+    fake_openai.script(Reply.text("about 91%"))
+    async with httpx.AsyncClient(timeout=30) as h:
+        r = await h.post(api_server.url + "/v1/chat/completions", json={"model": "aiops", "messages": [
+            {"role": "user", "content": "!help\nwhat is the disk usage"}]})
+    assert r.status_code == 200, r.text
+    (session,) = await _proxy_sessions(api_server)
+    assert session["title"] == "what is the disk usage"
+
+
+async def test_with_status_lines_off_a_failure_and_a_continue_are_said_as_before(
+        api_server_factory: ApiServerFactory, fake_openai: FakeOpenAI) -> None:
+    """`proxy_status_lines = false`: an Ollama stream's failure is its `error` line alone, and a
+    history ending with the answer is the 400 it was; a history with no user message at all is a
+    400 with them on too (review of 60ccfe9, 38db131)."""
+    quiet = await api_server_factory(server={"proxy_status_lines": False})
+    fake_openai.script(Reply.error(500, "upstream exploded"))
+    async with httpx.AsyncClient(timeout=30) as h:
+        r = await h.post(quiet.url + "/api/chat", json={"model": "aiops", "messages": [
+            {"role": "user", "content": "this fails"}]})
+        lines = [json.loads(line) for line in r.text.splitlines() if line.strip()]
+        assert "upstream exploded" in lines[-1]["error"]
+        assert not any("⛔" in (line.get("message") or {}).get("content", "") for line in lines), lines
+        loud = await api_server_factory()
+        for url, expected in ((quiet.url, 400), (loud.url, 200)):
+            r = await h.post(url + "/v1/chat/completions", json={"model": "aiops", "messages": [
+                {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
+            assert r.status_code == expected, (url, r.text)
+        r = await h.post(loud.url + "/v1/chat/completions", json={"model": "aiops", "messages": [
+            {"role": "assistant", "content": "an answer to nothing"}]})
+        assert r.status_code == 400 and "the last message must be the user's new message" in r.text
+
+
 # ---- a tool exchange in a history the session takes in (a new chat, a fork) ------------------------------
 
 LOOKUP_ORDER = {"type": "function", "function": {

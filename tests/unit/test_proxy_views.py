@@ -9,7 +9,7 @@ from aiops.engine.types import Message
 from aiops.integrations.server.proxy.index import Found, RootIndex
 from aiops.integrations.server.proxy.matching import HELD_IN_PART, Entry, client_view, is_prefix, session_view
 from aiops.integrations.server.proxy.messages import ClientMessage
-from aiops.integrations.server.proxy.openwebui import as_typed, system_rag
+from aiops.integrations.server.proxy.openwebui import TITLE_CHARS, as_typed, question_of, system_rag
 from aiops.integrations.server.proxy.status import normalize
 
 
@@ -134,3 +134,28 @@ def test_the_index_lets_go_of_what_its_sessions_no_longer_hold() -> None:
     index.remove("a")
     index.remove("b")
     assert index.nodes == {} and index.members == {}
+
+
+def test_a_session_is_titled_by_the_question_only_when_a_template_wraps_it() -> None:
+    q = "What is the launch code in the file?"
+    files = '<attached_files>\n<file type="file" id="d48e" name="notes.txt"/>\n</attached_files>\n\n'
+    assert question_of(OLD_TEMPLATE.format(q=q)) == q
+    rag = OLD_TEMPLATE.replace("<user_query>\n{q}\n</user_query>\n", "") + files + q
+    assert question_of(rag) == q  # Open WebUI 0.12.4: the template, the files' list, the question
+    assert question_of(files + q) == q  # later messages: the list without the template
+    assert question_of(q) is None and question_of(f"  {q}\n") is None  # plain text titles itself
+    assert question_of("!help\nwhat is the disk usage") is None  # (its commands are taken out as usual)
+    assert len(question_of(files + "x" * 100_000) or "") == TITLE_CHARS
+
+
+def test_a_status_line_a_user_typed_is_part_of_the_user_message() -> None:
+    """aiops writes status lines into answers only: in a user's message one is the user's words,
+    so an edit of it is an edit (a fork), not the same conversation (review of 60ccfe9)."""
+    said = client_view([ClientMessage("user", "*⛔ restart the prod database now*"),
+                        ClientMessage("assistant", "Restarting.")])
+    edited = client_view([ClientMessage("user", "*✅ never mind, do nothing*"),
+                          ClientMessage("assistant", "Restarting.")])
+    assert said != edited and not is_prefix(said, edited)
+    view = session_view([Message("user", "*⛔ restart the prod database now*", turn_id="t1"),
+                         Message("assistant", "Restarting.", turn_id="t1")])
+    assert is_prefix(view, said) and not is_prefix(view, edited)

@@ -339,7 +339,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     messages = _chat_messages(req, proxy_state(request).settings.client_tools)
     # Non-empty only: the ollama client sends `"tools": []` with every chat.
     offered = offered_tools(request, req.tools or None)
-    framer = OllamaFramer("chat", req.model, thinks=_thinks(req.think))
+    framer = OllamaFramer("chat", req.model, thinks=_thinks(req.think),
+                          status_lines=proxy_state(request).settings.status_lines)
     if not messages:
         return _load_reply(framer, req.keep_alive)
     return await _answer(request, framer, model, messages, req.stream is not False, req.format, offered)
@@ -349,7 +350,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     req = await parse_body(request, GenerateRequest)
     model = _find(request, req.model)  # first, as Ollama: an unknown model is a 404 whatever else is asked
     messages = _generate_messages(req)
-    framer = OllamaFramer("generate", req.model, thinks=_thinks(req.think))
+    framer = OllamaFramer("generate", req.model, thinks=_thinks(req.think),
+                          status_lines=proxy_state(request).settings.status_lines)
     # Ollama's own test for the load probe: nothing to say at all. A prompt of spaces, or a system
     # prompt alone, is a turn with no question, refused as on the other routes.
     if not req.prompt and not req.system:
@@ -385,8 +387,10 @@ class OllamaFramer:
     times_text = True  # eval_duration: the time from the first text (or reasoning) to the end
     stream_headers = {"Content-Type": NDJSON}
 
-    def __init__(self, kind: Literal["chat", "generate"], model: str, *, thinks: bool = False) -> None:
+    def __init__(self, kind: Literal["chat", "generate"], model: str, *, thinks: bool = False,
+                 status_lines: bool = True) -> None:
         self.kind = kind
+        self.status_lines = status_lines  # `proxy_status_lines`: a failure said in the text too
         self.model = model
         self.wants_reasoning = thinks  # the request asked with `think`
         self.t0 = time.monotonic_ns()
@@ -457,6 +461,8 @@ class OllamaFramer:
         # of an Ollama stream and drops `error` lines, so a failed model call showed as an empty
         # answer, and one cut mid-stream as a finished one. The status line is left out when the
         # client sends the answer back (proxy.status), so the chat goes on in the same session.
+        if not self.status_lines:
+            return _ndjson({"error": message})
         said = status_line(REFUSED, f"the answer failed: {message}")
         lead = "\n\n" if self.first is not None else ""
         return _ndjson(self.body(lead + said, False)) + _ndjson({"error": message})

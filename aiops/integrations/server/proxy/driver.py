@@ -144,9 +144,10 @@ CANNOT_CONTINUE = "aiops does not continue an answer it has ended: send a messag
 
 
 def asks_to_continue(messages: Sequence[ClientMessage]) -> bool:
-    """A history that ends with the assistant's answer, no new message: a chat UI's "Continue
-    Response" (Open WebUI shows the button under every answer)."""
-    return bool(messages) and messages[-1].role == "assistant" and not messages[-1].tool_calls
+    """A history that ends with the assistant's answer to a user's message, no new message: a
+    chat UI's "Continue Response" (Open WebUI shows the button under every answer)."""
+    return (bool(messages) and messages[-1].role == "assistant" and not messages[-1].tool_calls
+            and any(m.role == "user" for m in messages[:-1]))
 
 
 async def _answer_note(request: web.Request, framer: Framer, note: str, *, stream: bool) -> web.StreamResponse:

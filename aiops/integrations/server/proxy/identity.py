@@ -20,7 +20,7 @@ from aiops.integrations.server.errors import HttpError
 from aiops.integrations.server.owners import caller, namespace, safe_name
 from aiops.integrations.server.proxy.messages import ClientMessage
 from aiops.integrations.server.proxy.openwebui import as_typed
-from aiops.integrations.server.proxy.status import normalize
+from aiops.integrations.server.proxy.status import collapsed
 
 SESSION_HEADER = "X-Aiops-Session"
 OPENWEBUI_CHAT_HEADER = "X-OpenWebUI-Chat-Id"
@@ -85,7 +85,7 @@ def conversation_id(request: web.Request, messages: Sequence[ClientMessage],
     # apart anyway. (Its slot stays, empty, so that chats without one keep their ids.)
     # As the chat shows it later: the first request's question may come inside Open WebUI's RAG
     # template (a file or web search attached), every later one without it.
-    for part in ("", as_typed(normalize(first_user))):
+    for part in ("", as_typed(collapsed(first_user))):
         h.update(b"\x00" + part.encode())
     # Namespaced as the names above: the id goes back in X-Aiops-Session, and a client token that
     # sends it again must find this session, not a new `<token>:proxy-…` one.

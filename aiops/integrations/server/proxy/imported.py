@@ -58,7 +58,7 @@ def records(messages: Sequence[ClientMessage], rename: Rename) -> list[Message]:
         if m.role == "user":
             title = question_of(m.text)
             out.append(Message("user", m.text, turn_id=turn_id,
-                               meta=_meta(**({"title": title} if title != m.text else {}))))
+                               meta=_meta(**({"title": title} if title is not None else {}))))
         else:
             out += _answer(m.parts or (m,), turn_id, rename)
     return out

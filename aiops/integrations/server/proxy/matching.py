@@ -16,7 +16,7 @@ from aiops.engine.engine import Engine
 from aiops.engine.types import Message
 from aiops.integrations.server.proxy.messages import ClientMessage
 from aiops.integrations.server.proxy.openwebui import as_typed
-from aiops.integrations.server.proxy.status import normalize
+from aiops.integrations.server.proxy.status import collapsed, normalize
 
 Entry = tuple[str, str]  # (role, normalized text)
 
@@ -30,7 +30,7 @@ def client_entries(messages: Iterable[ClientMessage]) -> list[tuple[Entry, Clien
     out: list[tuple[Entry, ClientMessage]] = []
     for m in messages:
         if m.role == "user":
-            out.append((("user", as_typed(normalize(m.text))), m))
+            out.append((("user", as_typed(collapsed(m.text))), m))
         elif m.role == "assistant" and (text := normalize(m.text)):
             out.append((("assistant", text), m))
     return out
@@ -134,7 +134,7 @@ def session_view(history: Iterable[Message], *, without_stopped: bool = False) -
             # The output of a `!reset` that had nothing else in its message: the session is
             # empty to the client that sent it, as to one that starts a new chat in it.
             continue
-        out.append(("user", as_typed(normalize("\n".join(t.user)))))
+        out.append(("user", as_typed(collapsed("\n".join(t.user)))))
         answer = "" if t.unseen else normalize("\n\n".join(t.outputs + t.answer))
         if answer:
             out.append((HELD_IN_PART if t.cut else "assistant", answer))

@@ -68,10 +68,17 @@ _TASK_LINE = re.compile("^" + re.escape(TASK_PREFIX), re.MULTILINE)
 _ATTACHED_FILES = re.compile(r"\A\s*<attached_files>.*?</attached_files>\s*", re.DOTALL)
 
 
-def question_of(text: str) -> str:
-    """What a session is titled by: the user's question alone (as_typed, without the attached
-    files' list), or `text` when that leaves nothing."""
-    return _ATTACHED_FILES.sub("", as_typed(text)).strip() or text
+TITLE_CHARS = 200  # of the question kept for a title (which takes its first 8 words, 60 characters)
+
+
+def question_of(text: str) -> str | None:
+    """The user's question alone, when `text` wraps it (Open WebUI's RAG template, the attached
+    files' list before it), to title a session by; None when it does not (the text titles it,
+    `!commands` taken out as usual)."""
+    question = _ATTACHED_FILES.sub("", as_typed(text)).strip()
+    if not question or question == text.strip():
+        return None
+    return question[:TITLE_CHARS]
 
 
 def system_rag(messages: Sequence[ClientMessage]) -> str | None:

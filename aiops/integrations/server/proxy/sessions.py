@@ -49,7 +49,7 @@ from aiops.integrations.server.proxy.matching import (
 from aiops.integrations.server.proxy.messages import ClientMessage, ClientToolCall, check_conversation, folded
 from aiops.integrations.server.proxy.models import PublishedModel, turn_model
 from aiops.integrations.server.proxy.openwebui import as_typed, question_of, with_system_context
-from aiops.integrations.server.proxy.status import normalize
+from aiops.integrations.server.proxy.status import collapsed
 from aiops.integrations.server.proxy.tool_results import exchange, pair
 
 
@@ -415,7 +415,7 @@ class ProxySessions:
             return ()
         out: list[str] = []
         for parsed in (self.engine.commands.parse(m.text, "proxy"), parse_input(m.text, self.engine.commands.raw_names())):
-            alt = as_typed(normalize(parsed.text))
+            alt = as_typed(collapsed(parsed.text))
             if alt != text and text.endswith(alt) and alt not in out:
                 out.append(alt)
         return tuple(out)

@@ -18,8 +18,14 @@ def status_line(marker: str, text: str) -> str:
     return f"*{marker} {' '.join(text.replace('*', '').split())}*"
 
 
+def collapsed(text: str) -> str:
+    """A user's text as compared across requests: whitespace collapsed. Status lines are aiops's,
+    written into answers only: one a user typed is the user's words, and an edit of it a fork."""
+    return " ".join(text.split())
+
+
 def normalize(text: str) -> str:
-    """Text as compared across requests: status lines dropped, whitespace collapsed."""
+    """An answer as compared across requests: status lines dropped, whitespace collapsed."""
     if "*" in text:
         text = _STATUS_RE.sub("", text)
     return " ".join(text.split())
