@@ -594,3 +594,18 @@ async def test_an_mcp_gate_names_its_server_and_tool_as_gates_toml_does(tmp_path
         assert "the model calls it time__get_current_time" in text
         await pilot.press("d")
         await wait_for(pilot, lambda: not app.inbox.gates, "the gate answered")
+
+
+def test_a_gate_that_a_session_answer_cannot_cover_says_why_in_its_own_terms():
+    # QA as a new user: "it is not described by its tables alone" for a system-prompt edit.
+    from aiops.tui.widgets.gates import session_grant_text
+
+    def gate(tool: str, tool_type: str) -> GateInfo:
+        return GateInfo(id="g", session_id="s", client_id="s", client_kind="console", tool=tool,
+                        tool_type=tool_type, args={}, operation="write", tables=(), summary="",
+                        created_at=0.0, expires_at=None)
+
+    prompt = session_grant_text(gate("update_system_prompt", "prompt"))
+    assert prompt.startswith("approves this call only") and "depends on its arguments" in prompt
+    assert "tables" not in prompt
+    assert "not described by its tables alone" in session_grant_text(gate("db_query", "db"))

@@ -315,7 +315,12 @@ def session_grant_text(gate: GateInfo) -> str:
     grant = gate.session_grant
     if grant:
         return f"{grant} (until restart)"
-    return "approves this call only (it is not described by its tables alone, so no later call is covered)"
+    # Why, in the terms of the call: a database call is described by its tables, and one that is
+    # not (none named, or it acts beyond them) could be anything; any other tool's calls differ by
+    # their arguments (QA: "tables" said nothing about a system-prompt edit).
+    why = ("it is not described by its tables alone" if gate.tool_type == "db"
+           else "what it does depends on its arguments")
+    return f"approves this call only ({why}, so no later call is covered)"
 
 
 def session_grant_brief(gate: GateInfo) -> str:
