@@ -351,3 +351,33 @@ async def test_a_gate_marks_the_call_it_names_whatever_order_the_events_come_in(
         blocks = {b.call_id: b for b in chat.query(ToolCallBlock)}
         assert blocks["k1"].waiting, "k1's gate is still open"
         assert not blocks["k2"].waiting
+
+
+async def test_details_opens_the_calls_of_a_session_switched_to_at_the_first_press():
+    # QA as a new user: `t` in one session, then in another whose calls are drawn closed, did
+    # nothing at the first press (it toggled the remembered "open" to closed).
+    from aiops.engine.types import ToolCall
+
+    def history(sid: str) -> list[Message]:
+        call = ToolCall(f"c-{sid}", "read_note", {"name": "a"})
+        return [Message("user", "read it", id=1, turn_id="t1"),
+                Message("assistant", "", tool_calls=[call], id=2, turn_id="t1"),
+                Message("tool", "buy milk", tool_call_id=call.id, name="read_note", id=3, turn_id="t1"),
+                Message("assistant", "it says buy milk", id=4, turn_id="t1")]
+
+    app = ChatOnly()
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.query_one(ChatView)
+        await chat.show("s1", history("s1"), has_more=False)
+        assert all(b.collapsed for b in chat.query(ToolCallBlock))
+        chat.action_toggle_details()
+        await pilot.pause()
+        assert not any(b.collapsed for b in chat.query(ToolCallBlock))
+        await chat.show("s2", history("s2"), has_more=False)
+        await pilot.pause()
+        assert all(b.collapsed for b in chat.query(ToolCallBlock))
+        chat.action_toggle_details()
+        await pilot.pause()
+        assert not any(b.collapsed for b in chat.query(ToolCallBlock)), "opened at the first press"
+        chat.action_toggle_details()
+        assert all(b.collapsed for b in chat.query(ToolCallBlock))

@@ -747,8 +747,11 @@ the bottom; scroll up to read in peace, **{chat.bottom}** (or a message of your 
             self.notify("this is the beginning of the session", timeout=2)
 
     def action_toggle_details(self) -> None:
-        self._details_open = not self._details_open
-        for block in self.query(Collapsible):
+        blocks = list(self.query(Collapsible))
+        # From what is on screen, not from the last press: a session switched to draws its blocks
+        # closed, and a toggle of the remembered "open" closed them again (QA: `t` twice).
+        self._details_open = any(b.collapsed for b in blocks) if blocks else not self._details_open
+        for block in blocks:
             block.collapsed = not self._details_open
 
     def action_bottom(self) -> None:
