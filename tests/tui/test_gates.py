@@ -609,3 +609,23 @@ def test_a_gate_that_a_session_answer_cannot_cover_says_why_in_its_own_terms():
     assert prompt.startswith("approves this call only") and "depends on its arguments" in prompt
     assert "tables" not in prompt
     assert "not described by its tables alone" in session_grant_text(gate("db_query", "db"))
+
+
+async def test_the_gate_details_keep_their_keys_on_an_80x24_terminal(make_app, fake_openai, notes):
+    # QA as a new user: on 80x24 the arguments and the context pushed the row of keys (approve,
+    # for session, deny, deny+stop) out of the dialog; the body scrolls instead.
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        long_note = "\n".join(f"line {i}: the disk on web-{i} is 91% full" for i in range(30))
+        fake_openai.responder = call_tool_when("note all", ("write_note", {"text": long_note}))
+        await send(pilot, "please note all of it")
+        await wait_for(pilot, lambda: app.inbox.gates, "a gate in the inbox")
+        await pilot.press("ctrl+g", "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, GateDetailsScreen), "the details")
+        await pilot.pause()
+        text = screen_text(app)
+        for label in ("Approve", "For session", "Deny", "Deny+stop"):
+            assert label in text, text
+        button = app.screen.query_one("#b-stop")
+        assert button.region.height > 0 and button.region.bottom <= 24
