@@ -177,25 +177,32 @@ def _sdk_floor(by: dict[tuple[str, bool, int], Result]) -> list[str]:
     """Issue 27's figure beside its floors: aiops's CPU per streamed request in multiples of the
     relay's, beside the SDK relay's (the SDK and aiohttp, no aiops at all) and the SDK relay's with
     aiops's store making a new conversation's three durable writes (sdk+db), and what aiops spends
-    beyond each."""
+    beyond each. A multiple a run is too short to measure (the relay's CPU under one clock tick)
+    is said as such rather than left out."""
+    def times(x: float | None) -> str:
+        return "n/a (too few requests to measure the relay's CPU)" if x is None else f"{x:.2f}×"
+
+    def minus(x: float | None, y: float | None) -> str:
+        return "n/a" if x is None or y is None else f"{x - y:.2f}×"
+
     out: list[str] = []
     for (target, stream, conc), a in by.items():
         sdk, relay = by.get(("sdk", stream, conc)), by.get(("relay", stream, conc))
         if target != "aiops" or not stream or sdk is None or relay is None:
             continue
+        if a.cpu_ms_per_request is None or sdk.cpu_ms_per_request is None or relay.cpu_ms_per_request is None:
+            continue  # no CPU figures at all (not Linux)
         x, floor = _times(a, relay), _times(sdk, relay)
-        if x is None or floor is None or a.cpu_ms_per_request is None or sdk.cpu_ms_per_request is None:
-            continue
-        out.append(f"streamed, c={conc}: aiops {a.cpu_ms_per_request:.2f} ms/req = {x:.2f}× the relay's "
+        out.append(f"streamed, c={conc}: aiops {a.cpu_ms_per_request:.2f} ms/req = {times(x)} the relay's "
                    f"{relay.cpu_ms_per_request:.2f}; the SDK relay alone {sdk.cpu_ms_per_request:.2f} = "
-                   f"{floor:.2f}× (the floor with openai.AsyncOpenAI); aiops beyond it "
-                   f"{a.cpu_ms_per_request - sdk.cpu_ms_per_request:.2f} ms/req = {x - floor:.2f}×")
+                   f"{times(floor)} (the floor with openai.AsyncOpenAI); aiops beyond it "
+                   f"{a.cpu_ms_per_request - sdk.cpu_ms_per_request:.2f} ms/req = {minus(x, floor)}")
         db = by.get(("sdk+db", stream, conc))
-        db_x = _times(db, relay) if db is not None else None
-        if db is not None and db_x is not None and db.cpu_ms_per_request is not None:
+        if db is not None and db.cpu_ms_per_request is not None:
+            db_x = _times(db, relay)
             out.append(f"  with a new conversation's three durable writes (aiops's Store) the floor is "
-                       f"{db.cpu_ms_per_request:.2f} ms/req = {db_x:.2f}×; aiops beyond it "
-                       f"{a.cpu_ms_per_request - db.cpu_ms_per_request:.2f} ms/req = {x - db_x:.2f}×")
+                       f"{db.cpu_ms_per_request:.2f} ms/req = {times(db_x)}; aiops beyond it "
+                       f"{a.cpu_ms_per_request - db.cpu_ms_per_request:.2f} ms/req = {minus(x, db_x)}")
     return ["", *out] if out else []
 
 
