@@ -37,10 +37,9 @@ def resolve_token(name: str | None, paths: Paths | None = None) -> str | None:
 
 def token_hint(paths: Paths | None) -> str:
     """What to set when a server asked for a token and none (or a wrong one) was given."""
-    from aiops.integrations.remote.find import operator_token
+    from aiops.integrations.remote.find import operator_token_hint
 
-    names = operator_token(paths.config_file("aiops.toml"))[1] if paths is not None else []
-    also = f", or {' / '.join(names)} (the operator token aiops.toml names)" if names else ""
+    also = operator_token_hint(paths.config_file("aiops.toml")) if paths is not None else ""
     return f" (give a token: --token-env NAME, or AIOPS_TOKEN{also})"
 
 

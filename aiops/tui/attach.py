@@ -60,10 +60,9 @@ def run_attached(cfg: Config, url: str, token: str | None) -> int:
     try:
         who = asyncio.run(_check(url, token))
     except RemoteError as e:
-        from aiops.integrations.remote.find import operator_token
+        from aiops.integrations.remote.find import operator_token_hint
 
-        names = operator_token(cfg.paths.config_file("aiops.toml"))[1]
-        also = f", or {' / '.join(names)} (the operator token aiops.toml names)" if names else ""
+        also = operator_token_hint(cfg.paths.config_file("aiops.toml"))
         hint = (f" (give an operator token: --token-env NAME, or AIOPS_TOKEN{also})" if e.status in (401, 403) else "")
         print(f"aiops: cannot attach to {url}: {e.message}{hint}", file=sys.stderr)
         return 2

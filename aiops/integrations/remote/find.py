@@ -50,3 +50,10 @@ def operator_token(aiops_toml: Path, env: dict[str, str] | None = None) -> tuple
     names = [t["token_env"] for t in tokens.values() if isinstance(t, dict) and t.get("role") == "operator"
              and isinstance(t.get("token_env"), str)]
     return next((env[n] for n in names if env.get(n)), None), names
+
+
+def operator_token_hint(aiops_toml: Path) -> str:
+    """`, or AIOPS_OPERATOR_TOKEN (the operator token aiops.toml names)` for a refusal's hint; empty
+    when aiops.toml names no operator token."""
+    names = operator_token(aiops_toml)[1]
+    return f", or {' / '.join(names)} (the operator token aiops.toml names)" if names else ""
